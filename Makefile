@@ -1,0 +1,35 @@
+# ampviz: `make lab` opens the course, `make test` runs the whole test suite.
+# Both create and fill a local virtual environment (.venv) first.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 --nbval-sanitize-with notebooks/sanitize.cfg
+
+.PHONY: lab test test-core test-notebooks bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Runtime packages + ampviz itself (editable), for JupyterLab.
+$(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt -e .
+	touch $@
+
+# Everything the test suite needs on top.
+$(VENV)/.test-installed: requirements-dev.txt $(VENV)/.lab-installed
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+lab: $(VENV)/.lab-installed
+	$(BIN)/jupyter lab --ip 127.0.0.1 --ServerApp.root_dir=notebooks 00_start_here.ipynb
+
+test: $(VENV)/.test-installed
+	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) notebooks
+
+bench: $(VENV)/.lab-installed
+	$(BIN)/python bench/bench_census.py
+
+clean:
+	rm -rf $(VENV)
