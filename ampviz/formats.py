@@ -50,13 +50,14 @@ def _as_float32_values(x) -> np.ndarray:
             arr = arr.astype(np.float64)
         except (TypeError, ValueError):
             raise TypeError(f"expected numbers, got {x!r}") from None
-    with np.errstate(over="ignore"):
+    # Overflow to inf is the point; signalling NaNs (any NaN payload) are quietly NaN.
+    with np.errstate(over="ignore", invalid="ignore"):
         return arr.astype(np.float32).astype(np.float64)
 
 
 def _scalar_or_array(result: np.ndarray, like):
     if np.ndim(like) == 0:
-        return result[()].item()
+        return np.asarray(result)[()].item()
     return result
 
 
