@@ -42,8 +42,8 @@ ZERO, UNDERFLOW, SUBNORMAL, NORMAL, OVERFLOW, NAN = range(6)
 _CATEGORY_NAMES = np.array(CATEGORIES)
 
 
-def _as_float32_values(x) -> np.ndarray:
-    """x as a float64 array holding float32 values (torch casts float64 through float32)."""
+def _as_float32_values(x) -> tuple[np.ndarray, np.ndarray]:
+    """(x as an array, x rounded to float32 as float64): torch casts float64 through float32."""
     arr = np.asarray(x)
     if arr.dtype.kind not in "fiub":
         try:
@@ -52,7 +52,7 @@ def _as_float32_values(x) -> np.ndarray:
             raise TypeError(f"expected numbers, got {x!r}") from None
     # Overflow to inf is the point; signalling NaNs (any NaN payload) are quietly NaN.
     with np.errstate(over="ignore", invalid="ignore"):
-        return arr.astype(np.float32).astype(np.float64)
+        return arr, arr.astype(np.float32).astype(np.float64)
 
 
 def _scalar_or_array(result: np.ndarray, like):
@@ -141,7 +141,7 @@ class FloatFormat:
 
     def _quantize_with_codes(self, x) -> tuple[np.ndarray, np.ndarray]:
         """Quantized values and category codes of x."""
-        x32 = _as_float32_values(x)
+        x, x32 = _as_float32_values(x)
         a = np.abs(x32)
         finite = np.isfinite(a)
         q = self._round_magnitude(np.where(finite, a, 0.0))
@@ -153,7 +153,7 @@ class FloatFormat:
         codes = np.full(a.shape, NORMAL, dtype=np.int8)
         codes[q < self.smallest_normal] = SUBNORMAL
         codes[q == 0] = UNDERFLOW
-        codes[a == 0] = ZERO
+        codes[x == 0] = ZERO  # (a tiny float64 that float32 flushes is underflow, not zero)
         codes[over] = OVERFLOW
         codes[isnan] = NAN
         return np.copysign(q, x32), codes
@@ -278,8 +278,8 @@ class FloatFormat:
         a = abs(float(self.quantize(x)))
         if not np.isfinite(a):
             return float("nan")
-        _, e = np.frexp(a)
-        return float(np.ldexp(1.0, max(int(e) - 1, self.emin) - self.mantissa_bits))
+        e = int(np.frexp(a)[1]) - 1 if a > 0 else self.emin
+        return float(np.ldexp(1.0, max(e, self.emin) - self.mantissa_bits))
 
     def __repr__(self) -> str:
         return (

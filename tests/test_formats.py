@@ -289,3 +289,14 @@ def test_neighbours_and_ulp():
     assert lo == 416 and np.isnan(hi)
     assert FP16.neighbours(0.0) == (-(2.0**-24), 2.0**-24)
     assert FP16.neighbours(-1.0) == (-(1 + 2.0**-10), -(1 - 2.0**-11))
+
+
+def test_tiny_float64_is_underflow_not_zero():
+    """float64 input goes through float32 (as in torch), but a nonzero value is never 'zero'."""
+    assert list(FP16.classify(np.array([1e-50, 0.0]))) == ["underflow", "zero"]
+    assert FP32.classify(1e-50) == "underflow"
+
+
+def test_ulp_at_zero_is_the_smallest_subnormal():
+    for fmt in FORMATS.values():
+        assert fmt.ulp(0.0) == fmt.smallest_subnormal == fmt.ulp(fmt.smallest_subnormal)

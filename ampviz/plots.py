@@ -1,0 +1,549 @@
+"""Figures: data in, ``plotly.graph_objects.Figure`` out.
+
+Every ``plot_*`` function is pure: it reads a format (``ampviz.formats``) or a census
+(``ampviz.census``) and returns a new figure, so notebooks can show it, tests can assert on
+``fig.data`` / ``fig.layout``, and explorers can redraw it on every change.
+
+Magnitudes are drawn on a log2 axis: x = log2 |value|, so one unit is one binade [2^e, 2^(e+1)).
+A format's window is split into the bands that ``FloatFormat.classify`` sorts values into, with
+edges taken from the format's own constants:
+
+* underflow: 0 < |x| <= ``underflow_boundary`` (half the smallest subnormal) becomes 0;
+* subnormal: ``underflow_boundary`` < |x| < ``smallest_normal`` (stored with fewer bits);
+* normal: ``smallest_normal`` <= |x| < ``overflow_boundary`` (values above ``max`` round down to it);
+* overflow: |x| >= ``overflow_boundary`` becomes inf (in an "fn" format such as fp8 E4M3 only
+  values above the boundary overflow, and they saturate to ``max``).
+
+Colours are fixed per category (``CATEGORY_COLORS``) and per bit field (``FIELD_COLORS``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ampviz.census import CensusResult, census
+from ampviz.formats import CATEGORIES, FloatFormat, get_format
+
+__all__ = [
+    "BAND_CATEGORIES",
+    "CATEGORY_COLORS",
+    "DEFAULT_RANGE_FORMATS",
+    "FIELD_COLORS",
+    "band_edges",
+    "census_x_range",
+    "format_number",
+    "format_pow2",
+    "format_shares",
+    "format_share",
+    "plot_census",
+    "plot_format_ranges",
+    "plot_value",
+]
+
+#: One colour per category of ``ampviz.formats.CATEGORIES`` (Okabe-Ito, readable for colour-blind eyes).
+CATEGORY_COLORS = {
+    "zero": "#999999",
+    "underflow": "#0072B2",  # blue: the value vanishes
+    "subnormal": "#56B4E9",  # light blue: kept, with fewer significant bits
+    "normal": "#009E73",  # green: full precision
+    "overflow": "#D55E00",  # vermillion: inf, or saturated to max
+    "nan": "#CC79A7",
+}
+
+#: One colour per field of a bit pattern.
+FIELD_COLORS = {"sign": "#CC79A7", "exponent": "#56B4E9", "mantissa": "#E69F00"}
+
+#: The categories a magnitude can land in, left to right on a log2 axis.
+BAND_CATEGORIES = ("underflow", "subnormal", "normal", "overflow")
+
+#: The formats ``plot_format_ranges`` compares by default, widest first.
+DEFAULT_RANGE_FORMATS = ("fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
+
+_BAND_OPACITY = 0.18
+_HIST_COLOR = "#3A3A3A"
+
+
+# ----- numbers as text -----
+def format_number(x, digits: int = 3) -> str:
+    """x as short text: whole numbers below 10^7 in full ("65504"), others with ``digits``
+    significant digits ("5.96e-08"); "inf", "-inf", "nan" for the specials."""
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == int(x) and abs(x) < 1e7:
+        return ("-" if math.copysign(1.0, x) < 0 else "") + str(abs(int(x)))
+    return f"{x:.{digits}g}"
+
+
+def format_pow2(x, digits: int = 3) -> str:
+    """x as a power of two and a decimal: "2^-24 ≈ 5.96e-08", "2^0 = 1",
+    "(2 - 2^-10)·2^15 = 65504" (the shape of a format's max), otherwise "0.1 ≈ 2^-3.32".
+
+    "=" when the decimal is exact, "≈" when it is rounded to ``digits`` significant digits.
+    """
+    x = float(x)
+    if x == 0 or not math.isfinite(x):
+        return format_number(x)
+    sign = "-" if x < 0 else ""
+    a = abs(x)
+    dec = format_number(a, digits)
+    rel = "=" if float(dec) == a else "≈"
+    frac, e = math.frexp(a)  # a = frac * 2**e, frac in [0.5, 1)
+    if frac == 0.5:
+        return f"{sign}2^{e - 1} {rel} {sign}{dec}"
+    dfrac, de = math.frexp(2.0 - 2.0 * frac)  # 2 - (significand in [1, 2))
+    if dfrac == 0.5 and de - 1 <= -2:
+        return f"{sign}(2 - 2^{de - 1})·2^{e - 1} {rel} {sign}{dec}"
+    return f"{sign}{dec} ≈ {sign}2^{math.log2(a):.2f}"
+
+
+def _pow2_short(x) -> str:
+    """"2^-24" for a power of two, else the short decimal ("65504", "3.39e+38")."""
+    frac, e = math.frexp(float(x))
+    return f"2^{e - 1}" if frac == 0.5 else format_number(x)
+
+
+def format_share(fraction) -> str:
+    """A share as a percentage with 3 significant digits; never rounds a nonzero share to 0% or
+    a share below one to 100% ("<0.01%", ">99.9%")."""
+    fraction = float(fraction)
+    if fraction <= 0:
+        return "0%"
+    if fraction >= 1:
+        return "100%"
+    pct = 100.0 * fraction
+    if pct < 0.01:
+        return "<0.01%"
+    text = f"{pct:.3g}"
+    return ">99.9%" if float(text) >= 100 else f"{text}%"
+
+
+def format_shares(result: CensusResult) -> str:
+    """The shares of a census as one line: "underflow 31.2% · subnormal 4.1% · normal 64.7% ·
+    overflow 0%", with zero and nan added only when the census has some."""
+    shown = [k for k in CATEGORIES if k in BAND_CATEGORIES or result.counts[k]]
+    return " · ".join(f"{k} {format_share(result.fractions[k])}" for k in shown)
+
+
+# ----- the bands of a format -----
+def band_edges(fmt) -> dict:
+    """Magnitude edges (lo, hi) of each band of ``BAND_CATEGORIES``, from the format's constants.
+
+    ``underflow`` is (0, underflow_boundary), ``subnormal`` (underflow_boundary, smallest_normal),
+    ``normal`` (smallest_normal, overflow_boundary), ``overflow`` (overflow_boundary, inf).
+    """
+    fmt = get_format(fmt)
+    return {
+        "underflow": (0.0, fmt.underflow_boundary),
+        "subnormal": (fmt.underflow_boundary, fmt.smallest_normal),
+        "normal": (fmt.smallest_normal, fmt.overflow_boundary),
+        "overflow": (fmt.overflow_boundary, math.inf),
+    }
+
+
+def _band_hover(fmt: FloatFormat, category: str) -> str:
+    name = fmt.name
+    if category == "underflow":
+        return f"{name} underflow: 0 < |x| ≤ {format_pow2(fmt.underflow_boundary)} becomes 0"
+    if category == "subnormal":
+        return (
+            f"{name} subnormal: {format_pow2(fmt.underflow_boundary)} < |x| < "
+            f"{format_pow2(fmt.smallest_normal)}<br>grid spacing {format_pow2(fmt.smallest_subnormal)}"
+            f" (the smallest subnormal), fewer than {fmt.mantissa_bits + 1} significant bits"
+        )
+    if category == "normal":
+        return (
+            f"{name} normal: {format_pow2(fmt.smallest_normal)} ≤ |x| < "
+            f"{format_number(fmt.overflow_boundary)}<br>max {format_pow2(fmt.max)}, "
+            f"{fmt.mantissa_bits + 1} significant bits"
+        )
+    if fmt.specials == "fn":
+        return (
+            f"{name} overflow: |x| > {format_number(fmt.overflow_boundary)} saturates to "
+            f"max = {format_number(fmt.max)} (no inf)"
+        )
+    return f"{name} overflow: |x| ≥ {format_number(fmt.overflow_boundary)} becomes inf"
+
+
+def _log2_window(fmts, margin: float = 5.0, step: int = 10) -> tuple[int, int]:
+    """An x range (in log2 units) holding every band edge of ``fmts`` plus a margin."""
+    lo = min(math.log2(f.underflow_boundary) for f in fmts) - margin
+    hi = max(math.log2(f.overflow_boundary) for f in fmts) + margin
+    return int(math.floor(lo / step) * step), int(math.ceil(hi / step) * step)
+
+
+def _band_traces(fmts, x_range, *, showlegend=True, xaxis="x", yaxis="y") -> list:
+    """One horizontal ``go.Bar`` per category; one bar per format, spanning the band in log2 units.
+
+    ``customdata`` holds the band's magnitude edges [lo, hi] exactly (None for 0 and inf).
+    """
+    lo_x, hi_x = x_range
+    names = [f.name for f in fmts]
+    traces = []
+    for cat in BAND_CATEGORIES:
+        bases, widths, custom, hover, text = [], [], [], [], []
+        for f in fmts:
+            lo, hi = band_edges(f)[cat]
+            x0 = lo_x if lo == 0 else math.log2(lo)
+            x1 = hi_x if math.isinf(hi) else math.log2(hi)
+            bases.append(x0)
+            widths.append(x1 - x0)
+            custom.append([lo if lo > 0 else None, hi if math.isfinite(hi) else None])
+            hover.append(_band_hover(f, cat))
+            if cat == "normal":
+                text.append(f"{_pow2_short(f.smallest_normal)} … {format_number(f.max)}")
+            elif cat == "subnormal":
+                text.append(f"from {_pow2_short(f.smallest_subnormal)}")
+            else:
+                text.append("")
+        traces.append(
+            go.Bar(
+                name=cat,
+                y=names,
+                x=widths,
+                base=bases,
+                orientation="h",
+                marker={"color": CATEGORY_COLORS[cat], "line": {"width": 0}},
+                opacity=0.85,
+                customdata=custom,
+                hovertext=hover,
+                hoverinfo="text",
+                text=text,
+                textposition="inside",
+                insidetextanchor="middle",
+                textfont={"color": "white"},
+                showlegend=showlegend,
+                legendgroup=cat,
+                xaxis=xaxis,
+                yaxis=yaxis,
+            )
+        )
+    return traces
+
+
+def _landmark_trace(fmts, *, xaxis="x", yaxis="y") -> go.Scatter:
+    """Tick marks at each format's smallest subnormal, smallest normal and max."""
+    xs, ys, hover = [], [], []
+    for f in fmts:
+        for label, v in (
+            ("smallest subnormal", f.smallest_subnormal),
+            ("smallest normal", f.smallest_normal),
+            ("max", f.max),
+        ):
+            xs.append(math.log2(v))
+            ys.append(f.name)
+            hover.append(f"{f.name} {label}: {format_pow2(v)}")
+    return go.Scatter(
+        name="smallest subnormal, smallest normal, max",
+        x=xs,
+        y=ys,
+        mode="markers",
+        marker={"symbol": "line-ns-open", "size": 22, "color": "black", "line": {"width": 2}},
+        hovertext=hover,
+        hoverinfo="text",
+        showlegend=False,
+        xaxis=xaxis,
+        yaxis=yaxis,
+    )
+
+
+def plot_format_ranges(formats=None) -> go.Figure:
+    """Each format's range on one log2 number line: a row per format with its underflow,
+    subnormal, normal and overflow bands (edges from the format's constants, see ``band_edges``)
+    and tick marks at its smallest subnormal, smallest normal and max.
+
+    ``formats``: names or ``FloatFormat``s, default ``DEFAULT_RANGE_FORMATS``. The x range holds
+    every band edge of the formats shown (about -160..140 with fp32, -40..30 for fp16 alone).
+    """
+    fmts = [get_format(f) for f in (DEFAULT_RANGE_FORMATS if formats is None else formats)]
+    if not fmts:
+        raise ValueError("plot_format_ranges needs at least one format")
+    x_range = _log2_window(fmts)
+    fig = go.Figure(data=[*_band_traces(fmts, x_range), _landmark_trace(fmts)])
+    fig.update_layout(
+        title={"text": "Where each format can hold a value", "x": 0.01, "y": 0.99, "yanchor": "top"},
+        barmode="overlay",
+        bargap=0.35,
+        height=130 + 48 * len(fmts),
+        margin={"l": 80, "r": 20, "t": 80, "b": 50},
+        template="plotly_white",
+        legend={"orientation": "h", "x": 0.01, "y": 1.02, "yanchor": "bottom", "traceorder": "normal"},
+        uniformtext={"minsize": 9, "mode": "hide"},
+        hovermode="closest",
+        meta={"formats": [f.name for f in fmts]},
+    )
+    fig.update_xaxes(
+        range=list(x_range), title_text="|value| on a log2 axis", tickprefix="2^", zeroline=False
+    )
+    fig.update_yaxes(autorange="reversed", type="category")
+    return fig
+
+
+# ----- a census -----
+def census_x_range(fmt, log2_lo=None, log2_hi=None) -> tuple[int, int]:
+    """The x range ``plot_census`` uses: ``fmt``'s band edges plus 10 binades each side, widened to
+    hold the bins ``log2_lo`` .. ``log2_hi`` (each bin e spans [e, e + 1)) plus one binade.
+
+    An explorer passes the lowest and highest bin its scale slider can reach, so the axis stays put
+    while the histogram moves.
+    """
+    lo, hi = _log2_window([get_format(fmt)], margin=10.0, step=1)
+    if log2_lo is not None:
+        lo = min(lo, int(log2_lo) - 1)
+    if log2_hi is not None:
+        hi = max(hi, int(log2_hi) + 2)
+    return lo, hi
+
+
+def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None) -> go.Figure:
+    """Histogram of log2 |value × scale| laid over ``fmt``'s bands, with each category's share.
+
+    ``data``: a ``CensusResult`` (then ``fmt`` and ``scale`` are the census's own), or values / a
+    ``Profile`` (then ``census(data, fmt, scale)`` is taken). Bar ``e`` counts the scaled values
+    with 2^e <= |v| < 2^(e+1) (``log2_bins``, ``log2_counts``). The x range is fixed by the format
+    (its window plus 10 binades each side, widened to hold every bar) unless ``x_range`` is given,
+    so at a fixed ``x_range`` the histogram moves when the scale changes. The shares are printed on
+    the figure (annotation named "shares") and kept in ``fig.layout.meta``.
+    """
+    result = data if isinstance(data, CensusResult) else census(data, fmt, scale)
+    f = result.fmt
+    bins = np.asarray(result.log2_bins, dtype=np.int64)
+    counts = np.asarray(result.log2_counts, dtype=np.int64)
+    if x_range is None:
+        x_range = census_x_range(f, *((int(bins.min()), int(bins.max())) if bins.size else ()))
+    lo_x, hi_x = float(x_range[0]), float(x_range[1])
+
+    shapes = []
+    for cat in BAND_CATEGORIES:
+        lo, hi = band_edges(f)[cat]
+        x0 = lo_x if lo == 0 else max(math.log2(lo), lo_x)
+        x1 = hi_x if math.isinf(hi) else min(math.log2(hi), hi_x)
+        shapes.append(
+            {
+                "type": "rect",
+                "name": cat,
+                "xref": "x",
+                "yref": "paper",
+                "x0": x0,
+                "x1": max(x0, x1),
+                "y0": 0,
+                "y1": 1,
+                "fillcolor": CATEGORY_COLORS[cat],
+                "opacity": _BAND_OPACITY,
+                "line": {"width": 0},
+                "layer": "below",
+                "showlegend": True,
+                "legendgroup": cat,
+            }
+        )
+    annotations = []
+    for i, (name, label, v) in enumerate(
+        (
+            ("smallest_subnormal", "smallest subnormal", f.smallest_subnormal),
+            ("smallest_normal", "smallest normal", f.smallest_normal),
+            ("max", "max", f.max),
+        )
+    ):
+        x = math.log2(v)
+        shapes.append(
+            {
+                "type": "line",
+                "name": name,
+                "xref": "x",
+                "yref": "paper",
+                "x0": x,
+                "x1": x,
+                "y0": 0,
+                "y1": 1,
+                "line": {"color": "#555555", "width": 1, "dash": "dot"},
+            }
+        )
+        annotations.append(
+            {
+                "name": name,
+                "x": x,
+                "xref": "x",
+                "y": 0.98 if i != 1 else 0.84,
+                "yref": "paper",
+                "xanchor": "right" if name == "max" else "left",
+                "yanchor": "top",
+                "xshift": -3 if name == "max" else 3,
+                "bgcolor": "rgba(255,255,255,0.75)",
+                "showarrow": False,
+                "align": "right" if name == "max" else "left",
+                "font": {"size": 11, "color": "#333333"},
+                "text": f"{_pow2_short(v)}<br>{label}",
+                "hovertext": f"{f.name} {label}: {format_pow2(v)}",
+            }
+        )
+    shares = format_shares(result)
+    annotations.append(
+        {
+            "name": "shares",
+            "x": 0,
+            "xref": "paper",
+            "y": 1.0,
+            "yref": "paper",
+            "xanchor": "left",
+            "yanchor": "bottom",
+            "yshift": 4,
+            "showarrow": False,
+            "font": {"size": 13},
+            "text": shares,
+        }
+    )
+
+    n = max(result.total, 1)
+    hover = [
+        f"2^{e} ≤ |v·scale| < 2^{e + 1}<br>{c} values ({format_share(c / n)})"
+        for e, c in zip(bins.tolist(), counts.tolist())
+    ]
+    bars = go.Bar(
+        name="values × scale",
+        x=(bins + 0.5).astype(float),
+        y=counts,
+        width=1.0,
+        marker={"color": _HIST_COLOR, "line": {"width": 0}},
+        opacity=0.85,
+        hovertext=hover,
+        hoverinfo="text",
+    )
+    if title is None:
+        title = f"{_count_label(result.total)} in {f.name} at scale = {format_pow2(result.scale)}"
+    fig = go.Figure(data=[bars])
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "y": 0.97, "yanchor": "top"},
+        shapes=shapes,
+        annotations=annotations,
+        bargap=0,
+        height=420,
+        margin={"l": 60, "r": 20, "t": 90, "b": 90},
+        template="plotly_white",
+        legend={"orientation": "h", "x": 0.01, "y": -0.22, "yanchor": "top"},
+        hovermode="closest",
+        meta={
+            "fmt": f.name,
+            "scale": result.scale,
+            "total": result.total,
+            "counts": dict(result.counts),
+            "fractions": dict(result.fractions),
+            "shares": shares,
+        },
+    )
+    fig.update_xaxes(
+        range=[lo_x, hi_x], title_text="|value × scale| on a log2 axis", tickprefix="2^", zeroline=False
+    )
+    fig.update_yaxes(title_text="values per binade", rangemode="tozero")
+    return fig
+
+
+def _count_label(n: int) -> str:
+    """"1 value" / "1,000 values"."""
+    return f"{n:,} value" + ("" if n == 1 else "s")
+
+
+# ----- one value -----
+def plot_value(fmt, value, typed=None) -> go.Figure:
+    """Where ``value`` sits in ``fmt``: on top, the format's bands on a log2 axis with a marker at
+    the stored value (and at ``typed``, the number before rounding, when given); below, a linear
+    zoom on the stored value and its neighbours below and above (``fmt.neighbours``), with
+    ``typed`` between them.
+    """
+    f = get_format(fmt)
+    stored = float(f.quantize(value))
+    x_range = _log2_window([f], margin=5.0, step=5)
+    lo_x, hi_x = x_range
+
+    def log2_pos(v):
+        a = abs(v)
+        if a == 0:
+            return lo_x + 1.0
+        if math.isinf(a):
+            return hi_x - 1.0
+        return min(max(math.log2(a), lo_x + 1.0), hi_x - 1.0)
+
+    traces = _band_traces([f], x_range, showlegend=False)
+    marks = [("stored", stored, "black", "diamond")]
+    if typed is not None and not math.isnan(float(typed)) and float(typed) != stored:
+        marks.append(("typed", float(typed), "#E69F00", "x"))
+    for label, v, color, symbol in marks:
+        if math.isnan(v):
+            continue
+        traces.append(
+            go.Scatter(
+                name=label,
+                x=[log2_pos(v)],
+                y=[f.name],
+                mode="markers",
+                marker={"symbol": symbol, "size": 12, "color": color, "line": {"width": 1, "color": "white"}},
+                hovertext=[f"{label}: {format_pow2(v)} (full: {v!r})"],
+                hoverinfo="text",
+                showlegend=False,
+            )
+        )
+
+    annotations = []
+    zoom = []
+    if math.isfinite(stored):
+        below, above = f.neighbours(stored)
+        for label, v, color, symbol in (
+            ("below", below, "#777777", "line-ns-open"),
+            ("stored", stored, "black", "diamond"),
+            ("above", above, "#777777", "line-ns-open"),
+        ):
+            if math.isfinite(v):
+                zoom.append((label, v, color, symbol))
+        if typed is not None and math.isfinite(float(typed)) and float(typed) != stored:
+            zoom.append(("typed", float(typed), "#E69F00", "x"))
+    else:
+        why = "NaN is not on the number line" if math.isnan(stored) else (
+            f"{format_number(stored)}: beyond max = {format_number(f.max)}"
+        )
+        annotations.append(
+            {"name": "zoom", "text": why, "x": 0.5, "y": 0.15, "xref": "paper", "yref": "paper",
+             "showarrow": False, "font": {"size": 12}}
+        )
+    for label, v, color, symbol in zoom:
+        traces.append(
+            go.Scatter(
+                name=label,
+                x=[v],
+                y=[0],
+                mode="markers+text",
+                text=[label],
+                textposition="top center" if label != "typed" else "bottom center",
+                marker={"symbol": symbol, "size": 14, "color": color, "line": {"width": 2, "color": color}},
+                hovertext=[f"{label}: {v!r}"],
+                hoverinfo="text",
+                showlegend=False,
+                xaxis="x2",
+                yaxis="y2",
+            )
+        )
+    fig = go.Figure(data=traces)
+    layout = {
+        "barmode": "overlay",
+        "height": 230,
+        "margin": {"l": 70, "r": 20, "t": 30, "b": 30},
+        "template": "plotly_white",
+        "showlegend": False,
+        "annotations": annotations,
+        "uniformtext": {"minsize": 9, "mode": "hide"},
+        "title": {"text": f"{f.name}: {format_pow2(stored, digits=6)}", "x": 0.01, "font": {"size": 13}},
+        "xaxis": {"range": list(x_range), "tickprefix": "2^", "zeroline": False, "domain": [0, 1]},
+        "yaxis": {"domain": [0.6, 1.0], "type": "category"},
+        "xaxis2": {"anchor": "y2", "domain": [0, 1], "zeroline": False, "exponentformat": "e"},
+        "yaxis2": {"domain": [0.0, 0.4], "visible": False, "range": [-1, 1.2]},
+        "meta": {"fmt": f.name, "stored": stored if math.isfinite(stored) else None},
+    }
+    if zoom:
+        xs = [v for _, v, _, _ in zoom]
+        span = max(xs) - min(xs) or f.ulp(stored) or f.smallest_subnormal
+        layout["xaxis2"]["range"] = [min(xs) - 0.15 * span, max(xs) + 0.15 * span]
+    fig.update_layout(layout)
+    return fig

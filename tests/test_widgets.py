@@ -1,0 +1,325 @@
+"""Explorers, headless: set a control's value, check the state, readout and figure against the core."""
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+import ampviz.widgets as widgets
+from ampviz.census import census, profile
+from ampviz.formats import CATEGORIES, FORMATS, get_format
+from ampviz.plots import BAND_CATEGORIES, format_share
+from ampviz.widgets import FormatExplorer, RangeExplorer, parse_number
+
+GRADS = (np.random.default_rng(0).lognormal(-16.0, 3.0, 2000) * np.where(np.arange(2000) % 2, 1, -1)).astype(
+    np.float32
+)
+GRADS[:5] = 0.0
+
+
+def text(widget) -> str:
+    """The visible text of an HTML widget (tags and entities removed)."""
+    s = re.sub(r"<[^>]+>", " ", widget.value)
+    return re.sub(r"\s+", " ", s.replace("&nbsp;", " ").replace("&#x27;", "'")).strip()
+
+
+def zoom_points(fig):
+    return {t.name: t.x[0] for t in fig.data if getattr(t, "xaxis", None) == "x2"}
+
+
+def css(widget):
+    return set(widget._dom_classes)
+
+
+# ----- parsing -----
+@pytest.mark.parametrize(
+    "typed, value",
+    [("0.1", 0.1), (" 1e-8 ", 1e-8), ("65519", 65519.0), ("2^-24", 2.0**-24), ("-2**10", -1024.0),
+     ("inf", math.inf), ("−3", -3.0), ("2^5000", math.inf)],
+)
+def test_parse_number(typed, value):
+    assert parse_number(typed) == value
+
+
+@pytest.mark.parametrize("typed", ["abc", "", "0x3C00", "1,5"])
+def test_parse_number_rejects_with_a_readable_message(typed):
+    with pytest.raises(ValueError, match="number"):
+        parse_number(typed)
+
+
+# ----- RangeExplorer -----
+@pytest.fixture
+def range_explorer():
+    return RangeExplorer(GRADS, fmt="fp16", log2_scale=0)
+
+
+def _shares_in(ex):
+    return {k: format_share(ex.result.fractions[k]) for k in BAND_CATEGORIES}
+
+
+def test_range_explorer_starts_with_the_census_at_its_scale(range_explorer):
+    ex = range_explorer
+    expected = census(GRADS, "fp16", 1.0)
+    assert ex.result.counts == expected.counts
+    assert ex.result.scale == 1.0
+    assert "scale = 2^0 = 1" in text(ex.scale_label)
+    assert ex.figure is not None and ex.error is None
+
+
+@pytest.mark.parametrize("k", [-16, -3, 8, 16, 32])
+def test_range_explorer_slider_redraws_as_census_predicts(range_explorer, k):
+    ex = range_explorer
+    old_bars = list(ex.figure.data[0].x)
+    old_range = list(ex.figure.layout.xaxis.range)
+    ex.scale_slider.value = k
+    expected = census(GRADS, "fp16", 2.0**k)
+    assert ex.result.counts == expected.counts and ex.result.scale == 2.0**k
+    bars = ex.figure.data[0]
+    assert list(np.asarray(bars.x) - 0.5) == expected.log2_bins.tolist()
+    assert list(bars.y) == expected.log2_counts.tolist()
+    assert list(bars.x) != old_bars  # the histogram moved ...
+    assert list(ex.figure.layout.xaxis.range) == old_range  # ... over a fixed axis
+    readout = text(ex.readout)
+    shares = [a for a in ex.figure.layout.annotations if a.name == "shares"][0].text
+    for cat in BAND_CATEGORIES:
+        assert f"{cat} {format_share(expected.fractions[cat])}" in readout
+        assert f"{cat} {format_share(expected.fractions[cat])}" in shares
+    assert f"2^{k}" in text(ex.scale_label)
+
+
+def test_range_explorer_shares_change_when_the_scale_rescues_gradients(range_explorer):
+    ex = range_explorer
+    before = ex.result.fractions["underflow"]
+    ex.scale_slider.value = 16
+    assert ex.result.fractions["underflow"] < before
+    assert ex.result.fractions["underflow"] == census(GRADS, "fp16", 2.0**16).fractions["underflow"]
+
+
+def test_range_explorer_format_dropdown(range_explorer):
+    ex = range_explorer
+    assert list(ex.format_dropdown.options) == ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
+    ex.scale_slider.value = 12
+    ex.format_dropdown.value = "fp8_e4m3"
+    expected = census(GRADS, "fp8_e4m3", 2.0**12)
+    assert ex.result.fmt is get_format("fp8_e4m3")
+    assert ex.result.counts == expected.counts
+    assert ex.figure.layout.meta["fmt"] == "fp8_e4m3"
+    rects = {s.name: s for s in ex.figure.layout.shapes if s.type == "rect"}
+    assert rects["overflow"].x0 == math.log2(get_format("fp8_e4m3").overflow_boundary)
+
+
+def test_range_explorer_axis_holds_every_reachable_bar(range_explorer):
+    ex = range_explorer
+    lo, hi = ex.figure.layout.xaxis.range
+    for k in (ex.scale_slider.min, ex.scale_slider.max):
+        ex.scale_slider.value = k
+        x = np.asarray(ex.figure.data[0].x)
+        assert lo <= x.min() - 0.5 and x.max() + 0.5 <= hi
+
+
+def test_range_explorer_takes_a_profile_and_widens_the_slider():
+    ex = RangeExplorer(profile(GRADS), fmt="bf16", log2_scale=40)
+    assert ex.scale_slider.max == 40 and ex.scale_slider.value == 40
+    assert ex.result.counts == census(GRADS, "bf16", 2.0**40).counts
+
+
+def test_range_explorer_rejects_other_formats():
+    with pytest.raises(ValueError, match="fp16, bf16, fp8_e4m3, fp8_e5m2"):
+        RangeExplorer(GRADS, fmt="fp32")
+
+
+def test_range_explorer_shows_callback_errors(range_explorer, monkeypatch):
+    ex = range_explorer
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("census failed")
+
+    monkeypatch.setattr(widgets, "census", broken)
+    ex.scale_slider.value = 4  # must not raise
+    assert "census failed" in ex.error and "RuntimeError" in ex.error
+    assert "census failed" in text(ex.message)
+    monkeypatch.undo()
+    ex.scale_slider.value = 5
+    assert ex.error is None and text(ex.message) == ""
+    assert ex.result.counts == census(GRADS, "fp16", 2.0**5).counts
+
+
+def test_range_explorer_css_classes_and_display(range_explorer):
+    ex = range_explorer
+    assert "ampviz-range-explorer" in css(ex.ui)
+    assert "ampviz-scale-slider" in css(ex.scale_slider)
+    assert "ampviz-format-dropdown" in css(ex.format_dropdown)
+    bundle = ex._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == ex.ui.model_id
+
+
+# ----- FormatExplorer -----
+def test_format_explorer_starts_at_its_value():
+    ex = FormatExplorer("fp16", 1.0)
+    assert ex.bits == get_format("fp16").encode(1.0) == 0x3C00
+    assert ex.value == 1.0 and ex.category == "normal"
+    assert ex.hex_input.value == "0x3C00"
+    assert [b.value for b in ex.bit_buttons] == [c == "1" for c in format(0x3C00, "016b")]
+    assert ex.figure is not None and ex.error is None
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("which", ["sign", "top exponent", "low exponent", "top mantissa", "last mantissa"])
+def test_toggling_a_bit_stores_the_decoded_pattern(name, which):
+    fmt = FORMATS[name]
+    ex = FormatExplorer(fmt, 0.1)
+    m = fmt.mantissa_bits
+    position = {"sign": fmt.bits - 1, "top exponent": fmt.bits - 2, "low exponent": m,
+                "top mantissa": m - 1, "last mantissa": 0}[which]
+    old = ex.bits
+    button = ex.bit_buttons[fmt.bits - 1 - position]
+    assert f"ampviz-bit-{position}" in css(button)
+    button.value = not button.value
+    new = old ^ (1 << position)
+    assert ex.bits == new
+    expected = fmt.decode(new)
+    assert ex.value == expected or (math.isnan(ex.value) and math.isnan(expected))
+    assert ex.typed is None
+    assert ex.hex_input.value == f"0x{new:0{(fmt.bits + 3) // 4}X}"
+    assert ex.error is None
+
+
+def test_typing_65519_in_fp16_stores_65504():
+    ex = FormatExplorer("fp16")
+    ex.decimal_input.value = "65519"
+    fmt = get_format("fp16")
+    assert ex.value == fmt.quantize(65519.0) == 65504.0
+    assert ex.category == "normal"
+    readout = text(ex.readout)
+    assert "stored 65504.0" in readout
+    assert f"typed − stored = {65519.0 - 65504.0!r}" in readout
+    below, above = fmt.neighbours(65504.0)
+    assert f"below {below!r} above {above!r}" in readout
+    assert f"ulp here {fmt.ulp(65504.0)!r}" in readout
+    assert "exponent 11110 = 30, 30 − bias 15 = 15" in readout
+
+
+def test_typing_65520_in_fp16_overflows_to_inf():
+    ex = FormatExplorer("fp16")
+    ex.decimal_input.value = "65520"
+    assert ex.value == get_format("fp16").quantize(65520.0) == math.inf
+    assert ex.category == "overflow"
+    readout = text(ex.readout)
+    assert "stored inf" in readout and "overflow" in readout and "becomes inf" in readout
+    assert [a.text for a in ex.figure.layout.annotations if a.name == "zoom"] == ["inf: beyond max = 65504"]
+
+
+def test_typing_a_decimal_shows_rounding_error_neighbours_and_fields():
+    fmt = get_format("fp16")
+    ex = FormatExplorer(fmt)
+    ex.decimal_input.value = "0.1"
+    stored = fmt.quantize(0.1)
+    assert ex.value == stored and ex.typed == 0.1 and ex.bits == fmt.encode(0.1)
+    readout = text(ex.readout)
+    assert f"typed − stored = {0.1 - stored!r}" in readout
+    assert f"relative {abs(0.1 - stored) / 0.1:.3g}" in readout
+    sign, exp, man = fmt.fields(ex.bits)
+    assert f"{exp} − bias {fmt.bias} = {exp - fmt.bias}" in readout
+    assert f"mantissa {man:010b} = {man}" in readout
+    below, above = fmt.neighbours(0.1)
+    assert zoom_points(ex.figure) == {"below": below, "stored": stored, "above": above, "typed": 0.1}
+    assert ex.decimal_input.value == "0.1"  # what was typed stays in the box
+
+
+@pytest.mark.parametrize(
+    "name, typed, category",
+    [("fp16", "1e-8", "underflow"), ("fp16", "2^-24", "subnormal"), ("fp8_e4m3", "500", "overflow"),
+     ("fp8_e5m2", "-inf", "overflow"), ("bf16", "0", "zero")],
+)
+def test_typed_values_land_where_the_core_says(name, typed, category):
+    fmt = FORMATS[name]
+    ex = FormatExplorer(fmt)
+    ex.decimal_input.value = typed
+    x = parse_number(typed)
+    assert ex.value == fmt.quantize(x)
+    assert ex.category == category == CATEGORIES[int(fmt.classify_codes(x))]
+    assert category in text(ex.readout)
+
+
+def test_fp8_e4m3_saturates_instead_of_inf():
+    ex = FormatExplorer("fp8_e4m3")
+    ex.decimal_input.value = "500"
+    assert ex.value == 448.0
+    assert "saturated to 448" in text(ex.readout)
+
+
+def test_typing_nan_is_valid_and_shows_nan():
+    ex = FormatExplorer("fp16")
+    ex.decimal_input.value = "nan"
+    assert math.isnan(ex.value) and ex.category == "nan" and ex.error is None
+    assert ex.bits == get_format("fp16").nan_bits
+    assert "NaN" in text(ex.readout)
+
+
+def test_typing_abc_shows_a_message_and_keeps_the_value():
+    ex = FormatExplorer("fp16", 2.0)
+    ex.decimal_input.value = "abc"  # must not raise
+    assert ex.value == 2.0
+    assert "could not read 'abc' as a number" in ex.error
+    assert "could not read 'abc' as a number" in text(ex.message)
+    ex.decimal_input.value = "3"
+    assert ex.value == 3.0 and ex.error is None and text(ex.message) == ""
+
+
+def test_out_of_range_bit_pattern_shows_a_message():
+    ex = FormatExplorer("fp8_e5m2", 1.0)
+    ex.hex_input.value = "0x1FF"
+    assert ex.value == 1.0
+    assert "0 to 255" in ex.error
+    ex.hex_input.value = "zz"
+    assert "bit pattern" in ex.error
+    ex.hex_input.value = "0x7d"  # a NaN pattern of E5M2
+    assert ex.bits == 0x7D and math.isnan(ex.value) and ex.error is None
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_switching_format_rebuilds_the_bit_row(name):
+    ex = FormatExplorer("fp16", 0.1)
+    ex.format_dropdown.value = name
+    fmt = FORMATS[name]
+    assert ex.fmt is fmt
+    assert len(ex.bit_buttons) == len(ex.bits_row.children) == fmt.bits
+    assert f"ampviz-bit-{fmt.bits - 1}" in css(ex.bit_buttons[0])
+    assert "ampviz-bit-0" in css(ex.bit_buttons[-1])
+    assert ex.typed == 0.1 and ex.value == fmt.quantize(0.1)  # the typed number is re-encoded
+    # and the new row works
+    ex.bit_buttons[-1].value = not ex.bit_buttons[-1].value
+    assert ex.value == fmt.decode(fmt.encode(0.1) ^ 1)
+
+
+def test_fp32_and_tf32_bit_rows_wrap():
+    ex = FormatExplorer("fp32", 1.0)
+    assert len(ex.bit_buttons) == 32
+    assert ex.bits_row.layout.flex_flow == "row wrap"
+    ex.format_dropdown.value = "tf32"
+    assert len(ex.bit_buttons) == 19
+    assert {f"ampviz-bit-{i}" for i in range(19)} == set().union(*(css(b) for b in ex.bit_buttons)) - {
+        "ampviz-bit-sign", "ampviz-bit-exponent", "ampviz-bit-mantissa"}
+
+
+def test_methods_mirror_the_controls():
+    ex = FormatExplorer("bf16")
+    ex.set_bits(0x4049)
+    assert ex.value == get_format("bf16").decode(0x4049)
+    ex.toggle_bit(15)
+    assert ex.value == -get_format("bf16").decode(0x4049)
+    with pytest.raises(ValueError):
+        ex.toggle_bit(16)
+    with pytest.raises(TypeError):
+        ex.set_bits(1.5)
+
+
+def test_format_explorer_css_classes_and_display():
+    ex = FormatExplorer()
+    assert "ampviz-format-explorer" in css(ex.ui)
+    assert "ampviz-decimal-input" in css(ex.decimal_input)
+    assert "ampviz-format-dropdown" in css(ex.format_dropdown)
+    assert list(ex.format_dropdown.options) == list(FORMATS)
+    bundle = ex._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == ex.ui.model_id
