@@ -22,7 +22,7 @@ $(VENV)/.test-installed: requirements-dev.txt $(VENV)/.lab-installed
 	touch $@
 
 lab: $(VENV)/.lab-installed
-	$(BIN)/jupyter lab --ip 127.0.0.1 --ServerApp.root_dir=notebooks 00_start_here.ipynb
+	$(BIN)/jupyter lab --ip 127.0.0.1 notebooks/00_start_here.ipynb
 
 test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q tests

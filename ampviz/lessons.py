@@ -1,0 +1,414 @@
+"""Small, tested building blocks for the lesson notebooks (numpy only).
+
+The notebooks show their results through these functions so that they hold no logic of their own:
+
+* ``Table``: a small text/HTML table whose text is stable from run to run (notebook outputs are
+  compared against stored ones);
+* ``format_table``, ``cast_table``, ``bits_table``: what a format can hold, what a cast does to
+  given values, and their bit patterns;
+* ``add``, ``largest_lost_update``, ``update_table``, ``accumulate``, ``stall_table``: why a weight
+  stops learning when it is stored in a low-precision format (and why AMP keeps fp32 master weights);
+* ``largest_safe_scale``, ``census_table``, ``layer_table``: choosing a static loss scale and
+  seeing what it does;
+* ``check`` and the ``check_*`` questions: exercise checkers that answer with one fixed line.
+
+Arithmetic in a format is modelled as IEEE arithmetic is defined: the exact result of the operation
+on the stored operands, rounded once into the format. torch computes a float16 or bfloat16 addition
+on the CPU in float32 and rounds the result; that double rounding gives the same answer, because
+float32 carries more than twice the significand bits of either format plus two.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ampviz.census import census
+from ampviz.formats import get_format
+
+__all__ = [
+    "Table",
+    "number",
+    "format_table",
+    "cast_table",
+    "bits_table",
+    "add",
+    "largest_lost_update",
+    "update_table",
+    "accumulate",
+    "stall_table",
+    "largest_safe_scale",
+    "census_table",
+    "layer_table",
+    "Check",
+    "check",
+    "check_smallest_subnormal",
+    "check_fp16_cast_65520",
+    "check_bf16_lost_ratio",
+    "check_lost_share",
+    "check_safe_scale",
+    "check_overflow_action",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Display
+# --------------------------------------------------------------------------------------------
+
+
+def number(x, *, digits: int = 8, pow2: bool = False) -> str:
+    """A value as the lessons print it: ``2^-24`` for powers of two far from 1, else ``%.{digits}g``.
+
+    Powers of two from 2^-2 to 2^16 print as plain numbers (0.25, 1024, 65536), others as ``2^e``
+    (with ``pow2=True``, every power of two but 1 does); infinities and NaN print as ``inf``,
+    ``-inf`` and ``nan``.
+    """
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == 0:
+        return "-0" if math.copysign(1.0, x) < 0 else "0"
+    mant, exp = math.frexp(abs(x))
+    if mant == 0.5 and (not -2 <= exp - 1 <= 16 or (pow2 and exp != 1)):
+        return f"{'-' if x < 0 else ''}2^{exp - 1}"
+    return f"{x:.{digits}g}"
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows of strings with column headings; prints as aligned text and renders as HTML."""
+
+    columns: tuple
+    rows: tuple
+    title: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "columns", tuple(str(c) for c in self.columns))
+        object.__setattr__(self, "rows", tuple(tuple(str(v) for v in r) for r in self.rows))
+        for r in self.rows:
+            if len(r) != len(self.columns):
+                raise ValueError(f"row {r!r} has {len(r)} cells, expected {len(self.columns)}")
+
+    def column(self, name: str) -> tuple:
+        """The cells of one column, by heading."""
+        i = self.columns.index(name)
+        return tuple(r[i] for r in self.rows)
+
+    def __str__(self) -> str:
+        widths = [max(len(c), *(len(r[i]) for r in self.rows)) if self.rows else len(c)
+                  for i, c in enumerate(self.columns)]
+        line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+        out = [self.title] if self.title else []
+        out += [line(self.columns), line(["-" * w for w in widths])]
+        out += [line(r) for r in self.rows]
+        return "\n".join(out)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        head = "".join(f"<th>{esc(c)}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in r) + "</tr>" for r in self.rows)
+        cap = f"<caption>{esc(self.title)}</caption>" if self.title else ""
+        return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# --------------------------------------------------------------------------------------------
+# Formats and casts
+# --------------------------------------------------------------------------------------------
+
+
+def format_table(formats=("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")) -> Table:
+    """Each format's layout and constants (names as in ``numpy.finfo``)."""
+    rows = []
+    for f in map(get_format, formats):
+        rows.append((
+            f.name, f.exponent_bits, f.mantissa_bits, f.bias, number(f.max),
+            number(f.smallest_normal, pow2=True), number(f.smallest_subnormal, pow2=True),
+            number(f.eps, pow2=True),
+            "inf" if f.specials == "ieee" else f"saturates at {number(f.max)}",
+        ))
+    return Table(("format", "exp bits", "mantissa bits", "bias", "max", "smallest normal",
+                  "smallest subnormal", "eps", "overflow"), rows)
+
+
+def cast_table(values, fmt, labels=None) -> Table:
+    """What each of ``values`` becomes when cast to ``fmt``: stored value and category."""
+    fmt = get_format(fmt)
+    values = list(np.asarray(values, dtype=np.float64).ravel())
+    labels = [number(v) for v in values] if labels is None else [str(s) for s in labels]
+    if len(labels) != len(values):
+        raise ValueError(f"{len(labels)} labels for {len(values)} values")
+    stored = fmt.quantize(np.asarray(values))
+    cats = fmt.classify(np.asarray(values))
+    rows = [(lab, number(s), c) for lab, s, c in zip(labels, stored, cats)]
+    return Table(("value", f"stored in {fmt.name}", "category"), rows)
+
+
+def bits_table(values, fmt, labels=None) -> Table:
+    """Each value's bit pattern in ``fmt`` once cast, split into sign | exponent | mantissa."""
+    fmt = get_format(fmt)
+    values = list(np.asarray(values, dtype=np.float64).ravel())
+    labels = [number(v) for v in values] if labels is None else [str(s) for s in labels]
+    if len(labels) != len(values):
+        raise ValueError(f"{len(labels)} labels for {len(values)} values")
+    rows = []
+    for lab, v in zip(labels, values):
+        sign, exp, man = fmt.fields(int(fmt.encode(v)))
+        e, m = fmt.exponent_bits, fmt.mantissa_bits
+        pattern = f"{sign} {exp:0{e}b} {man:0{m}b}"
+        if fmt.specials == "ieee" and exp == (1 << e) - 1:
+            meaning = "inf" if man == 0 else "nan"
+        elif exp == 0:
+            meaning = f"0.{man:0{m}b} × 2^{fmt.emin}" + ("" if man else " (zero)")
+        else:
+            meaning = f"1.{man:0{m}b} × 2^{exp - fmt.bias}"
+        rows.append((lab, pattern, exp, meaning, number(fmt.quantize(v))))
+    return Table(("value", "sign exponent mantissa", "exponent field", "means", "stored"), rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Weight updates in a low-precision format
+# --------------------------------------------------------------------------------------------
+
+
+def add(a, b, fmt):
+    """``a + b`` computed in ``fmt``: both operands stored in fmt, the exact sum rounded once.
+
+    float64 holds the sum of two fp16 values exactly; for wider formats the sum is rounded to
+    float64 first, which cannot change the final rounding (53 >= 2 * 24 + 2 significand bits).
+    """
+    fmt = get_format(fmt)
+    qa = np.asarray(fmt.quantize(a), dtype=np.float64)
+    qb = np.asarray(fmt.quantize(b), dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = qa + qb
+    return fmt.quantize(s if np.ndim(s) else float(s))
+
+
+def largest_lost_update(w, fmt) -> float:
+    """The largest positive update u (a value of ``fmt``) with ``w + u == w`` in ``fmt``.
+
+    Anything smaller is lost too. For w = 1 this is half of ``eps`` (the tie rounds to the even
+    neighbour, 1), so an update is lost once the weight is 2 / eps times larger.
+    """
+    fmt = get_format(fmt)
+    q = float(fmt.quantize(w))
+    if not math.isfinite(q) or q == 0:
+        raise ValueError(f"w must be a nonzero finite value of {fmt.name}, got {w!r}")
+    half_ulp = fmt.ulp(q) / 2
+    u = float(fmt.quantize(half_ulp))
+    if u > half_ulp or add(q, u, fmt) != q:
+        u = fmt.neighbours(u)[0]  # the representable value just below
+    return max(u, 0.0)
+
+
+def update_table(w=1.0, formats=("fp32", "bf16", "fp16")) -> Table:
+    """For each format: eps, the largest update lost on ``w``, and how many times smaller it is."""
+    rows = []
+    for f in map(get_format, formats):
+        u = largest_lost_update(w, f)
+        ratio = float(f.quantize(w)) / u if u else math.inf
+        rows.append((f.name, number(f.eps), number(u), f"{ratio:,.0f}"))
+    return Table(("format", "eps", f"largest update lost on w = {number(w)}",
+                  "weight / update"), rows)
+
+
+def accumulate(w0, update, steps: int, fmt) -> np.ndarray:
+    """The weight after each of ``steps`` additions of ``update``, all stored in ``fmt``.
+
+    Returns ``steps + 1`` values (the start included), as float64.
+    """
+    fmt = get_format(fmt)
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    w = float(fmt.quantize(w0))
+    u = float(fmt.quantize(update))
+    out = np.empty(steps + 1)
+    out[0] = w
+    for i in range(1, steps + 1):
+        w = float(add(w, u, fmt))
+        out[i] = w
+    return out
+
+
+def stall_table(w0=1.0, update=1e-4, steps=1000, formats=("fp16", "bf16", "fp32"),
+                master="fp32", model="fp16") -> Table:
+    """Where a weight ends after ``steps`` identical updates, by the format it is kept in.
+
+    One row per format, plus the mixed-precision recipe: the weight kept in ``master`` (fp32) and
+    cast to ``model`` (fp16) for the forward pass.
+    """
+    rows = []
+    for f in map(get_format, formats):
+        end = accumulate(w0, update, steps, f)[-1]
+        rows.append((f"{f.name} weight", number(end), number(end - float(f.quantize(w0)))))
+    master, model = get_format(master), get_format(model)
+    end = accumulate(w0, update, steps, master)[-1]
+    copy = float(model.quantize(end))
+    rows.append((f"{master.name} master, {model.name} copy", number(copy),
+                 number(copy - float(model.quantize(w0)))))
+    rows.append(("exact", number(w0 + steps * update), number(steps * update)))
+    return Table(("kept as", f"weight after {steps:,} steps", "change"), rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Loss scaling
+# --------------------------------------------------------------------------------------------
+
+
+def largest_safe_scale(values, fmt="fp16") -> float:
+    """The largest power of two S for which no value of ``values * S`` overflows in ``fmt``.
+
+    "Overflows" is as in ``ampviz.census``: the float32 product rounds past the format's max
+    (to inf, or to a saturated max in an "fn" format). Only the largest magnitude matters. A scale
+    is a float32 number, so the answer is at most 2^127.
+    """
+    fmt = get_format(fmt)
+    v = np.abs(np.asarray(values, dtype=np.float32).ravel())
+    if v.size == 0 or not np.all(np.isfinite(v)):
+        raise ValueError("values must be a non-empty array of finite numbers")
+    m = float(v.max())
+    if m == 0:
+        raise ValueError("all values are zero: every scale is safe")
+    k = min(math.floor(math.log2(fmt.max / m)) + 1, 127)
+    while census(np.float32(m), fmt, 2.0 ** k).counts["overflow"]:
+        k -= 1
+    return 2.0 ** k
+
+
+def _scale_label(scale: float) -> str:
+    mant, exp = math.frexp(scale)
+    return f"2^{exp - 1}" if mant == 0.5 else number(scale)
+
+
+def _share(count: int, total: int) -> str:
+    return f"{count:,} ({100 * count / total:.2f}%)" if total else "0"
+
+
+def census_table(values, fmt="fp16", scales=(1.0,)) -> Table:
+    """What ``values * scale`` becomes in ``fmt`` for each scale: count and share per category.
+
+    "lost" counts nonzero values that end as 0 (``underflow``); "overflow" those that round to inf
+    (or saturate). Exact zeros in ``values`` are counted apart.
+    """
+    fmt = get_format(fmt)
+    rows = []
+    for s in scales:
+        c = census(values, fmt, s)
+        n = c.total
+        rows.append((_scale_label(c.scale), _share(c.counts["zero"], n), _share(c.counts["underflow"], n),
+                     _share(c.counts["subnormal"], n), _share(c.counts["normal"], n),
+                     _share(c.counts["overflow"] + c.counts["nan"], n)))
+    return Table(("scale", "zero already", "lost (-> 0)", "subnormal", "normal", "overflow"), rows,
+                 title=f"{fmt.name}, {n:,} values" if scales else "")
+
+
+def layer_table(layers: dict, fmt="fp16", scale=1.0) -> Table:
+    """One row per named array (e.g. a layer's gradient): size, largest magnitude and what
+    ``fmt`` does to it at ``scale`` (shares of that array)."""
+    fmt = get_format(fmt)
+    rows = []
+    for name, values in layers.items():
+        v = np.asarray(values, dtype=np.float32).ravel()
+        c = census(v, fmt, scale)
+        f = c.fractions
+        big = float(np.max(np.abs(v))) if v.size else 0.0
+        rows.append((name, f"{v.size:,}", f"{big:.2g}", f"{100 * f['zero']:.1f}%",
+                     f"{100 * f['underflow']:.1f}%", f"{100 * f['subnormal']:.1f}%",
+                     f"{100 * f['normal']:.1f}%"))
+    return Table(("name", "values", "largest |value|", "zero already", "lost (-> 0)", "subnormal",
+                  "normal"), rows, title=f"{fmt.name} at scale {_scale_label(float(np.float32(scale)))}")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise checkers
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """The verdict on one answer: ``status`` is "right", "wrong" or "unanswered"."""
+
+    status: str
+    message: str
+
+    def __bool__(self) -> bool:
+        return self.status == "right"
+
+    def __str__(self) -> str:
+        return self.message
+
+    __repr__ = __str__
+
+
+def _same(answer, expected, tol: float) -> bool:
+    if isinstance(expected, str):
+        return isinstance(answer, str) and answer.strip().casefold() == expected.casefold()
+    try:
+        a = float(answer)
+    except (TypeError, ValueError):
+        return False
+    e = float(expected)
+    if math.isnan(e):
+        return math.isnan(a)
+    if math.isinf(e) or math.isinf(a):
+        return a == e
+    return abs(a - e) <= tol
+
+
+def check(answer, expected, *, tol: float = 0.0, hint: str = "", accept=None) -> Check:
+    """Compare an answer with the expected value; the message never shows either number.
+
+    ``None`` (or ``...``) means not answered yet. Numbers match within ``tol``; strings match
+    case-insensitively; ``accept`` (a function of the answer) replaces the comparison if given.
+    """
+    if answer is None or answer is Ellipsis:
+        return Check("unanswered", "not answered yet: set `answer` above and run the cell again")
+    ok = accept(answer) if accept is not None else _same(answer, expected, tol)
+    if ok:
+        return Check("right", "✓ correct")
+    return Check("wrong", "✗ not quite" + (f": {hint}" if hint else ""))
+
+
+def check_smallest_subnormal(answer) -> Check:
+    """Q: the smallest positive value fp16 can store."""
+    return check(answer, get_format("fp16").smallest_subnormal,
+                 hint="look at the exponent field 00000 with the last mantissa bit set")
+
+
+def check_fp16_cast_65520(answer) -> Check:
+    """Q: what 65520.0 becomes when cast to fp16."""
+    return check(answer, get_format("fp16").quantize(65520.0),
+                 hint="65520 is exactly halfway between 65504 and the next step, 65536")
+
+
+def check_bf16_lost_ratio(answer) -> Check:
+    """Q: how many times larger than an update a bf16 weight of 1.0 must be for the update to vanish."""
+    bf16 = get_format("bf16")
+    return check(answer, 1.0 / largest_lost_update(1.0, bf16),
+                 hint="bf16 keeps 7 mantissa bits; count one more for rounding")
+
+
+def check_lost_share(answer, values, fmt="fp16") -> Check:
+    """Q: the share (0 to 1) of all ``values`` that fmt flushes to zero at scale 1, within 0.01."""
+    c = census(values, fmt, 1.0)
+    return check(answer, c.counts["underflow"] / max(c.total, 1), tol=0.01,
+                 hint="count values whose magnitude is at most 2^-25 (but not already zero)")
+
+
+def check_safe_scale(answer, values, fmt="fp16") -> Check:
+    """Q: the largest power-of-two loss scale at which no value of ``values`` overflows."""
+    return check(answer, largest_safe_scale(values, fmt),
+                 hint="find max|g|, then the largest power of two S with S * max|g| below 65504")
+
+
+def check_overflow_action(answer) -> Check:
+    """Q: what GradScaler does with a step whose gradients contain inf: "skip" (and lower the scale)."""
+    return check(answer, "skip", accept=lambda a: isinstance(a, str) and "skip" in a.casefold(),
+                 hint="applying an inf gradient would turn the weights into inf or NaN")

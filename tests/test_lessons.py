@@ -1,0 +1,246 @@
+"""ampviz.lessons: tables, arithmetic in a format, loss-scale helpers and checkers.
+
+Arithmetic is checked bit for bit against torch (the reference the lessons cite)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ampviz import FORMATS, FP16
+from ampviz import lessons as L
+from ampviz.census import census
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+# ----- display -----
+@pytest.mark.parametrize("x, text", [
+    (2.0**-24, "2^-24"), (2.0**-3, "2^-3"), (0.25, "0.25"), (1.0, "1"), (65536.0, "65536"),
+    (2.0**17, "2^17"), (-(2.0**-24), "-2^-24"), (65504.0, "65504"), (0.1, "0.1"),
+    (math.inf, "inf"), (-math.inf, "-inf"), (math.nan, "nan"), (0.0, "0"), (-0.0, "-0"),
+    (1.0 + 2**-10, "1.0009766"),
+])
+def test_number(x, text):
+    assert L.number(x) == text
+
+
+def test_number_pow2():
+    assert L.number(0.25, pow2=True) == "2^-2" and L.number(1024.0, pow2=True) == "2^10"
+    assert L.number(1.0, pow2=True) == "1" and L.number(3.0, pow2=True) == "3"
+
+
+def test_table_text_html_and_validation():
+    t = L.Table(("a", "long heading"), [(1, "x<y"), ("22", 3.5)], title="T")
+    lines = str(t).splitlines()
+    assert lines[0] == "T"
+    assert lines[1] == "a   long heading"
+    assert lines[2] == "--  ------------"
+    assert lines[3] == "1   x<y"
+    assert repr(t) == str(t)
+    assert "x&lt;y" in t._repr_html_() and "<caption>T</caption>" in t._repr_html_()
+    assert t.column("a") == ("1", "22")
+    with pytest.raises(ValueError, match="2 cells"):
+        L.Table(("a", "b", "c"), [(1, 2)])
+
+
+# ----- formats and casts -----
+def test_format_table_shows_each_formats_constants():
+    t = L.format_table()
+    rows = {r[0]: dict(zip(t.columns, r)) for r in t.rows}
+    assert rows["fp16"]["max"] == "65504"
+    assert rows["fp16"]["smallest normal"] == "2^-14"
+    assert rows["fp16"]["smallest subnormal"] == "2^-24"
+    assert rows["fp16"]["eps"] == "2^-10"
+    assert rows["bf16"]["smallest subnormal"] == "2^-133"
+    assert rows["fp8_e4m3"]["max"] == "448" and rows["fp8_e4m3"]["overflow"] == "saturates at 448"
+    assert rows["fp8_e5m2"]["max"] == "57344" and rows["fp8_e5m2"]["overflow"] == "inf"
+    assert rows["fp8_e5m2"]["eps"] == "2^-2" and rows["fp8_e4m3"]["smallest normal"] == "2^-6"
+    for name, row in rows.items():
+        f = FORMATS[name]
+        assert (row["exp bits"], row["mantissa bits"], row["bias"]) == (
+            str(f.exponent_bits), str(f.mantissa_bits), str(f.bias))
+
+
+def test_cast_table_matches_quantize_and_classify():
+    vals = [2**-14, 1e-7, 1.5 * 2**-25, 2**-25, 65519, 65520]
+    t = L.cast_table(vals, "fp16")
+    assert t.column("stored in fp16") == ("2^-14", "2^-23", "2^-24", "0", "65504", "inf")
+    assert t.column("category") == ("normal", "subnormal", "subnormal", "underflow", "normal", "overflow")
+    assert L.cast_table([500], "fp8_e4m3").rows == (("500", "448", "overflow"),)
+    assert L.cast_table([1], "fp16", labels=["one"]).rows[0][0] == "one"
+    with pytest.raises(ValueError, match="labels"):
+        L.cast_table([1, 2], "fp16", labels=["one"])
+
+
+def test_bits_table():
+    t = L.bits_table([1.0, 2**-24, 65520.0, 0.0], "fp16")
+    assert t.column("sign exponent mantissa") == (
+        "0 01111 0000000000", "0 00000 0000000001", "0 11111 0000000000", "0 00000 0000000000")
+    assert t.column("means") == ("1.0000000000 × 2^0", "0.0000000001 × 2^-14", "inf",
+                                 "0.0000000000 × 2^-14 (zero)")
+    assert L.bits_table([448.0], "fp8_e4m3").rows[0][1] == "0 1111 110"
+
+
+# ----- arithmetic in a format, against torch -----
+def _random_values(fmt, n, rng):
+    """n random finite values of fmt (decoded from random bit patterns)."""
+    f = FORMATS[fmt]
+    v = f.decode(rng.integers(0, 1 << f.bits, size=4 * n)) if f.bits <= 16 else \
+        rng.standard_normal(4 * n).astype(np.float32) * 2.0 ** rng.integers(-40, 40, size=4 * n)
+    v = v[np.isfinite(v)]
+    return v[:n]
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp32"])
+def test_add_is_torchs_addition(fmt):
+    rng = np.random.default_rng(1)
+    a = _random_values(fmt, 20000, rng)
+    b = _random_values(fmt, 20000, rng)
+    # make close magnitudes common too, where rounding matters most
+    b[::2] = a[::2] * 2.0 ** rng.integers(-14, 2, size=b[::2].size)
+    b = np.asarray(FORMATS[fmt].quantize(b))
+    dt = TORCH_DTYPES[fmt]
+    ours = np.asarray(L.add(a, b, fmt))
+    theirs = (torch.tensor(a, dtype=torch.float32).to(dt) + torch.tensor(b, dtype=torch.float32).to(dt)
+              ).double().numpy()
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_add_scalar_and_the_1_plus_2_pow_minus_11_claim():
+    assert L.add(1.0, 2**-11, "fp16") == 1.0
+    assert L.add(1.0, 2**-10, "fp16") == 1.0 + 2**-10
+    assert L.add(1.0, 2**-11, "fp32") == 1.0 + 2**-11
+    assert isinstance(L.add(1.0, 2.0, "fp16"), float)
+
+
+@pytest.mark.parametrize("fmt, expected", [("fp16", 2**-11), ("bf16", 2**-8), ("fp32", 2**-24),
+                                           ("fp8_e4m3", 2**-4), ("fp8_e5m2", 2**-3)])
+def test_largest_lost_update_at_one(fmt, expected):
+    assert L.largest_lost_update(1.0, fmt) == expected
+
+
+def test_largest_lost_update_is_the_largest_for_many_weights():
+    rng = np.random.default_rng(2)
+    for w in _random_values("fp16", 300, rng):
+        if w == 0 or abs(w) < FP16.smallest_normal:
+            continue
+        u = L.largest_lost_update(w, "fp16")
+        assert L.add(w, u, "fp16") == w
+        bigger = FP16.neighbours(u)[1]
+        assert L.add(w, bigger, "fp16") != w
+    with pytest.raises(ValueError):
+        L.largest_lost_update(0.0, "fp16")
+    with pytest.raises(ValueError):
+        L.largest_lost_update(math.inf, "fp16")
+
+
+def test_update_table_ratios():
+    t = L.update_table(1.0, ("fp32", "bf16", "fp16"))
+    assert t.column("weight / update") == ("16,777,216", "256", "2,048")
+    assert t.column("eps") == ("2^-23", "2^-7", "2^-10")
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp32"])
+def test_accumulate_matches_torch(fmt):
+    ours = L.accumulate(1.0, 1e-4, 300, fmt)
+    w = torch.tensor(1.0, dtype=TORCH_DTYPES[fmt])
+    u = torch.tensor(1e-4, dtype=torch.float32).to(TORCH_DTYPES[fmt])
+    theirs = [float(w)]
+    for _ in range(300):
+        w = w + u
+        theirs.append(float(w))
+    np.testing.assert_array_equal(ours, theirs)
+    assert ours.shape == (301,)
+
+
+def test_accumulate_stalls_in_fp16_and_moves_in_fp32():
+    assert (L.accumulate(1.0, 1e-4, 1000, "fp16") == 1.0).all()
+    end = L.accumulate(1.0, 1e-4, 1000, "fp32")[-1]
+    assert abs(end - 1.1) < 1e-4
+    assert (L.accumulate(0.0, 1e-4, 10, "fp16")[1:] > 0).all()  # from 0 the same update counts
+    with pytest.raises(ValueError):
+        L.accumulate(1.0, 1e-4, -1, "fp16")
+
+
+def test_stall_table():
+    t = L.stall_table(1.0, 1e-4, 1000)
+    rows = {r[0]: r for r in t.rows}
+    assert rows["fp16 weight"][1:] == ("1", "0")
+    assert rows["bf16 weight"][1:] == ("1", "0")
+    assert rows["fp32 weight"][1] == L.number(L.accumulate(1.0, 1e-4, 1000, "fp32")[-1])
+    assert rows["fp32 master, fp16 copy"][1] == L.number(FP16.quantize(L.accumulate(1.0, 1e-4, 1000, "fp32")[-1]))
+    assert rows["exact"][1:] == ("1.1", "0.1")
+
+
+# ----- loss scaling -----
+def test_largest_safe_scale_by_brute_force():
+    rng = np.random.default_rng(3)
+    for fmt in ("fp16", "fp8_e5m2", "fp8_e4m3", "bf16"):
+        for _ in range(50):
+            g = (rng.standard_normal(100) * 2.0 ** rng.uniform(-30, 5)).astype(np.float32)
+            s = L.largest_safe_scale(g, fmt)
+            assert math.log2(s).is_integer()
+            assert census(g, fmt, s).counts["overflow"] == 0
+            if s < 2.0**127:
+                assert census(g, fmt, 2 * s).counts["overflow"] > 0
+
+
+def test_largest_safe_scale_edges():
+    assert L.largest_safe_scale([1.0], "fp16") == 32768.0  # 65536 overflows
+    assert L.largest_safe_scale([65504.0], "fp16") == 1.0
+    assert L.largest_safe_scale([0.5, -0.99], "fp16") == 65536.0  # 0.99 * 65536 = 64880.6 < 65504
+    assert L.largest_safe_scale([2.0**-140], "bf16") == 2.0**127  # capped: a scale is a float32
+    for bad in ([], [0.0, 0.0], [1.0, math.inf], [math.nan]):
+        with pytest.raises(ValueError):
+            L.largest_safe_scale(bad, "fp16")
+
+
+def test_census_table_counts_match_census():
+    rng = np.random.default_rng(4)
+    g = (rng.standard_normal(1000) * 1e-6).astype(np.float32)
+    g[:10] = 0
+    g[10] = 1.0
+    t = L.census_table(g, "fp16", [1.0, 2.0**16, 2.0**17, 3.0])
+    assert t.column("scale") == ("2^0", "2^16", "2^17", "3")
+    assert t.title == "fp16, 1,000 values"
+    for row, s in zip(t.rows, [1.0, 2.0**16, 2.0**17, 3.0]):
+        c = census(g, "fp16", s).counts
+        expected = [c["zero"], c["underflow"], c["subnormal"], c["normal"], c["overflow"] + c["nan"]]
+        assert [int(cell.split()[0].replace(",", "")) for cell in row[1:]] == expected
+    assert t.rows[0][1] == "10 (1.00%)"
+    assert t.rows[2][5] == "1 (0.10%)"  # 1.0 * 2^17 overflows
+
+
+def test_layer_table():
+    t = L.layer_table({"a": np.array([0.0, 1e-9, 1e-6, 1.0], np.float32), "b": np.array([2.0], np.float32)})
+    assert t.column("name") == ("a", "b")
+    assert t.rows[0][1:] == ("4", "1", "25.0%", "25.0%", "25.0%", "25.0%")
+    assert t.title == "fp16 at scale 2^0"
+
+
+# ----- checkers -----
+def test_check_states_and_no_numbers_in_messages():
+    assert L.check(None, 1.0).status == "unanswered"
+    assert L.check(..., 1.0).status == "unanswered"
+    assert "not answered yet" in str(L.check(None, 1.0))
+    right, wrong = L.check(2.0, 2.0), L.check(3.0, 2.0, hint="think")
+    assert right and not wrong
+    assert str(right) == "✓ correct" and str(wrong) == "✗ not quite: think"
+    assert L.check(2.05, 2.0, tol=0.1)
+    assert L.check(math.inf, math.inf) and not L.check(1e300, math.inf)
+    assert L.check(" Skip ", "skip") and not L.check(1, "skip")
+    assert not L.check("abc", 1.0)
+
+
+def test_question_checkers():
+    assert L.check_smallest_subnormal(2**-24) and not L.check_smallest_subnormal(2**-14)
+    assert L.check_fp16_cast_65520(float("inf")) and not L.check_fp16_cast_65520(65504)
+    assert L.check_bf16_lost_ratio(256) and not L.check_bf16_lost_ratio(2048)
+    g = np.array([0.0, 1e-9, 1e-9, 1.0], np.float32)
+    assert L.check_lost_share(0.5, g) and L.check_lost_share(0.505, g) and not L.check_lost_share(0.25, g)
+    assert L.check_safe_scale(32768, g) and not L.check_safe_scale(65536, g)
+    assert L.check_overflow_action("it skips the step") and not L.check_overflow_action("clip")
+    for c in (L.check_smallest_subnormal(1.0), L.check_safe_scale(1, g), L.check_lost_share(0.9, g)):
+        assert c.status == "wrong" and not any(ch.isdigit() for ch in str(c).split(":")[0])

@@ -1,0 +1,182 @@
+"""Committed notebooks stay small, clean and checkable, and ``import ampviz`` stays light.
+
+Rules (see the architecture notes): outputs only on cells marked ``# NBVAL_CHECK_OUTPUT`` (and
+those need an output and an execution count, or nbval cannot compare them); no error outputs, no
+stderr, no plotly or widget outputs in checked cells; no widget state; under 1 MB.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = ROOT / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+MAX_BYTES = 1_000_000
+MARKERS = {"# NBVAL_CHECK_OUTPUT", "# NBVAL_IGNORE_OUTPUT", "# NBVAL_SKIP", "# NBVAL_RAISES_EXCEPTION"}
+FORBIDDEN_IN_CHECKED = ("application/vnd.plotly.v1+json", "application/vnd.jupyter.widget-view+json",
+                        "application/vnd.jupyter.widget-state+json")
+
+
+def _load_strip_tool():
+    spec = importlib.util.spec_from_file_location("strip_notebook", ROOT / "tools" / "strip_notebook.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+strip_tool = _load_strip_tool()
+
+
+def _source(cell) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def problems(nb: dict, size: int = 0) -> list[str]:
+    """Everything wrong with one notebook (as a JSON dict), as readable lines."""
+    out = []
+    if size > MAX_BYTES:
+        out.append(f"{size:,} bytes (limit {MAX_BYTES:,})")
+    if "widgets" in nb.get("metadata", {}):
+        out.append("stores widget state (metadata.widgets)")
+    for i, cell in enumerate(nb.get("cells", [])):
+        src = _source(cell)
+        for line in src.splitlines():
+            if line.strip().lstrip("#").strip().startswith("NBVAL") and line.strip() not in MARKERS:
+                out.append(f"cell {i}: marker line {line.strip()!r} is not exactly a marker (nbval ignores it)")
+        if cell.get("cell_type") != "code":
+            continue
+        checked = strip_tool.is_checked(cell)
+        outputs = cell.get("outputs", [])
+        if not checked:
+            if outputs:
+                out.append(f"cell {i}: unchecked cell keeps {len(outputs)} output(s)")
+            if cell.get("execution_count") is not None:
+                out.append(f"cell {i}: unchecked cell keeps an execution count")
+            continue
+        if not outputs:
+            out.append(f"cell {i}: checked cell has no stored output")
+        if cell.get("execution_count") is None:
+            out.append(f"cell {i}: checked cell has no execution count (nbval: unrun reference cell)")
+        for o in outputs:
+            kind = o.get("output_type")
+            if kind == "error":
+                out.append(f"cell {i}: stores an error output ({o.get('ename')})")
+            if kind == "stream" and o.get("name") == "stderr":
+                out.append(f"cell {i}: checked cell writes to stderr")
+            for mime in o.get("data", {}):
+                if mime in FORBIDDEN_IN_CHECKED:
+                    out.append(f"cell {i}: checked cell stores {mime}")
+            html = "".join(o.get("data", {}).get("text/html", ""))
+            if "plotly" in html.lower():
+                out.append(f"cell {i}: checked cell stores a plotly figure as HTML")
+    return out
+
+
+# ----- the committed notebooks -----
+def test_there_are_notebooks():
+    names = [p.name for p in NOTEBOOKS]
+    for expected in ("00_start_here.ipynb", "01_fp16_range.ipynb", "02_loss_scaling.ipynb"):
+        assert expected in names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_is_clean(path):
+    text = path.read_text(encoding="utf-8")
+    nb = json.loads(text)  # valid JSON
+    nbformat.validate(nbformat.reads(text, as_version=4))
+    assert problems(nb, size=path.stat().st_size) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_is_stripped(path):
+    """Running the strip tool on a committed notebook changes nothing."""
+    assert not strip_tool.strip_file(path, check_only=True)
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name[:2] not in ("00",)],
+                         ids=[p.name for p in NOTEBOOKS if p.name[:2] not in ("00",)])
+def test_lesson_anatomy(path):
+    """H1 title first, a setup cell, "Try it" and "Check yourself" sections, checked outputs."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    cells = nb["cells"]
+    assert cells[0]["cell_type"] == "markdown" and _source(cells[0]).startswith("# ")
+    headings = [line for c in cells if c["cell_type"] == "markdown" for line in _source(c).splitlines()
+                if line.startswith("#")]
+    assert any("Try it" in h for h in headings) and any("Check yourself" in h for h in headings)
+    code = [c for c in cells if c["cell_type"] == "code"]
+    assert "import" in _source(code[0])
+    imports_later = [i for i, c in enumerate(code[1:], 1) if any(
+        line.startswith(("import ", "from ")) for line in _source(c).splitlines())]
+    assert imports_later == [], "imports belong in the one setup cell"
+    assert any(strip_tool.is_checked(c) for c in code)
+    assert any("assert " in _source(c) for c in code)
+
+
+# ----- the rules above can fail -----
+def _nb(cells, **meta):
+    return {"cells": cells, "metadata": meta, "nbformat": 4, "nbformat_minor": 5}
+
+
+def _code(src, outputs=(), count=None):
+    return {"cell_type": "code", "source": src, "outputs": list(outputs), "execution_count": count,
+            "metadata": {}}
+
+
+def _stream(text, name="stdout"):
+    return {"output_type": "stream", "name": name, "text": text}
+
+
+def test_problems_are_found():
+    plotly_out = {"output_type": "display_data", "data": {"application/vnd.plotly.v1+json": {}}, "metadata": {}}
+    error = {"output_type": "error", "ename": "ValueError", "evalue": "x", "traceback": []}
+    bad = _nb([
+        _code("x = 1", [_stream("1")], 1),                                     # unchecked with output
+        _code("# NBVAL_CHECK_OUTPUT\nx", [], None),                             # checked, never run
+        _code("# NBVAL_CHECK_OUTPUT\nfig", [plotly_out], 3),                    # plotly in checked
+        _code("# NBVAL_CHECK_OUTPUT\n1/0", [error, _stream("w", "stderr")], 4),  # error + stderr
+        _code("# NBVAL_CHECK_OUTPUT (the table)\nt", [], None),                 # near-miss marker
+        _code("#NBVAL_CHECK_OUTPUT\nt", [], None),                              # nbval reads it, strip does not
+    ], widgets={"state": {}})
+    found = "\n".join(problems(bad, size=2_000_000))
+    for expected in ("bytes", "widget state", "cell 0: unchecked cell keeps 1 output",
+                     "cell 0: unchecked cell keeps an execution count", "cell 1: checked cell has no stored output",
+                     "cell 1: checked cell has no execution count", "cell 2: checked cell stores application/vnd.plotly",
+                     "cell 3: stores an error output", "cell 3: checked cell writes to stderr",
+                     "cell 4: marker line", "cell 5: marker line"):
+        assert expected in found
+    good = _nb([_code("# NBVAL_CHECK_OUTPUT\nprint(1)", [_stream("1\n")], 2), _code("y = 2")])
+    assert problems(good, size=100) == []
+
+
+def test_strip_keeps_only_checked_outputs():
+    nb = _nb([
+        _code("# NBVAL_CHECK_OUTPUT\nprint(1)", [_stream("1\n")], 5),
+        _code("print(2)", [_stream("2\n")], 6),
+        _code("  # NBVAL_CHECK_OUTPUT  \nprint(3)", [_stream("3\n")], 7),
+        {"cell_type": "markdown", "source": "# NBVAL_CHECK_OUTPUT", "metadata": {"execution": {"t": 1}}},
+    ], widgets={"application/vnd.jupyter.widget-state+json": {}})
+    nb["cells"][1]["metadata"]["execution"] = {"iopub.status.busy": "2024"}
+    out = strip_tool.strip(nb)
+    assert "widgets" not in out["metadata"]
+    assert out["cells"][0]["outputs"] == [_stream("1\n")] and out["cells"][0]["execution_count"] == 5
+    assert out["cells"][1]["outputs"] == [] and out["cells"][1]["execution_count"] is None
+    assert out["cells"][1]["metadata"] == {} and out["cells"][3]["metadata"] == {}
+    assert out["cells"][2]["execution_count"] == 7  # nbval strips the line too
+    assert problems(out) == []
+    assert nb["cells"][1]["outputs"]  # the input is left alone
+
+
+# ----- import ampviz stays light -----
+def test_import_ampviz_loads_no_heavy_packages():
+    code = ("import sys, ampviz, ampviz.census, ampviz.formats, ampviz.lessons, ampviz.env; "
+            "heavy = {'plotly', 'ipywidgets', 'torch'} & set(sys.modules); "
+            "assert not heavy, heavy")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

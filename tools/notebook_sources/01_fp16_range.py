@@ -1,0 +1,233 @@
+"""Source of notebooks/01_fp16_range.ipynb (built by tools/build_notebooks.py)."""
+
+from build_notebooks import code, md
+
+CELLS = [
+    md("""
+    # 01 · The fp16 range: bits, subnormals, rounding
+
+    What fp16, bf16 and fp8 can store, where they round, and where values vanish or become inf.
+
+    You will be able to:
+    - read a format's limits (max, smallest normal and subnormal, eps) off its bit layout,
+    - predict what a cast to fp16 does at both ends of its range (2^-25 becomes 0, 65520 becomes inf),
+    - explain why a weight stops learning when it is kept in fp16, and why AMP keeps fp32 master weights.
+    """),
+    code("""
+    import numpy as np
+    import torch
+
+    from ampviz import FP16, FP8_E4M3, FP8_E5M2
+    from ampviz import lessons
+    from ampviz.lessons import bits_table, cast_table, format_table, stall_table, update_table
+    from ampviz.plots import plot_census, plot_format_ranges
+    from ampviz.training import torch_accumulate, torch_add, torch_cast
+    from ampviz.widgets import FormatExplorer, RangeExplorer
+
+    rng = np.random.default_rng(0)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    """),
+    md("""
+    ## 1. A format is three numbers
+
+    A float is stored as a sign bit, an exponent field and a mantissa field; a normal number's value
+    is ±1.mantissa × 2^(exponent − bias). The number of exponent bits sets the *range*, the number of
+    mantissa bits the *precision*: eps, the gap between 1 and the next value, is 2^-(mantissa bits).
+    fp16 and bf16 both use 16 bits, and split them very differently:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    format_table()
+    """),
+    md("""
+    Notice: bf16 has fp32's range (max 3.4e38) with only 7 mantissa bits; fp16 has 3 more bits of
+    precision but stops at 65504. fp8 E4M3 has no inf at all: it *saturates* at 448.
+
+    Here are a few fp16 bit patterns, field by field:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    bits_table([1.0, 0.1, 65504, 2**-14, 2**-24], "fp16")
+    """),
+    md("""
+    0.1 has no exact binary form, so it is rounded (to 0.099975586). An exponent field of 0 marks a
+    *subnormal*: no implicit leading 1, a fixed exponent of −14, and fewer significant bits.
+    """),
+    md("""
+    ## 2. The bottom of the range: subnormals and 2^-24
+
+    Below the smallest normal number, 2^-14, fp16 continues in even steps of 2^-24: the smallest
+    positive fp16 number is 2^-24 ≈ 5.96e-8. A cast rounds to the nearest value, ties to even:
+    anything above 2^-25 rounds up to 2^-24, and 2^-25 itself, exactly halfway between 0 and 2^-24,
+    goes to the even neighbour, 0.
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    cast_table([2**-14, 1e-7, 2**-24, 1.5 * 2**-25, 2**-25, 2**-26], "fp16",
+               labels=["2^-14", "1e-7", "2^-24", "1.5 × 2^-25", "2^-25", "2^-26"])
+    """),
+    md("""
+    Notice: *underflow* means a nonzero value came out as 0. Subnormals survive but coarsely: 1e-7
+    is stored as 2^-23 ≈ 1.19e-7, 19% off. This is the line that small gradients cross in notebook 02.
+    """),
+    md("""
+    ## 3. The top of the range: 65504 and 65520
+
+    fp16's largest value is 65504 = (2 − 2^-10) × 2^15. The next step up would be 65536, which fp16
+    cannot store. Values between round to the nearer one: up to 65520 they round down to 65504;
+    65520 is the tie, and it goes to the "even" side, which is inf.
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    cast_table([65504, 65519, 65520, 70000], "fp16")
+    """),
+    md("""
+    Notice: fp16 overflows at 65520, not just above 65504. Once a value is inf, every sum or product
+    it enters is inf or NaN.
+    """),
+    md("""
+    ## 4. 1 + 2^-11 == 1
+
+    Near 1, fp16's values are 2^-10 apart (eps). Adding 2^-11 lands exactly halfway between 1 and
+    1 + 2^-10, and the tie goes to the even neighbour, 1. torch agrees:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    one = torch.tensor(1.0, dtype=torch.float16)
+    half_eps = torch.tensor(2**-11, dtype=torch.float16)
+    print("torch,  fp16: 1 + 2^-11 == 1 ->", (one + half_eps == one).item())
+    print("ampviz, fp16: 1 + 2^-11 == 1 ->", lessons.add(1.0, 2**-11, "fp16") == 1.0)
+    print("ampviz, fp32: 1 + 2^-11 == 1 ->", lessons.add(1.0, 2**-11, "fp32") == 1.0)
+    """),
+    md("""
+    ## 5. Why a weight stops learning in fp16
+
+    An optimizer step adds a small update to each weight. If the weight is 1.0 and the update is
+    2^-11 or smaller (the weight is 2048× larger or more), fp16 rounds the sum back to 1.0. The
+    threshold for a weight of 1 in each format:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    update_table(w=1.0, formats=("fp32", "bf16", "fp16"))
+    """),
+    md("""
+    bf16 is worse here: with 7 mantissa bits, a weight of 1 ignores any update 256× smaller.
+    Now 1000 steps that each add 1e-4 (say learning rate 0.01 × gradient 0.01). The weight should
+    move by 0.1:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    stall_table(w0=1.0, update=1e-4, steps=1000)
+    """),
+    md("""
+    Notice: kept in fp16 or bf16, the weight never moves; every single update is lost. This is why
+    mixed-precision training keeps an **fp32 master copy** of the weights, applies the updates to
+    it, and casts it to fp16 for the forward pass (fourth row). The fp16 copy then follows the
+    training: it moved by 0.0996 (it is the fp16 number nearest 1.1) instead of 0. fp32 itself is
+    close but not exact: 1.1000166.
+    """),
+    md("""
+    ## 6. fp8: saturate, or overflow
+
+    fp8 E4M3 spends its top exponent on numbers, so it has no inf; a cast in torch *saturates*:
+    500 and 1e6 both become 448. fp8 E5M2 keeps IEEE's inf: its max is 57344, and casts round to
+    inf from 61440 (halfway to the next power of two) up.
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    print(cast_table([448, 464, 480, 500, 1e6], "fp8_e4m3"))
+    print()
+    print(cast_table([57344, 60000, 61439, 61440, 1e6], "fp8_e5m2"))
+    """),
+    md("""
+    Notice: a saturated value hides the overflow (there is no inf to detect), so fp8 recipes do not
+    skip steps on overflow: Micikevicius et al. (2022, *FP8 Formats for Deep Learning*,
+    arXiv:2209.05433) use E4M3 for weights and activations and E5M2 for gradients, with a scale
+    per tensor and saturation in place of skipped steps.
+    """),
+    md("""
+    ## Try it
+
+    Type a value (65519, 65520, 1e-7, 2**-25), click bits, or switch formats, and watch the
+    category and the rounding error:
+    """),
+    code("""
+    FormatExplorer("fp16", value=65519)
+    """),
+    md("""
+    The same point for all formats, as a static figure: where each one holds a value, from the
+    underflow band on the left to overflow on the right.
+    """),
+    code("""
+    plot_format_ranges()
+    """),
+    md("""
+    And a whole set of values at once: 10,000 magnitudes spread evenly on a log scale from 2^-30 to
+    2^18. Move the scale slider and watch them enter and leave fp16's window; then try bf16.
+    """),
+    code("""
+    values = 2.0 ** rng.uniform(-30, 18, size=10_000)
+    RangeExplorer(values, fmt="fp16", log2_scale=0)
+    """),
+    code("""
+    plot_census(values, "fp16", scale=1.0, title="10,000 values from 2^-30 to 2^18, cast to fp16")
+    """),
+    md("""
+    ## Check yourself
+
+    Set `answer` and run the cell; it answers with one line.
+    """),
+    code("""
+    # What is the smallest positive number fp16 can store? (2**-10 style is fine)
+    answer = None
+    lessons.check_smallest_subnormal(answer)
+    """),
+    code("""
+    # What does 65520.0 become when cast to fp16?
+    answer = None
+    lessons.check_fp16_cast_65520(answer)
+    """),
+    code("""
+    # A bf16 weight is 1.0. How many times larger than an update must it be for the update to vanish?
+    answer = None
+    lessons.check_bf16_lost_ratio(answer)
+    """),
+    md("""
+    The lesson's claims, checked against torch's own casts and arithmetic:
+    """),
+    code("""
+    assert FP16.smallest_subnormal == 2**-24 and FP16.smallest_normal == 2**-14 and FP16.max == 65504
+    assert torch_cast([2**-25, 1.5 * 2**-25, 65519, 65520], "fp16").tolist() == [0, 2**-24, 65504, np.inf]
+    assert torch_add(1, 2**-11, "fp16") == 1 and torch_add(1, 2**-10, "fp16") == 1 + 2**-10
+    assert lessons.largest_lost_update(1.0, "fp16") == 2**-11  # lost once the weight is 2048x larger
+    fp16_weight = torch_accumulate(1.0, 1e-4, 1000, "fp16")
+    assert (fp16_weight == 1.0).all()  # the stalled weight, in torch
+    assert (lessons.accumulate(1.0, 1e-4, 1000, "fp16") == fp16_weight).all()
+    assert torch_cast([500, 1e6], "fp8_e4m3").tolist() == [FP8_E4M3.max] * 2 == [448, 448]
+    assert torch_cast([60000, 61439, 61440], "fp8_e5m2").tolist() == [FP8_E5M2.max] * 2 + [np.inf]
+    print("all claims hold")
+    """),
+    md("""
+    ## Summary
+
+    - A format's exponent bits set its range, its mantissa bits its precision (eps = 2^-mantissa bits).
+    - fp16 stores 2^-24 to 65504. 2^-25 and below become 0; 65520 and above become inf.
+      Subnormals (2^-24 to 2^-14) survive with fewer significant bits.
+    - An update up to half the grid spacing at a weight is lost: for a weight of 1 in fp16 that is
+      anything 2048× smaller (bf16: 256×). AMP keeps fp32 master weights so small updates add up.
+    - fp8 E4M3 saturates at 448; E5M2 overflows to inf from 61440.
+
+    **Next:** `02_loss_scaling.ipynb` puts real gradients into this picture.
+
+    **Open exercises**
+    1. What is the largest integer *n* such that every integer from 0 to *n* is exact in fp16?
+       (Try `FP16.quantize(2049)`.)
+    2. Some online fp8 explorers show E4M3's max as 240. Which decoding mistake gives 240? (Hint:
+       `bits_table([448], "fp8_e4m3")`.)
+    3. bf16 is fp32 with the mantissa *rounded* to 7 bits. Find a value where truncating instead of
+       rounding gives a different bf16 number.
+    4. For w = 1.5 instead of 1.0, what is `lessons.largest_lost_update(1.5, "fp16")`? Why is the
+       ratio not 2048?
+    """),
+]
