@@ -21,8 +21,9 @@ $(VENV)/.test-installed: requirements-dev.txt $(VENV)/.lab-installed
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
+# Bound to 127.0.0.1 with token authentication (JupyterLab's default); --allow-root only for root.
 lab: $(VENV)/.lab-installed
-	$(BIN)/jupyter lab --ip 127.0.0.1 notebooks/00_start_here.ipynb
+	$(BIN)/jupyter lab --ip 127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/00_start_here.ipynb
 
 test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q tests
