@@ -137,13 +137,19 @@ def format_table(formats=("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")) -> Ta
                   "smallest subnormal", "eps", "overflow"), rows)
 
 
-def cast_table(values, fmt, labels=None) -> Table:
-    """What each of ``values`` becomes when cast to ``fmt``: stored value and category."""
-    fmt = get_format(fmt)
+def _labelled(values, labels):
+    """(values as a list of floats, one label per value: given, or the value printed)."""
     values = list(np.asarray(values, dtype=np.float64).ravel())
     labels = [number(v) for v in values] if labels is None else [str(s) for s in labels]
     if len(labels) != len(values):
         raise ValueError(f"{len(labels)} labels for {len(values)} values")
+    return values, labels
+
+
+def cast_table(values, fmt, labels=None) -> Table:
+    """What each of ``values`` becomes when cast to ``fmt``: stored value and category."""
+    fmt = get_format(fmt)
+    values, labels = _labelled(values, labels)
     stored = fmt.quantize(np.asarray(values))
     cats = fmt.classify(np.asarray(values))
     rows = [(lab, number(s), c) for lab, s, c in zip(labels, stored, cats)]
@@ -153,10 +159,7 @@ def cast_table(values, fmt, labels=None) -> Table:
 def bits_table(values, fmt, labels=None) -> Table:
     """Each value's bit pattern in ``fmt`` once cast, split into sign | exponent | mantissa."""
     fmt = get_format(fmt)
-    values = list(np.asarray(values, dtype=np.float64).ravel())
-    labels = [number(v) for v in values] if labels is None else [str(s) for s in labels]
-    if len(labels) != len(values):
-        raise ValueError(f"{len(labels)} labels for {len(values)} values")
+    values, labels = _labelled(values, labels)
     rows = []
     for lab, v in zip(labels, values):
         sign, exp, man = fmt.fields(int(fmt.encode(v)))
