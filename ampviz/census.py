@@ -212,9 +212,10 @@ def _level_histogram(u: np.ndarray, thresholds, on_mantissa: bool, split=None) -
     n_keys = 256 * 2 * n_levels
     th2 = [np.uint32(2 * int(t)) for t in thresholds]  # compared with doubled patterns
     split2 = None if split is None else np.uint32(2 * int(split))
+    need_t = on_mantissa or split2 is not None
     a = np.empty(_CHUNK, np.uint32)  # 2|u|: the sign shifted out
     t = np.empty(_CHUNK, np.uint32)  # 2 * mantissa field
-    b = np.empty(_CHUNK, np.uint8)
+    b = np.empty(_CHUNK, bool)
     lv = np.empty(_CHUNK, np.uint8)
     key = np.empty(_CHUNK, np.uint32)
     counts = np.zeros(n_keys, np.int64)
@@ -223,19 +224,22 @@ def _level_histogram(u: np.ndarray, thresholds, on_mantissa: bool, split=None) -
         m = c.size
         A, T, B, L, K = a[:m], t[:m], b[:m], lv[:m], key[:m]
         np.left_shift(c, 1, out=A)
-        np.bitwise_and(A, 0xFFFFFE, out=T)
+        if need_t:
+            np.bitwise_and(A, 0xFFFFFE, out=T)
         x = T if on_mantissa else A
-        L.fill(0)
-        for th in th2:
-            np.greater_equal(x, th, out=B.view(bool))
-            L += B
+        L.fill(0) if not th2 else np.greater_equal(x, th2[0], out=L.view(bool))
+        for th in th2[1:]:
+            np.greater_equal(x, th, out=B)
+            np.add(L, B.view(np.uint8), out=L)
         np.right_shift(A, 24, out=K)  # exponent field
-        K *= 2
-        if split2 is not None:
-            np.greater_equal(T, split2, out=B.view(bool))
-            K += B
-        K *= n_levels
-        K += L
+        if split2 is None:
+            K *= 2 * n_levels
+        else:
+            K *= 2
+            np.greater_equal(T, split2, out=B)
+            np.add(K, B, out=K, casting="unsafe")
+            K *= n_levels
+        np.add(K, L, out=K, casting="unsafe")
         counts += np.bincount(K, minlength=n_keys)
     return counts.reshape(256, 2, n_levels)
 
