@@ -134,7 +134,8 @@ class _Explorer:
 class FormatExplorer(_Explorer):
     """One value in one float format, bit by bit.
 
-    Controls: a format dropdown (``format_dropdown``), one toggle button per bit (``bit_buttons``,
+    Controls: a format dropdown (``format_dropdown``), one button per bit (``bit_buttons``, showing
+    "1" or "0" and coloured by field; a click flips the bit;
     most significant first: ``bit_buttons[j]`` is bit ``fmt.bits - 1 - j``, CSS class
     ``ampviz-bit-<position>``), a decimal box (``decimal_input``: the learner types 0.1, 1e-8, 65519,
     2^-24, nan ...) and a bit-pattern box (``hex_input``: 0x3C00). The readout (``readout``) shows the
@@ -152,7 +153,7 @@ class FormatExplorer(_Explorer):
         self.typed: float | None = None
         self.bits = 0
         self._syncing = False
-        self.bit_buttons: list[W.ToggleButton] = []
+        self.bit_buttons: list[W.Button] = []
 
         self.format_dropdown = W.Dropdown(options=list(FORMATS), value=self.fmt.name, description="format")
         self.format_dropdown.add_class("ampviz-format-dropdown")
@@ -261,11 +262,8 @@ class FormatExplorer(_Explorer):
             self.set_bits(_parse_bits(change["new"]))
 
     @_shows_errors
-    def _on_bit(self, change):
-        if not self._syncing:
-            position = self.fmt.bits - 1 - self.bit_buttons.index(change["owner"])
-            mask = 1 << position
-            self.set_bits(self.bits | mask if change["new"] else self.bits & ~mask)
+    def _on_bit(self, button):
+        self.toggle_bit(self.fmt.bits - 1 - self.bit_buttons.index(button))
 
     # ----- drawing -----
     def _field_of(self, position: int) -> str:
@@ -276,21 +274,20 @@ class FormatExplorer(_Explorer):
 
     def _build_bit_buttons(self) -> None:
         for b in self.bit_buttons:
-            b.unobserve(self._on_bit, names="value")
+            b.on_click(self._on_bit, remove=True)
             b.close()
         buttons = []
         for j in range(self.fmt.bits):
             position = self.fmt.bits - 1 - j
             field = self._field_of(position)
-            b = W.ToggleButton(
-                value=False,
+            b = W.Button(
                 description="0",
                 tooltip=f"bit {position} ({field})",
                 layout=W.Layout(width="30px", height="30px", padding="0", margin="1px"),
             )
             b.add_class(f"ampviz-bit-{position}")
             b.add_class(f"ampviz-bit-{field}")
-            b.observe(self._on_bit, names="value")
+            b.on_click(self._on_bit)
             buttons.append(b)
         self.bit_buttons = buttons
         self.bits_row.children = tuple(buttons)
@@ -313,7 +310,6 @@ class FormatExplorer(_Explorer):
                 position = f.bits - 1 - j
                 on = bool((bits >> position) & 1)
                 field = self._field_of(position)
-                b.value = on
                 b.description = "1" if on else "0"
                 b.style.button_color = FIELD_COLORS[field] if on else _FIELD_TINTS[field]
                 b.style.font_weight = "bold" if on else "normal"
@@ -393,10 +389,10 @@ class FormatExplorer(_Explorer):
         stored = self.value
         if math.isnan(stored):
             parts.append(f"exponent {exp_bits} (all ones) and mantissa {man_bits}: NaN")
-            return " · ".join(parts)
+            return "<br>".join(parts)
         if math.isinf(stored):
             parts.append(f"exponent {exp_bits} (all ones) and mantissa 0: inf")
-            return " · ".join(parts)
+            return "<br>".join(parts)
         if exp == 0:
             parts.append(f"exponent {exp_bits} = 0: subnormal, exponent 1 − {f.bias} = {f.emin}")
             parts.append(f"mantissa {man_bits} = {man} → significand 0 + {man}/2^{m}")
@@ -410,7 +406,7 @@ class FormatExplorer(_Explorer):
         parts.append(f"value (−1)^{sign} × {significand!r} × 2^{power} = {stored!r}")
         if exp == top:  # only reachable in an "fn" format, where the top exponent holds numbers
             parts.append(f"({f.name} has no inf: the top exponent holds numbers)")
-        return " · ".join(parts)
+        return "<br>".join(parts)
 
 
 # ----- a census under a loss scale -----
