@@ -180,3 +180,27 @@ def test_import_ampviz_loads_no_heavy_packages():
             "assert not heavy, heavy")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def _load_builder():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "tools" / "build_notebooks.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_matches_its_source(path):
+    """Each notebook is built from tools/notebook_sources: an edit to one without rebuilding the
+    other would leave the committed lesson out of date."""
+    builder = _load_builder()
+    source = ROOT / "tools" / "notebook_sources" / f"{path.stem}.py"
+    assert source.exists(), f"{path.name} has no source in tools/notebook_sources"
+    built = builder.make_notebook(path.stem, builder.load_source(source).CELLS)
+    committed = nbformat.read(path, as_version=4)
+    assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in built.cells], (
+        f"{path.name} differs from its source: run `python tools/build_notebooks.py {path.stem[:2]}`")
