@@ -1,0 +1,484 @@
+"""Dynamic loss scalers as small immutable state machines, and a fast simulator.
+
+A dynamic loss scaler multiplies the loss by a scale S so that small gradients survive in fp16,
+and adjusts S as it goes: after an overflow (some gradient became inf or NaN) it skips the
+optimizer step and *backs off* (S *= backoff_factor); after enough clean steps in a row it *grows*
+(S *= growth_factor). Frameworks differ in the details (hysteresis, floors and ceilings, whether
+growth may reach inf, how the product is rounded), and the details decide whether a run survives.
+
+``DynamicScaler`` is one configurable machine; each framework is a configuration of it
+(``TorchGradScaler`` and the other presets in ``PRESETS``). Its state is immutable:
+``policy.adjust(state, found_inf)`` returns the next state, as jmp's ``DynamicLossScale.adjust``
+does. ``simulate(policy, found_inf=...)`` or ``simulate(policy, grad_max=...)`` runs a whole stream
+and returns a ``ScalerTrace`` of numpy arrays.
+
+``TorchGradScaler()`` reproduces ``torch.amp.GradScaler``'s ``_amp_update_scale_`` kernel exactly
+(torch 2.13): the scale is a float32, each update multiplies in double precision and rounds once to
+float32, a backoff resets the growth tracker to 0, growth happens only when the tracker *equals*
+``growth_interval`` (and resets it to 0), growth that would give inf (or NaN) is refused, and there
+is no floor: repeated backoffs reach float32's subnormals and, with a factor of 0.5, exactly 0.
+
+Speed: the state only changes at overflows and growths, so ``simulate`` works per event, not per
+step: between events it fills the trace with numpy slices.
+
+This module needs numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from ampviz.formats import FP16, FloatFormat, get_format
+
+__all__ = [
+    "DynamicScaler",
+    "ScalerState",
+    "ScalerTrace",
+    "TorchGradScaler",
+    "StaticScaler",
+    "PRESETS",
+    "simulate",
+    "overflows",
+]
+
+ARITHMETIC = ("torch", "float32", "float64")
+
+
+# ------------------------------------------------------------------ arithmetic
+def _f32(x: float) -> float:
+    """x rounded to float32 (to nearest even; overflow gives inf), as a Python float."""
+    try:
+        return _UNPACK_F(_PACK_F(x))[0]
+    except OverflowError:  # beyond float32's range: the cast gives inf
+        return math.copysign(math.inf, x)
+
+
+_PACK_F = struct.Struct("<f").pack
+_UNPACK_F = struct.Struct("<f").unpack
+
+
+def _mul(scale: float, factor: float, arithmetic: str) -> float:
+    """scale * factor, rounded the way a framework stores its scale.
+
+    "torch": the product of the float32 scale and the (double) factor in double precision,
+    rounded once to float32 (``_amp_update_scale_``). "float32": both operands float32, the
+    product rounded to float32 (a float32 tensor times a float32-rounded factor). "float64":
+    Python floats.
+    """
+    if arithmetic == "torch":
+        return _f32(scale * factor)
+    if arithmetic == "float32":
+        return _f32(scale * _f32(factor))
+    return scale * factor
+
+
+# ------------------------------------------------------------------ state and policy
+class ScalerState(NamedTuple):
+    """Where a scaler stands between two steps (immutable).
+
+    ``scale`` is the scale the next step uses; ``growth_tracker`` the clean steps counted toward
+    the next growth; ``hysteresis`` the overflows still tolerated before a backoff (1: the next
+    overflow backs off); ``stopped`` is true once a scaler that raises at its minimum scale has
+    ended the run.
+    """
+
+    scale: float
+    growth_tracker: int = 0
+    hysteresis: int = 1
+    stopped: bool = False
+
+
+class ScalerStopped(RuntimeError):
+    """A scaler that raises at its minimum scale (DeepSpeed, fairseq) ended the run."""
+
+
+@dataclass(frozen=True)
+class DynamicScaler:
+    """A dynamic loss scaler, configurable to behave as each framework's does.
+
+    Parameters (names as in ``torch.amp.GradScaler`` where it has them):
+
+    - ``init_scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``: as in torch.
+      ``growth_interval <= 0`` never grows.
+    - ``hysteresis``: overflows in a row that are skipped before the scale backs off (1: back off
+      at every overflow). ``refill``: when the hysteresis budget is restored, ``"growth"`` (at each
+      growth: DeepSpeed, Megatron) or ``"clean"`` (at every clean step: Apex/NeMo).
+    - ``min_scale`` / ``max_scale``: clamps (None: none). ``raise_at_min``: an overflow that would
+      back off while the scale is already at ``min_scale`` ends the run (DeepSpeed ZeRO).
+    - ``growth_at_least``: grow when the tracker reaches ``growth_interval`` or more (Keras 2),
+      instead of exactly equals (torch).
+    - ``inf_guard``: refuse a growth whose result is not finite (torch, Keras 2, jmp).
+    - ``tracker_after_overflow``: the growth tracker's value after an overflow (0; DeepSpeed's
+      non-ZeRO optimizer counts one step later: -1). It is also the starting value.
+    - ``arithmetic``: how the scale is rounded, see ``_mul``.
+    - ``dynamic``: False for a static scale, which never changes.
+    """
+
+    name: str = "custom"
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    hysteresis: int = 1
+    refill: str = "growth"
+    min_scale: float | None = None
+    max_scale: float | None = None
+    raise_at_min: bool = False
+    growth_at_least: bool = False
+    inf_guard: bool = True
+    tracker_after_overflow: int = 0
+    arithmetic: str = "torch"
+    dynamic: bool = True
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        """Reject what torch's GradScaler rejects (and types it would fail on later); accept the
+        rest, odd values included (a backoff of 0, a NaN factor, an infinite initial scale), so
+        that their consequences can be shown. The ScalerLab checks its sliders more strictly."""
+        errors = []
+        if self.arithmetic not in ARITHMETIC:
+            errors.append(f"arithmetic must be one of {', '.join(ARITHMETIC)}, not {self.arithmetic!r}")
+        if self.refill not in ("growth", "clean"):
+            errors.append(f"refill must be 'growth' or 'clean', not {self.refill!r}")
+        if isinstance(self.growth_interval, bool) or not isinstance(self.growth_interval, (int, np.integer)):
+            errors.append(f"growth_interval must be a whole number of steps, not {self.growth_interval!r}")
+        if isinstance(self.hysteresis, bool) or not isinstance(self.hysteresis, (int, np.integer)) \
+                or self.hysteresis < 1:
+            errors.append(f"hysteresis must be a whole number >= 1, not {self.hysteresis!r}")
+        for name in ("init_scale", "growth_factor", "backoff_factor"):
+            if not _number(getattr(self, name)):
+                errors.append(f"{name} must be a number, not {getattr(self, name)!r}")
+        if not errors and self.dynamic:
+            if self.growth_factor <= 1.0:  # torch: "The growth factor must be > 1.0."
+                errors.append(f"growth_factor must be > 1.0, not {self.growth_factor!r}")
+            if self.backoff_factor >= 1.0:  # torch: "The backoff factor must be < 1.0."
+                errors.append(f"backoff_factor must be < 1.0, not {self.backoff_factor!r}")
+        if not errors and self.arithmetic != "float64" and math.isfinite(self.init_scale) \
+                and abs(self.init_scale) > _FLT_MAX:
+            errors.append(f"init_scale {self.init_scale!r} does not fit in float32 (torch raises at the first scale())")
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    # ----- the state machine -----
+    def initial_state(self) -> ScalerState:
+        """The state before the first step (the scale rounded as the framework stores it)."""
+        scale = float(self.init_scale)
+        if self.arithmetic != "float64":
+            scale = _f32(scale)
+        return ScalerState(scale=scale, growth_tracker=self.tracker_after_overflow,
+                           hysteresis=self.hysteresis)
+
+    def adjust(self, state: ScalerState, found_inf: bool) -> ScalerState:
+        """The state after one step that did (``found_inf``) or did not overflow."""
+        if state.stopped or not self.dynamic:
+            return state
+        if found_inf:
+            if state.hysteresis > 1:  # tolerated: skip the step, keep the scale
+                return ScalerState(state.scale, self.tracker_after_overflow, state.hysteresis - 1)
+            if self.raise_at_min and self.min_scale is not None and state.scale <= self.min_scale:
+                return state._replace(stopped=True)
+            scale = _mul(state.scale, self.backoff_factor, self.arithmetic)
+            if self.min_scale is not None:
+                scale = max(scale, self.min_scale)
+            return ScalerState(scale, self.tracker_after_overflow, state.hysteresis)
+        hyst = self.hysteresis if self.refill == "clean" else state.hysteresis
+        tracker = state.growth_tracker + 1
+        if self._grows(tracker):
+            scale = self._grow(state.scale)
+            if self.refill == "growth":
+                hyst = self.hysteresis
+            return ScalerState(scale=scale, growth_tracker=0, hysteresis=hyst)
+        return ScalerState(scale=state.scale, growth_tracker=tracker, hysteresis=hyst)
+
+    def _grows(self, tracker: int) -> bool:
+        """Whether the clean step that brings the tracker to ``tracker`` grows the scale."""
+        return tracker >= self.growth_interval if self.growth_at_least else tracker == self.growth_interval
+
+    def _grow(self, scale: float) -> float:
+        new = _mul(scale, self.growth_factor, self.arithmetic)
+        if self.max_scale is not None:
+            new = min(new, self.max_scale)
+        if self.inf_guard and not math.isfinite(new):
+            return scale
+        return new
+
+    def _clean_steps_to_growth(self, tracker: int) -> float:
+        """How many clean steps from ``tracker`` until the one that grows (inf: never)."""
+        gi = self.growth_interval
+        if tracker < gi:
+            return gi - tracker
+        return 1 if self.growth_at_least else math.inf  # "==" is never reached again
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def TorchGradScaler(init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+                    growth_interval=2000) -> DynamicScaler:
+    """``torch.amp.GradScaler``'s update rule (torch 2.13), bit for bit.
+
+    Source: ``torch/amp/grad_scaler.py`` and the CPU kernel
+    ``aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp`` (``_amp_update_scale_``; the CUDA kernel
+    does the same arithmetic). Like torch, it rejects growth_factor <= 1 and backoff_factor >= 1
+    and accepts everything else, odd values included.
+    """
+    return DynamicScaler(
+        name="torch", init_scale=init_scale, growth_factor=growth_factor,
+        backoff_factor=backoff_factor, growth_interval=growth_interval, arithmetic="torch",
+        source="pytorch/pytorch: torch/amp/grad_scaler.py, aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp",
+    )
+
+
+def StaticScaler(scale=2.0**10) -> DynamicScaler:
+    """A static loss scale: never changes (an overflowing step is still reported as skipped)."""
+    return DynamicScaler(name=f"static {scale:g}", init_scale=scale, dynamic=False, growth_interval=0,
+                         arithmetic="float64", source="a fixed scale, e.g. Apex loss_scale=128")
+
+
+PRESETS = {"torch": TorchGradScaler()}
+
+
+# ------------------------------------------------------------------ overflow model
+def overflows(scale, grad_max, fmt: FloatFormat | str = FP16) -> np.ndarray:
+    """Whether a step whose largest unscaled gradient is ``grad_max`` overflows at ``scale``.
+
+    The model of torch's backward in a low-precision region: the incoming gradient is the scale
+    cast to ``fmt``, multiplied by the gradient cast to ``fmt``, rounded to ``fmt``:
+    ``f16(f16(scale) * f16(g))``. It overflows when that is inf or NaN; by monotone rounding the
+    largest |g| decides for a whole tensor. The product of two fp16 (or bf16, fp32) values is exact
+    in float64, so only its final rounding matters: |product| >= ``fmt.overflow_boundary``.
+    """
+    fmt = get_format(fmt)
+    if fmt.specials != "ieee":
+        raise ValueError(f"{fmt.name} saturates instead of overflowing: there is no inf to detect")
+    qs = np.abs(np.asarray(fmt.quantize(scale), dtype=np.float64))
+    qg = np.abs(np.asarray(fmt.quantize(np.asarray(grad_max, dtype=np.float64)), dtype=np.float64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return ~(qs * qg < fmt.overflow_boundary)  # NaN (0 * inf, NaN input) counts as overflow
+
+
+# ------------------------------------------------------------------ traces
+@dataclass(frozen=True, eq=False)
+class ScalerTrace:
+    """A simulated run, one entry per step.
+
+    ``scale``: the scale in effect at each step, before that step's update (float32 for torch
+    arithmetic, float64 otherwise; NaN after a run was stopped); ``skipped``: the step overflowed
+    (or came after the run was stopped); ``growth_tracker`` and ``hysteresis``: the state after
+    each step's update; ``stopped_at``: the step at which a scaler that raises at its minimum
+    ended the run, or None.
+    """
+
+    policy: DynamicScaler
+    scale: np.ndarray
+    skipped: np.ndarray
+    growth_tracker: np.ndarray
+    hysteresis: np.ndarray
+    final: ScalerState
+    stopped_at: int | None = None
+
+    @property
+    def steps(self) -> int:
+        return int(self.scale.size)
+
+    @property
+    def skipped_count(self) -> int:
+        return int(self.skipped.sum())
+
+    def __repr__(self) -> str:
+        return (f"ScalerTrace({self.policy.name}: {self.steps} steps, {self.skipped_count} skipped, "
+                f"scale {self.scale[0] if self.steps else float('nan'):g} -> "
+                f"{self.scale[-1] if self.steps else float('nan'):g}"
+                + (f", stopped at step {self.stopped_at}" if self.stopped_at is not None else "") + ")")
+
+
+def _check_stream(name: str, values, dtype) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array, one entry per step (got shape {arr.shape})")
+    if dtype is bool and arr.dtype != bool:
+        if arr.dtype.kind not in "iub":
+            raise TypeError(f"found_inf must be booleans (one per step), got {arr.dtype}")
+        arr = arr != 0
+    return arr
+
+
+def simulate(policy: DynamicScaler, *, found_inf=None, grad_max=None, fmt=FP16,
+             state: ScalerState | None = None) -> ScalerTrace:
+    """Run ``policy`` over a stream of steps.
+
+    Give exactly one of ``found_inf`` (bool per step: the step overflowed) or ``grad_max`` (the
+    largest unscaled |gradient| per step: the step overflows when ``overflows(scale, g, fmt)`` at
+    the scale of that step). ``state`` starts from a given state instead of the initial one.
+    """
+    if (found_inf is None) == (grad_max is None):
+        raise ValueError("give exactly one of found_inf (bool per step) or grad_max (max |gradient| per step)")
+    if not isinstance(policy, DynamicScaler):
+        raise TypeError(f"policy must be a DynamicScaler (e.g. TorchGradScaler()), got {policy!r}")
+    st = policy.initial_state() if state is None else state
+    if found_inf is not None:
+        flags = _check_stream("found_inf", found_inf, bool)
+        n = flags.size
+        events = np.flatnonzero(flags)
+        next_overflow = _FixedOverflows(events)
+    else:
+        g = _check_stream("grad_max", grad_max, float)
+        n = g.size
+        next_overflow = _ScaleDependentOverflows(g, get_format(fmt))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _run(policy, st, n, next_overflow)
+
+
+class _FixedOverflows:
+    """Overflow steps known in advance."""
+
+    def __init__(self, events: np.ndarray):
+        self.events = events
+        self.k = 0
+
+    def first(self, start: int, stop: int, scale: float):
+        ev, k = self.events, self.k
+        while k < ev.size and ev[k] < start:
+            k += 1
+        self.k = k
+        if k < ev.size and ev[k] < stop:
+            return int(ev[k])
+        return None
+
+
+class _ScaleDependentOverflows:
+    """Overflow steps that depend on the scale: the first step in a range whose gradient
+    overflows at the current scale. Rounding is monotone, so a block of steps holds an overflow
+    exactly when its largest |gradient| overflows: per-block maxima find it, and only the few
+    values looked at are cast to ``fmt``."""
+
+    BLOCK = 512
+
+    def __init__(self, g: np.ndarray, fmt: FloatFormat):
+        self.fmt = fmt
+        self.boundary = fmt.overflow_boundary
+        with np.errstate(over="ignore", invalid="ignore"):
+            a = np.abs(np.asarray(g, dtype=np.float32))  # torch casts through float32
+        a[np.isnan(a)] = np.inf  # a NaN gradient overflows at every scale
+        self.a = a
+        b = self.BLOCK
+        pad = (-a.size) % b
+        self.block_max = np.concatenate([a, np.zeros(pad, np.float32)]).reshape(-1, b).max(axis=1)
+        self._qs = {}
+
+    def _cast(self, x: np.ndarray) -> np.ndarray:
+        if self.fmt is FP16:  # numpy's own float32 -> float16 cast rounds exactly as torch's
+            return x.astype(np.float16).astype(np.float64)
+        return np.asarray(self.fmt.quantize(x), dtype=np.float64)
+
+    def _over(self, qs: float, values: np.ndarray) -> np.ndarray:
+        """(Called under np.errstate: overflow and 0 * inf are the point.)"""
+        return ~(qs * self._cast(values) < self.boundary)
+
+    def first(self, start: int, stop: int, scale: float):
+        if start >= stop:
+            return None
+        qs = self._qs.get(scale)
+        if qs is None:
+            qs = self._qs[scale] = abs(float(self.fmt.quantize(scale)))
+        b, a = self.BLOCK, self.a
+        end = min(stop, (start // b + 1) * b)  # the partial block at the start
+        hit = self._over(qs, a[start:end])
+        if hit.any():
+            return start + int(np.argmax(hit))
+        if end >= stop:
+            return None
+        b0, b1 = end // b, (stop - 1) // b  # whole blocks (the last may reach past stop)
+        hit = self._over(qs, self.block_max[b0:b1 + 1])
+        if not hit.any():
+            return None
+        lo = (b0 + int(np.argmax(hit))) * b
+        hit = self._over(qs, a[lo:min(stop, lo + b)])
+        if hit.any():
+            return lo + int(np.argmax(hit))
+        return None  # that block's largest value lies at or beyond stop
+
+
+_RAMP = np.arange(1, 1, dtype=np.int32)
+
+
+def _ramp(n: int) -> np.ndarray:
+    """1, 2, ..., n (int32), kept between calls: sliders re-simulate the same length."""
+    global _RAMP
+    if _RAMP.size < n:
+        _RAMP = np.arange(1, n + 1, dtype=np.int32)
+        _RAMP.flags.writeable = False
+    return _RAMP[:n]
+
+
+def _run(policy: DynamicScaler, st: ScalerState, n: int, next_overflow) -> ScalerTrace:
+    """Event by event: clean stretches are numpy fills, overflows and growths go through
+    ``policy.adjust``, so the trace equals stepping ``adjust`` once per step."""
+    scale = np.empty(n, np.float64 if policy.arithmetic == "float64" else np.float32)
+    skipped = np.zeros(n, bool)
+    tracker = np.empty(n, np.int32)  # torch keeps its growth tracker in an int32
+    fixed_hyst = policy.hysteresis == 1 and st.hysteresis == 1  # never changes
+    hyst = np.broadcast_to(np.int32(1), (n,)) if fixed_hyst else np.full(n, st.hysteresis, np.int32)
+    ramp = _ramp(n)
+    refill_clean = policy.refill == "clean"
+    stopped_at = None
+    i = 0
+    while i < n:
+        if st.stopped or not policy.dynamic:
+            # nothing changes any more: a static scale, or a run that was stopped
+            scale[i:] = np.nan if st.stopped else st.scale
+            tracker[i:] = st.growth_tracker
+            if not fixed_hyst:
+                hyst[i:] = st.hysteresis
+            if st.stopped:
+                skipped[i:] = True
+            else:
+                j = next_overflow.first(i, n, st.scale)
+                while j is not None:
+                    skipped[j] = True
+                    j = next_overflow.first(j + 1, n, st.scale)
+            break
+        to_growth = policy._clean_steps_to_growth(st.growth_tracker)
+        stop = n if to_growth > n - i else i + int(to_growth)
+        j = next_overflow.first(i, stop, st.scale)
+        clean_end = stop if j is None else j
+        grows = j is None and clean_end - i == to_growth
+        plain = clean_end - i - grows  # clean steps that only count
+        scale[i:clean_end] = st.scale
+        if plain:
+            h = policy.hysteresis if refill_clean else st.hysteresis
+            np.add(ramp[:plain], st.growth_tracker, out=tracker[i:i + plain], casting="unsafe")
+            if not fixed_hyst:
+                hyst[i:i + plain] = h
+            st = ScalerState(st.scale, st.growth_tracker + plain, h)
+        if grows:
+            st = policy.adjust(st, False)
+            tracker[clean_end - 1] = st.growth_tracker
+            if not fixed_hyst:
+                hyst[clean_end - 1] = st.hysteresis
+        if j is None:
+            i = clean_end
+            continue
+        scale[j] = st.scale
+        skipped[j] = True
+        st = policy.adjust(st, True)
+        if st.stopped:
+            stopped_at = j
+        tracker[j] = st.growth_tracker
+        if not fixed_hyst:
+            hyst[j] = st.hysteresis
+        i = j + 1
+    return ScalerTrace(policy=policy, scale=scale, skipped=skipped, growth_tracker=tracker,
+                       hysteresis=hyst, final=st, stopped_at=stopped_at)
