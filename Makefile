@@ -31,6 +31,7 @@ test: $(VENV)/.test-installed
 
 bench: $(VENV)/.lab-installed
 	$(BIN)/python bench/bench_census.py
+	$(BIN)/python bench/bench_scaling.py
 
 clean:
 	rm -rf $(VENV)
