@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: lab test test-core test-notebooks bench clean
+.PHONY: lab test bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

@@ -40,6 +40,7 @@ __all__ = [
     "format_share",
     "plot_census",
     "plot_format_ranges",
+    "plot_scale_trace",
     "plot_value",
 ]
 
@@ -546,4 +547,95 @@ def plot_value(fmt, value, typed=None) -> go.Figure:
         span = max(xs) - min(xs) or f.ulp(stored) or f.smallest_subnormal
         layout["xaxis2"]["range"] = [min(xs) - 0.15 * span, max(xs) + 0.15 * span]
     fig.update_layout(layout)
+    return fig
+
+
+# ----- loss-scale traces -----
+#: Colours for overlaid scalers, in order (Okabe-Ito).
+TRACE_COLORS = ("#000000", "#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
+_LOG2_FLOOR = -150  # where a scale of exactly 0 is drawn (below float32's smallest subnormal)
+
+
+def _log2_scale(scale: np.ndarray) -> np.ndarray:
+    """log2 of |scale|, with 0 drawn at ``_LOG2_FLOOR`` and NaN (a stopped run) kept as a gap."""
+    a = np.abs(np.asarray(scale, dtype=np.float64))
+    with np.errstate(divide="ignore"):
+        out = np.log2(a)
+    out[a == 0] = _LOG2_FLOOR
+    return out
+
+
+def _scale_steps(trace) -> tuple[np.ndarray, np.ndarray]:
+    """The steps where the scale changes (plus the first and last): a step plot of a 1M-step
+    trace needs only these, never every step."""
+    s = np.asarray(trace.scale, dtype=np.float64)
+    if s.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0)
+    changed = np.flatnonzero(~((s[1:] == s[:-1]) | (np.isnan(s[1:]) & np.isnan(s[:-1])))) + 1
+    idx = np.concatenate([[0], changed, [s.size - 1]])
+    return idx, s[idx]
+
+
+def _thin(idx: np.ndarray, most: int) -> np.ndarray:
+    """At most ``most`` of the indices, evenly spread (markers beyond a few thousand only cost)."""
+    if idx.size <= most:
+        return idx
+    return idx[np.linspace(0, idx.size - 1, most).round().astype(np.int64)]
+
+
+def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 2000) -> go.Figure:
+    """log2(scale) over steps for one or more ``ScalerTrace``s, skipped steps marked.
+
+    The scale is drawn as a step line through the steps where it changes (so a trace of a
+    million steps sends a few thousand points at most); skipped steps are markers, thinned to
+    ``max_markers`` per trace. A scale of exactly 0 is drawn at 2^-150; a stopped run ends its line.
+    ``lost``: optional dict name -> (steps, shares) drawn in a lower panel, e.g. the share of
+    gradients lost to underflow at each step's scale (``ampviz.census``).
+    """
+    traces = list(traces) if isinstance(traces, (list, tuple)) else [traces]
+    rows = 2 if lost else 1
+    fig = go.Figure()
+    for k, t in enumerate(traces):
+        color = TRACE_COLORS[k % len(TRACE_COLORS)]
+        idx, sc = _scale_steps(t)
+        name = t.policy.name
+        fig.add_trace(go.Scatter(
+            x=idx, y=_log2_scale(sc), mode="lines", line={"shape": "hv", "color": color, "width": 2},
+            name=f"{name}: {t.skipped_count:,} skipped", legendgroup=name,
+            hovertext=[f"{name} · step {i:,} · scale {format_number(v)}" for i, v in zip(idx.tolist(), sc.tolist())],
+            hoverinfo="text", meta={"policy": name, "kind": "scale"},
+        ))
+        sk = np.flatnonzero(t.skipped)
+        shown = _thin(sk, max_markers)
+        if shown.size:
+            label = "skipped" if shown.size == sk.size else f"skipped (every {sk.size / shown.size:.0f}th shown)"
+            fig.add_trace(go.Scatter(
+                x=shown, y=_log2_scale(np.asarray(t.scale, np.float64)[shown]), mode="markers",
+                marker={"symbol": "x", "size": 7, "color": color}, name=f"{name}: {label}",
+                legendgroup=name, showlegend=True, hoverinfo="x", meta={"policy": name, "kind": "skipped"},
+                yaxis="y",
+            ))
+        if t.stopped_at is not None:
+            fig.add_vline(x=t.stopped_at, line={"color": color, "dash": "dash"},
+                          annotation_text=f"{name} stopped", annotation_position="top left")
+    for k, (name, (steps, shares)) in enumerate((lost or {}).items()):
+        fig.add_trace(go.Scatter(
+            x=np.asarray(steps), y=100 * np.asarray(shares, dtype=np.float64), mode="lines",
+            line={"shape": "hv", "color": TRACE_COLORS[k % len(TRACE_COLORS)], "width": 1.5},
+            name=f"{name}: % lost", legendgroup=name, showlegend=False, yaxis="y2",
+            meta={"policy": name, "kind": "lost"},
+        ))
+    n = max((t.steps for t in traces), default=0)
+    layout = dict(
+        title={"text": title or "Loss scale over training steps", "x": 0.01},
+        template="plotly_white", height=420 if rows == 1 else 560,
+        margin={"l": 70, "r": 20, "t": 60, "b": 50},
+        legend={"orientation": "h", "x": 0.01, "y": -0.15, "yanchor": "top"},
+        xaxis={"title": {"text": "step"}, "range": [0, max(n - 1, 1)]},
+        yaxis={"title": {"text": "log2(scale)"}, "domain": [0.35, 1.0] if rows == 2 else [0, 1]},
+    )
+    if rows == 2:
+        layout["yaxis2"] = {"title": {"text": "% of gradients lost"}, "domain": [0, 0.25],
+                            "rangemode": "tozero", "anchor": "x"}
+    fig.update_layout(**layout)
     return fig

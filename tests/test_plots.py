@@ -276,3 +276,39 @@ def test_format_shares_lists_zero_and_nan_only_when_present():
     assert format_shares(census(np.ones(3, dtype=np.float32), "fp16")) == (
         "underflow 0% · subnormal 0% · normal 100% · overflow 0%"
     )
+
+
+# ----- loss-scale traces -----
+def test_plot_scale_trace_draws_change_points_and_skips():
+    from ampviz.plots import plot_scale_trace
+    from ampviz.scaling import TorchGradScaler, simulate
+
+    rng = np.random.default_rng(0)
+    flags = rng.random(200_000) < 0.01
+    trace = simulate(TorchGradScaler(growth_interval=50), found_inf=flags)
+    fig = plot_scale_trace(trace, max_markers=300)
+    line, marks = fig.data
+    x = np.asarray(line.x)
+    # every change of the scale is a vertex, nothing else is (besides first and last step)
+    s = trace.scale.astype(np.float64)
+    changes = np.flatnonzero(s[1:] != s[:-1]) + 1
+    assert np.array_equal(x, np.concatenate([[0], changes, [s.size - 1]]))
+    assert np.array_equal(np.asarray(line.y), np.log2(s[x]))
+    assert len(x) < 20_000 and len(marks.x) == 300 < trace.skipped_count
+    assert set(np.asarray(marks.x)) <= set(np.flatnonzero(trace.skipped))
+    assert f"{trace.skipped_count:,} skipped" in line.name
+
+
+def test_plot_scale_trace_zero_scale_stopped_run_and_lost_panel():
+    from ampviz.plots import plot_scale_trace
+    from ampviz.scaling import DynamicScaler, TorchGradScaler, simulate
+
+    zero = simulate(TorchGradScaler(), found_inf=np.ones(200, bool))  # reaches exactly 0
+    stopped = simulate(DynamicScaler(name="raises", min_scale=2.0**15, raise_at_min=True),
+                       found_inf=np.ones(10, bool))
+    fig = plot_scale_trace([zero, stopped], lost={"torch": ([0, 100], [0.5, 0.25])})
+    y0 = np.asarray(fig.data[0].y)
+    assert y0[-1] == -150 and y0[0] == 16
+    assert stopped.stopped_at == 1 and any(s.x0 == 1 for s in fig.layout.shapes)
+    lost = [d for d in fig.data if d.meta and d.meta.get("kind") == "lost"]
+    assert len(lost) == 1 and list(lost[0].y) == [50, 25] and lost[0].yaxis == "y2"
