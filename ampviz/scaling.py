@@ -84,13 +84,17 @@ class ScalerState(NamedTuple):
     ``scale`` is the scale the next step uses; ``growth_tracker`` the clean steps counted toward
     the next growth; ``hysteresis`` the overflows still tolerated before a backoff (1: the next
     overflow backs off); ``stopped`` is true once a scaler that raises at its minimum scale has
-    ended the run.
+    ended the run. ``overflows_since_rescale`` (overflows since the last backoff) and
+    ``steps_since_rescale`` (steps since the last growth or backoff) are fairseq's tolerance
+    counters, kept only by a policy with a ``tolerance`` (0 otherwise).
     """
 
     scale: float
     growth_tracker: int = 0
     hysteresis: int = 1
     stopped: bool = False
+    overflows_since_rescale: int = 0
+    steps_since_rescale: int = 0
 
 
 class ScalerStopped(RuntimeError):
@@ -115,6 +119,12 @@ class DynamicScaler:
     - ``inf_guard``: refuse a growth whose result is not finite (torch, Keras 2, jmp).
     - ``tracker_after_overflow``: the growth tracker's value after an overflow (0; DeepSpeed's
       non-ZeRO optimizer counts one step later: -1). It is also the starting value.
+    - ``tolerance`` (fairseq): an overflow backs off only when the overflows since the last backoff
+      (this one included) divided by the steps since the last growth or backoff (this one
+      included) reach ``tolerance``; otherwise the step is skipped and the scale kept. 0: every
+      overflow backs off.
+    - ``raise_at_scale`` (fairseq's ``min_loss_scale``): an overflow after which the scale would be
+      at or below this value ends the run instead, the scale unchanged (None: never).
     - ``arithmetic``: how the scale is rounded, see ``_mul``.
     - ``dynamic``: False for a static scale, which never changes.
     """
@@ -132,6 +142,8 @@ class DynamicScaler:
     growth_at_least: bool = False
     inf_guard: bool = True
     tracker_after_overflow: int = 0
+    tolerance: float = 0.0
+    raise_at_scale: float | None = None
     arithmetic: str = "torch"
     dynamic: bool = True
     source: str = field(default="", compare=False)
@@ -150,9 +162,12 @@ class DynamicScaler:
         if isinstance(self.hysteresis, bool) or not isinstance(self.hysteresis, (int, np.integer)) \
                 or self.hysteresis < 1:
             errors.append(f"hysteresis must be a whole number >= 1, not {self.hysteresis!r}")
-        for name in ("init_scale", "growth_factor", "backoff_factor"):
+        for name in ("init_scale", "growth_factor", "backoff_factor", "tolerance"):
             if not _number(getattr(self, name)):
                 errors.append(f"{name} must be a number, not {getattr(self, name)!r}")
+        for name in ("min_scale", "max_scale", "raise_at_scale"):
+            if getattr(self, name) is not None and not _number(getattr(self, name)):
+                errors.append(f"{name} must be a number or None, not {getattr(self, name)!r}")
         if not errors and self.dynamic:
             if self.growth_factor <= 1.0:  # torch: "The growth factor must be > 1.0."
                 errors.append(f"growth_factor must be > 1.0, not {self.growth_factor!r}")
@@ -177,23 +192,36 @@ class DynamicScaler:
         """The state after one step that did (``found_inf``) or did not overflow."""
         if state.stopped or not self.dynamic:
             return state
+        counting = self.tolerance > 0  # fairseq's tolerance counters
         if found_inf:
+            overflows = state.overflows_since_rescale + 1 if counting else 0
+            steps = state.steps_since_rescale + 1 if counting else 0
             if state.hysteresis > 1:  # tolerated: skip the step, keep the scale
-                return ScalerState(state.scale, self.tracker_after_overflow, state.hysteresis - 1)
-            if self.raise_at_min and self.min_scale is not None and state.scale <= self.min_scale:
+                new = state._replace(growth_tracker=self.tracker_after_overflow,
+                                     hysteresis=state.hysteresis - 1,
+                                     overflows_since_rescale=overflows, steps_since_rescale=steps)
+            elif counting and not overflows / steps >= self.tolerance:  # below tolerance: keep the scale
+                new = state._replace(growth_tracker=self.tracker_after_overflow,
+                                     overflows_since_rescale=overflows, steps_since_rescale=steps)
+            else:
+                if self.raise_at_min and self.min_scale is not None and state.scale <= self.min_scale:
+                    return state._replace(stopped=True)
+                scale = _mul(state.scale, self.backoff_factor, self.arithmetic)
+                if self.min_scale is not None:
+                    scale = max(scale, self.min_scale)
+                new = ScalerState(scale, self.tracker_after_overflow, state.hysteresis)
+            if self.raise_at_scale is not None and new.scale <= self.raise_at_scale:
                 return state._replace(stopped=True)
-            scale = _mul(state.scale, self.backoff_factor, self.arithmetic)
-            if self.min_scale is not None:
-                scale = max(scale, self.min_scale)
-            return ScalerState(scale, self.tracker_after_overflow, state.hysteresis)
+            return new
         hyst = self.hysteresis if self.refill == "clean" else state.hysteresis
         tracker = state.growth_tracker + 1
         if self._grows(tracker):
             scale = self._grow(state.scale)
             if self.refill == "growth":
                 hyst = self.hysteresis
-            return ScalerState(scale=scale, growth_tracker=0, hysteresis=hyst)
-        return ScalerState(scale=state.scale, growth_tracker=tracker, hysteresis=hyst)
+            return ScalerState(scale, 0, hyst, False, state.overflows_since_rescale, 0)
+        return ScalerState(state.scale, tracker, hyst, False, state.overflows_since_rescale,
+                           state.steps_since_rescale + 1 if counting else 0)
 
     def _grows(self, tracker: int) -> bool:
         """Whether the clean step that brings the tracker to ``tracker`` grows the scale."""
@@ -262,7 +290,9 @@ def overflows(scale, grad_max, fmt: FloatFormat | str = FP16) -> np.ndarray:
     """
     fmt = get_format(fmt)
     if fmt.specials != "ieee":
-        raise ValueError(f"{fmt.name} saturates instead of overflowing: there is no inf to detect")
+        raise ValueError(
+            f"{fmt.name} saturates at {fmt.max:g} instead of overflowing to inf, so a loss scaler "
+            "never sees an overflow there; choose a format with inf such as fp16")
     qs = np.abs(np.asarray(fmt.quantize(scale), dtype=np.float64))
     qg = np.abs(np.asarray(fmt.quantize(np.asarray(grad_max, dtype=np.float64)), dtype=np.float64))
     with np.errstate(invalid="ignore", over="ignore"):
@@ -433,6 +463,7 @@ def _run(policy: DynamicScaler, st: ScalerState, n: int, next_overflow) -> Scale
     hyst = np.broadcast_to(np.int32(1), (n,)) if fixed_hyst else np.full(n, st.hysteresis, np.int32)
     ramp = _ramp(n)
     refill_clean = policy.refill == "clean"
+    counting = policy.tolerance > 0
     stopped_at = None
     i = 0
     while i < n:
@@ -462,7 +493,8 @@ def _run(policy: DynamicScaler, st: ScalerState, n: int, next_overflow) -> Scale
             np.add(ramp[:plain], st.growth_tracker, out=tracker[i:i + plain], casting="unsafe")
             if not fixed_hyst:
                 hyst[i:i + plain] = h
-            st = ScalerState(st.scale, st.growth_tracker + plain, h)
+            st = st._replace(growth_tracker=st.growth_tracker + plain, hysteresis=h,
+                             steps_since_rescale=st.steps_since_rescale + plain if counting else 0)
         if grows:
             st = policy.adjust(st, False)
             tracker[clean_end - 1] = st.growth_tracker

@@ -19,9 +19,12 @@ import math
 import operator
 import re
 
+import numpy as np
+
 import ipywidgets as W
 from IPython.display import clear_output, display
 
+from ampviz import scaling, synth
 from ampviz.census import Profile, census, profile
 from ampviz.formats import CATEGORIES, FORMATS, get_format
 from ampviz.plots import (
@@ -33,10 +36,11 @@ from ampviz.plots import (
     format_pow2,
     format_share,
     plot_census,
+    plot_scale_trace,
     plot_value,
 )
 
-__all__ = ["FormatExplorer", "RangeExplorer", "parse_number"]
+__all__ = ["FormatExplorer", "RangeExplorer", "ScalerLab", "parse_number"]
 
 #: Light tints of ``FIELD_COLORS`` for bits that are 0.
 _FIELD_TINTS = {"sign": "#F3DDE9", "exponent": "#DDEFFA", "mantissa": "#FAEBCC"}
@@ -498,3 +502,153 @@ class RangeExplorer(_Explorer):
             for k in shown
         )
         return f"<div>{cells}<small>of {r.total:,} values</small></div>"
+
+
+# ----- dynamic loss scaling, live -----
+class ScalerLab(_Explorer):
+    """A dynamic loss scaler on a stream of gradients, re-simulated on every slider move.
+
+    Controls: ``init_slider`` (log2 of init_scale), ``growth_slider``, ``backoff_slider``,
+    ``interval_input`` (growth_interval), ``scenario_dropdown`` and ``strength_slider`` (the
+    gradient stream, from ``ampviz.synth``), ``overlay`` (other frameworks' scalers from
+    ``ampviz.scaling.PRESETS`` to run on the same stream). Your settings run as
+    ``torch.amp.GradScaler`` would (``TorchGradScaler``).
+
+    State: ``stream`` (per-step max |gradient|), ``traces`` (``ScalerTrace`` per scaler, yours
+    first), ``lost`` (steps and share of ``gradients`` lost to fp16 underflow at your scale),
+    ``figure``, ``error``. Invalid settings (growth <= 1, backoff outside (0, 1), interval < 1)
+    show a message and keep the last good figure.
+    """
+
+    def __init__(self, steps=100_000, *, scenario="spikes", strength=0.5, gradients=None, seed=0,
+                 init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                 overlay=()):
+        self._init_common()
+        self.steps = int(steps)
+        self.seed = int(seed)
+        self._streams: dict = {}
+        self._lost_cache: dict = {}
+        self.traces: list = []
+        self.lost = None
+        if gradients is None:  # a fixed sample spread over 12 binades below its largest value
+            rng = np.random.default_rng(self.seed)
+            gradients = np.exp2(-np.abs(rng.normal(0.0, 4.0, 20_000))).astype(np.float32)
+        g = np.abs(np.asarray(gradients, dtype=np.float32).ravel())
+        self._grad_shape = g / g.max() if g.size and g.max() > 0 else g
+
+        style = {"description_width": "110px"}
+        wide = W.Layout(width="420px")
+        self.init_slider = W.IntSlider(value=int(round(math.log2(init_scale))), min=-10, max=40,
+                                       description="log2 init_scale", style=style, layout=wide)
+        self.growth_slider = W.FloatSlider(value=growth_factor, min=1.0, max=4.0, step=0.001,
+                                           readout_format=".3f", description="growth_factor",
+                                           style=style, layout=wide)
+        self.backoff_slider = W.FloatSlider(value=backoff_factor, min=0.0, max=1.0, step=0.005,
+                                            readout_format=".3f", description="backoff_factor",
+                                            style=style, layout=wide)
+        self.interval_input = W.BoundedIntText(value=growth_interval, min=0, max=10**7,
+                                               description="growth_interval", style=style)
+        self.scenario_dropdown = W.Dropdown(options=list(synth.SCENARIOS), value=scenario,
+                                            description="scenario", style=style)
+        self.strength_slider = W.FloatSlider(value=strength, min=0.0, max=1.0, step=0.05,
+                                             description="strength", style=style, layout=wide)
+        others = [name for name in scaling.PRESETS if name != "torch"]
+        self.overlay = W.SelectMultiple(options=others, value=tuple(overlay), rows=min(6, max(len(others), 1)),
+                                        description="compare with", style=style)
+        for w, cls in ((self.init_slider, "init"), (self.growth_slider, "growth"),
+                       (self.backoff_slider, "backoff"), (self.interval_input, "interval"),
+                       (self.scenario_dropdown, "scenario"), (self.strength_slider, "strength"),
+                       (self.overlay, "overlay")):
+            w.add_class(f"ampviz-scaler-{cls}")
+            w.observe(self._on_change, names="value")
+        self.readout = W.HTML()
+        self.readout.add_class("ampviz-scaler-readout")
+        self.output.add_class("ampviz-scaler-figure")
+        self.ui = W.VBox([
+            W.HBox([W.VBox([self.init_slider, self.growth_slider, self.backoff_slider, self.interval_input]),
+                    W.VBox([self.scenario_dropdown, self.strength_slider, self.overlay])],
+                   layout=W.Layout(flex_flow="row wrap")),
+            self.message, self.readout, self.output,
+        ])
+        self.ui.add_class("ampviz-scaler-lab")
+        self.update()
+
+    # ----- read the controls -----
+    def policy(self) -> "scaling.DynamicScaler":
+        """Your settings as a scaler, or ValueError with what is wrong."""
+        gf, bf, gi = self.growth_slider.value, self.backoff_slider.value, self.interval_input.value
+        problems = []
+        if not gf > 1:
+            problems.append(f"growth_factor must be above 1 (it is {gf:g}: the scale could never grow)")
+        if not 0 < bf < 1:
+            problems.append(f"backoff_factor must be between 0 and 1 (it is {bf:g})")
+        if not gi >= 1:
+            problems.append(f"growth_interval must be at least 1 step (it is {gi})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        # torch.amp.GradScaler's rule (TorchGradScaler), under its own name in the figure
+        return scaling.DynamicScaler(name="your settings", init_scale=2.0 ** self.init_slider.value,
+                                     growth_factor=gf, backoff_factor=bf, growth_interval=int(gi),
+                                     arithmetic="torch", source=scaling.TorchGradScaler().source)
+
+    @property
+    def stream(self) -> np.ndarray:
+        key = (self.scenario_dropdown.value, float(self.strength_slider.value))
+        if key not in self._streams:
+            self._streams[key] = synth.scenario(key[0], self.steps, key[1], np.random.default_rng(self.seed))
+        return self._streams[key]
+
+    # ----- react -----
+    @_shows_errors
+    def _on_change(self, change):
+        self.update()
+
+    def update(self) -> None:
+        """Simulate every scaler on the stream and redraw (the last good figure stays on error)."""
+        mine = self.policy()
+        g = self.stream
+        self.traces = [scaling.simulate(p, grad_max=g)
+                       for p in [mine, *(scaling.PRESETS[name] for name in self.overlay.value)]]
+        self.lost = self._lost_share(self.traces[0], float(np.median(g)) if g.size else 1.0)
+        self.readout.value = self._readout_html()
+        self._clear_error()
+        self._draw(plot_scale_trace(self.traces, lost={"your settings": self.lost},
+                                    title=f"{self.scenario_dropdown.value} gradients "
+                                          f"(strength {self.strength_slider.value:g}), {self.steps:,} steps"))
+
+    def _lost_share(self, trace, level: float):
+        """Share of the gradient sample (scaled to the stream's typical max) lost to fp16 underflow
+        at the scale in effect, at each step where the scale changes (at most 400 of them)."""
+        s = trace.scale.astype(np.float64)
+        if s.size == 0:
+            return np.zeros(0, np.int64), np.zeros(0)
+        changed = np.flatnonzero(s[1:] != s[:-1]) + 1
+        idx = np.concatenate([[0], changed])
+        if idx.size > 400:
+            idx = idx[np.linspace(0, idx.size - 1, 400).round().astype(np.int64)]
+        shares = np.empty(idx.size)
+        for k, i in enumerate(idx.tolist()):
+            scale = s[i]
+            key = (scale, level)
+            if key not in self._lost_cache:
+                if not (math.isfinite(scale) and 0 < scale * level < 3e38):
+                    self._lost_cache[key] = 1.0 if scale == 0 else 0.0
+                else:
+                    if "profile" not in self._lost_cache:
+                        self._lost_cache["profile"] = profile(self._grad_shape)
+                    r = census(self._lost_cache["profile"], "fp16", scale * level)
+                    self._lost_cache[key] = r.counts["underflow"] / max(r.total, 1)
+            shares[k] = self._lost_cache[key]
+        return np.append(idx, s.size - 1), np.append(shares, shares[-1] if shares.size else 0.0)
+
+    def _readout_html(self) -> str:
+        rows = []
+        for t in self.traces:
+            finite = t.scale[np.isfinite(t.scale)]
+            low = format_number(float(finite.min())) if finite.size else "—"
+            end = "stopped at step {:,}".format(t.stopped_at) if t.stopped_at is not None \
+                else format_number(float(t.final.scale))
+            rows.append(f"<tr><td>{html.escape(t.policy.name)}</td><td>{t.skipped_count:,}</td>"
+                        f"<td>{end}</td><td>{low}</td></tr>")
+        head = "<tr><th>scaler</th><th>skipped steps</th><th>final scale</th><th>lowest scale</th></tr>"
+        return f"<table>{head}{''.join(rows)}</table>"

@@ -323,3 +323,76 @@ def test_format_explorer_css_classes_and_display():
     assert list(ex.format_dropdown.options) == list(FORMATS)
     bundle = ex._repr_mimebundle_()
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == ex.ui.model_id
+
+
+# ----- ScalerLab -----
+def _lab(**kw):
+    from ampviz.widgets import ScalerLab
+
+    return ScalerLab(steps=20_000, **kw)
+
+
+def test_scaler_lab_simulates_torchs_rule_on_the_scenario_stream():
+    from ampviz import synth
+    from ampviz.scaling import TorchGradScaler, simulate
+
+    lab = _lab(scenario="spikes", strength=0.5)
+    stream = synth.scenario("spikes", 20_000, 0.5, np.random.default_rng(0))
+    assert np.array_equal(lab.stream, stream)
+    ref = simulate(TorchGradScaler(), grad_max=stream)
+    mine = lab.traces[0]
+    assert np.array_equal(mine.scale, ref.scale) and np.array_equal(mine.skipped, ref.skipped)
+    assert mine.skipped_count > 0 and f"{mine.skipped_count:,}" in lab.readout.value
+    assert "ampviz-scaler-lab" in css(lab.ui) and lab.figure is not None and lab.error is None
+
+
+def test_scaler_lab_controls_redraw():
+    from ampviz import synth
+    from ampviz.scaling import TorchGradScaler, simulate
+
+    lab = _lab()
+    lab.init_slider.value = 10
+    line = lab.figure.data[0]
+    assert line.y[0] == 10 and lab.traces[0].scale[0] == 2.0**10
+    lab.growth_slider.value = 1.5
+    lab.backoff_slider.value = 0.25
+    lab.interval_input.value = 100
+    expected = simulate(TorchGradScaler(2.0**10, 1.5, 0.25, 100), grad_max=lab.stream)
+    assert np.array_equal(lab.traces[0].scale, expected.scale)
+    lab.scenario_dropdown.value = "warmup"
+    lab.strength_slider.value = 1.0
+    assert np.array_equal(lab.stream, synth.scenario("warmup", 20_000, 1.0, np.random.default_rng(0)))
+    assert "warmup" in lab.figure.layout.title.text
+    lost = [d for d in lab.figure.data if d.meta["kind"] == "lost"]
+    assert len(lost) == 1 and lab.lost is not None
+
+
+@pytest.mark.parametrize("control, value, message", [
+    ("growth_slider", 1.0, "growth_factor must be above 1"),
+    ("backoff_slider", 1.0, "backoff_factor must be between 0 and 1"),
+    ("backoff_slider", 0.0, "backoff_factor must be between 0 and 1"),
+    ("interval_input", 0, "growth_interval must be at least 1"),
+])
+def test_scaler_lab_invalid_settings_keep_the_last_good_figure(control, value, message):
+    lab = _lab()
+    good_figure, good_traces = lab.figure, lab.traces
+    getattr(lab, control).value = value
+    assert message in lab.error and message in lab.message.value
+    assert lab.figure is good_figure and lab.traces is good_traces
+    lab.growth_slider.value, lab.backoff_slider.value, lab.interval_input.value = 2.0, 0.5, 2000
+    assert lab.error is None and lab.figure is not good_figure
+
+
+def test_scaler_lab_overlays_presets():
+    from ampviz.scaling import PRESETS, simulate
+
+    lab = _lab()
+    options = list(lab.overlay.options)
+    assert options == [name for name in PRESETS if name != "torch"]
+    chosen = tuple(options[:2])
+    lab.overlay.value = chosen
+    assert [t.policy.name for t in lab.traces[1:]] == [PRESETS[n].name for n in chosen]
+    for name, t in zip(chosen, lab.traces[1:]):
+        assert np.array_equal(t.skipped, simulate(PRESETS[name], grad_max=lab.stream).skipped)
+    scale_lines = [d for d in lab.figure.data if d.meta["kind"] == "scale"]
+    assert len(scale_lines) == 1 + len(chosen)
