@@ -41,6 +41,15 @@ __all__ = [
     "ScalerTrace",
     "TorchGradScaler",
     "StaticScaler",
+    "ApexAmpScaler",
+    "ApexHysteresisScaler",
+    "DeepSpeedZeroScaler",
+    "DeepSpeedScaler",
+    "MegatronScaler",
+    "KerasScaler",
+    "Keras3Scaler",
+    "JmpScaler",
+    "FairseqScaler",
     "PRESETS",
     "simulate",
     "overflows",
@@ -275,7 +284,215 @@ def StaticScaler(scale=2.0**10) -> DynamicScaler:
                          arithmetic="float64", source="a fixed scale, e.g. Apex loss_scale=128")
 
 
-PRESETS = {"torch": TorchGradScaler()}
+# ------------------------------------------------------------------ framework presets
+# Each preset is a DynamicScaler configured as one framework's scaler, with that framework's
+# defaults. Parameters use torch's names; each docstring gives the framework's own. The rules, as
+# read from each project's source, are collected in the design notes on loss scalers, and
+# tests/test_presets.py checks every preset against a plain transcription of its rule.
+
+def ApexAmpScaler(init_scale=2.0**16, growth_interval=2000, min_scale=None, max_scale=2.0**24) -> DynamicScaler:
+    """Apex's legacy ``amp`` ``LossScaler`` (``amp.initialize`` with opt_level O1 or O2).
+
+    Source: ``NVIDIA/apex: apex/amp/scaler.py`` at ``cb65b8ed^`` (``amp`` was removed in
+    ``cb65b8ed``). Rule: an overflow halves the scale (not below ``min_loss_scale`` when one is set)
+    and resets the count of unskipped steps; the ``scale_window``-th unskipped step in a row doubles
+    it, capped at ``max_loss_scale``. The factors are hard-coded (``scale_factor`` is stored but
+    unused), the scale is a Python float, and it starts at ``min(max_loss_scale, init_scale)``.
+    Apex's names: ``init_scale``, ``scale_window`` (growth_interval), ``min_loss_scale`` (None or 0:
+    no floor), ``max_loss_scale``.
+    """
+    return DynamicScaler(
+        name="apex amp", init_scale=min(max_scale, init_scale), growth_interval=growth_interval,
+        min_scale=min_scale or None, max_scale=max_scale, inf_guard=False, arithmetic="float64",
+        source="NVIDIA/apex@cb65b8ed^: apex/amp/scaler.py (LossScaler.update_scale), apex/amp/frontend.py",
+    )
+
+
+def ApexHysteresisScaler(init_scale=2.0**32, growth_factor=2.0, backoff_factor=0.5, growth_interval=1000,
+                         hysteresis=2) -> DynamicScaler:
+    """NeMo's ``GradScaler``: torch's rule with apex's fused hysteresis kernel.
+
+    Source: ``NVIDIA/apex@6424da3b: csrc/update_scale_hysteresis.cu``, called as
+    ``amp_C.update_scale_hysteresis`` by NeMo's ``GradScaler`` in
+    ``nemo/collections/nlp/parts/nlp_overrides.py``. Rule: an overflow uses up one unit of
+    hysteresis and, while some is left, is skipped with the scale kept; otherwise the scale backs
+    off as torch's does. A clean step follows torch's growth rule (inf guard included) and refills
+    the hysteresis, so only ``hysteresis`` overflows *in a row* back off. Defaults are those NeMo's
+    ``MegatronTrainerBuilder._grad_scaler`` passes (``nemo/collections/nlp/parts/megatron_trainer_builder.py``:
+    ``native_amp_init_scale`` 2**32, ``native_amp_growth_interval`` 1000, ``hysteresis`` 2); the
+    class itself defaults to ``hysteresis=1``, which is torch's rule.
+    """
+    return DynamicScaler(
+        name="NeMo (apex hysteresis)", init_scale=init_scale, growth_factor=growth_factor,
+        backoff_factor=backoff_factor, growth_interval=growth_interval, hysteresis=hysteresis,
+        refill="clean", inf_guard=True, arithmetic="torch",
+        source="NVIDIA/apex@6424da3b: csrc/update_scale_hysteresis.cu; NVIDIA/NeMo: "
+               "nemo/collections/nlp/parts/nlp_overrides.py (GradScaler), megatron_trainer_builder.py (defaults)",
+    )
+
+
+def DeepSpeedZeroScaler(init_scale=None, growth_interval=1000, hysteresis=None, min_scale=1.0,
+                        consecutive_hysteresis=False, raise_at_min=True, *, config_defaults=True) -> DynamicScaler:
+    """DeepSpeed's ``DynamicLossScaler`` as ZeRO stages 1-3 build it.
+
+    Source: ``microsoft/DeepSpeed@38327e07: deepspeed/runtime/fp16/loss_scaler.py``
+    (``DynamicLossScaler.update_scale``, ``CreateLossScaler``), with ``runtime/config.py``
+    (``get_dynamic_loss_scale_args``). Rule: an overflow while hysteresis is left only uses one up
+    (skip, scale kept); otherwise it halves the scale, not below ``min_loss_scale``, and if the
+    scale is already at the minimum it raises ("Current loss scale already at minimum", which ends
+    the run: ``ScalerState.stopped``). Growth: x2 when ``(iteration - last_overflow) % window == 0``
+    (the ``window``-th clean step after an overflow or growth), refilling the hysteresis (on every
+    clean step instead with ``consecutive_hysteresis``). No inf guard; the scale is a Python float.
+
+    ``config_defaults=True``: the ``fp16`` config defaults (``initial_scale_power`` 16,
+    ``loss_scale_window`` 1000, ``hysteresis`` 2, ``min_loss_scale`` 1). DeepSpeed passes these only
+    when one of those keys is in the ``fp16`` block; with just ``{"enabled": true}`` it uses the
+    class defaults instead (``init_scale=2**32``, hysteresis ``delayed_shift=1``):
+    ``config_defaults=False``. Given arguments override either. (The raise tests
+    ``scale == min``: the same as here for ``init_scale >= min_scale``.)
+    """
+    if init_scale is None:
+        init_scale = 2.0**16 if config_defaults else 2.0**32
+    if hysteresis is None:
+        hysteresis = 2 if config_defaults else 1
+    return DynamicScaler(
+        name="DeepSpeed ZeRO" if config_defaults else "DeepSpeed ZeRO (class defaults)",
+        init_scale=init_scale, growth_interval=growth_interval, hysteresis=hysteresis,
+        refill="clean" if consecutive_hysteresis else "growth", min_scale=min_scale,
+        raise_at_min=raise_at_min, inf_guard=False, arithmetic="float64",
+        source="microsoft/DeepSpeed@38327e07: deepspeed/runtime/fp16/loss_scaler.py (DynamicLossScaler, "
+               "CreateLossScaler), runtime/config.py (get_dynamic_loss_scale_args), runtime/constants.py",
+    )
+
+
+def DeepSpeedScaler(init_scale=2.0**16, growth_interval=1000, min_scale=1.0) -> DynamicScaler:
+    """DeepSpeed without ZeRO: ``FP16_Optimizer`` / ``FP16_UnfusedOptimizer``'s own ``_update_scale``.
+
+    Source: ``microsoft/DeepSpeed: deepspeed/runtime/fp16/fused_optimizer.py`` (lines 385-407) and
+    ``unfused_optimizer.py`` (275-297). Rule: an overflow halves the scale, not below
+    ``min_loss_scale``; a clean step doubles it when ``stable = iteration - last_overflow - 1`` is
+    positive and a multiple of the window. That is the window-th clean step after a growth but the
+    (window+1)-th after an overflow or at the start: the growth tracker starts, and restarts after
+    an overflow, at -1. There is no hysteresis (the config's ``hysteresis`` is ignored), no raise,
+    no inf guard; the scale is a Python float. Defaults: ``2**initial_scale_power`` (16), window
+    1000, min 1.
+    """
+    return DynamicScaler(
+        name="DeepSpeed", init_scale=init_scale, growth_interval=growth_interval, min_scale=min_scale,
+        tracker_after_overflow=-1, inf_guard=False, arithmetic="float64",
+        source="microsoft/DeepSpeed: deepspeed/runtime/fp16/fused_optimizer.py:385-407 (FP16_Optimizer._update_scale), "
+               "unfused_optimizer.py:275-297",
+    )
+
+
+def MegatronScaler(init_scale=2.0**32, min_scale=1.0, growth_interval=1000, hysteresis=2) -> DynamicScaler:
+    """Megatron-LM's ``DynamicGradScaler`` with the optimizer factory's settings.
+
+    Source: ``NVIDIA/Megatron-LM@00caa53a: megatron/core/optimizer/grad_scaler.py``; defaults from
+    ``optimizer_config.py@0075637c`` (``--initial-loss-scale 2**32 --min-loss-scale 1.0
+    --loss-scale-window 1000 --hysteresis 2``; factors 2 and 0.5). Rule: an overflow resets the
+    growth tracker and uses up one unit of hysteresis; once none is left it backs off,
+    ``max(scale * 0.5, min_scale)``. The ``loss_scale_window``-th clean step in a row doubles the
+    scale and refills the hysteresis (only there). No inf guard, no maximum; the scale, factors
+    and minimum are float32 tensors.
+    """
+    return DynamicScaler(
+        name="Megatron", init_scale=init_scale, growth_interval=growth_interval, hysteresis=hysteresis,
+        refill="growth", min_scale=_f32(min_scale), inf_guard=False, arithmetic="float32",
+        source="NVIDIA/Megatron-LM@00caa53a: megatron/core/optimizer/grad_scaler.py (DynamicGradScaler); "
+               "megatron/core/optimizer/optimizer_config.py@0075637c",
+    )
+
+
+def KerasScaler(init_scale=2.0**15, growth_interval=2000) -> DynamicScaler:
+    """tf.keras (Keras 2) ``LossScaleOptimizer``'s ``_DynamicLossScaleState``.
+
+    Source: ``keras-team/keras@363ac472: keras/mixed_precision/loss_scale_optimizer.py``. Rule: a
+    non-finite step sets ``counter = 0`` and ``scale = max(scale / 2, 1)``; a finite step doubles
+    the scale when ``counter + 1 >= growth_steps`` (only if the result is finite) and resets the
+    counter, else counts. The scale is a float32 variable. Keras's names: ``initial_scale``,
+    ``dynamic_growth_steps`` (growth_interval); the multiplier is 2.
+    """
+    return DynamicScaler(
+        name="Keras 2", init_scale=init_scale, growth_interval=growth_interval, min_scale=1.0,
+        growth_at_least=True, inf_guard=True, arithmetic="float32",
+        source="keras-team/keras@363ac472: keras/mixed_precision/loss_scale_optimizer.py (_DynamicLossScaleState)",
+    )
+
+
+def Keras3Scaler(init_scale=2.0**15, growth_interval=2000) -> DynamicScaler:
+    """Keras 3 ``LossScaleOptimizer``.
+
+    Source: ``keras-team/keras@054e2952: keras/src/optimizers/loss_scale_optimizer.py``. Rule: a
+    non-finite step sets ``step_counter = 0`` and halves the scale, with no floor; a finite step
+    doubles it when ``step_counter == dynamic_growth_steps - 1`` (no inf guard) and resets the
+    counter, else counts. The scale is a float32 variable.
+    """
+    return DynamicScaler(
+        name="Keras 3", init_scale=init_scale, growth_interval=growth_interval, inf_guard=False,
+        arithmetic="float32",
+        source="keras-team/keras@054e2952: keras/src/optimizers/loss_scale_optimizer.py",
+    )
+
+
+def JmpScaler(init_scale=2.0**15, growth_interval=2000, growth_factor=2, min_scale=1.0) -> DynamicScaler:
+    """jmp's ``DynamicLossScale`` (JAX).
+
+    Source: ``google-deepmind/jmp@9c1cdbbf: jmp/_src/loss_scale.py`` (``DynamicLossScale.adjust``).
+    Rule: a finite step multiplies the scale by ``factor`` when ``counter == period - 1`` (keeping
+    the old scale if the product is not finite), then ``counter = (counter + 1) % period``; a
+    non-finite step sets ``scale = max(min_loss_scale, scale / factor)`` and ``counter = 0``. jmp's
+    names: ``loss_scale`` (no default; its docs use ``jnp.asarray(2. ** 15)``, a float32),
+    ``period`` (growth_interval), ``factor``, ``min_loss_scale`` (a float32). ``factor`` must be a
+    power of two here: then ``scale / factor`` in float32 equals the multiplication by
+    ``1 / factor`` that the simulation does.
+    """
+    if not (_number(growth_factor) and growth_factor > 1 and math.frexp(growth_factor)[0] == 0.5):
+        raise ValueError(f"growth_factor (jmp's factor) must be a power of two above 1, not {growth_factor!r}")
+    return DynamicScaler(
+        name="jmp", init_scale=init_scale, growth_factor=float(growth_factor),
+        backoff_factor=1.0 / growth_factor, growth_interval=growth_interval, min_scale=_f32(min_scale),
+        inf_guard=True, arithmetic="float32",
+        source="google-deepmind/jmp@9c1cdbbf: jmp/_src/loss_scale.py (DynamicLossScale.adjust)",
+    )
+
+
+def FairseqScaler(init_scale=None, growth_interval=None, tolerance=0.0, min_scale=None, raise_at_scale=1e-4,
+                  *, cli_defaults=True, world_size=1, update_freq=1) -> DynamicScaler:
+    """fairseq's ``DynamicLossScaler`` as its ``FP16Optimizer`` builds it.
+
+    Source: ``facebookresearch/fairseq@0d77035e: fairseq/optim/dynamic_loss_scaler.py``, with
+    ``fairseq/optim/fp16_optimizer.py`` and ``fairseq/dataclass/configs.py``. Rule: on an overflow
+    (an inf or NaN gradient norm), if overflows since the last backoff / steps since the last
+    rescale >= ``tolerance`` the scale is halved (not below ``threshold_loss_scale``), else it is
+    kept; either way the step is skipped, and if the scale would then be at or below
+    ``min_loss_scale`` it is kept and ``FloatingPointError("Minimum loss scale reached ...")`` ends
+    the run. A clean step doubles it when ``(iteration - last_overflow) % window == 0``. No inf
+    guard; the scale is a Python float.
+
+    fairseq's names: ``--fp16-init-scale``, ``--fp16-scale-window`` (growth_interval),
+    ``--fp16-scale-tolerance``, ``--threshold-loss-scale`` (min_scale, a floor),
+    ``--min-loss-scale`` (raise_at_scale). ``cli_defaults=True``: the command line's 2**7 and a
+    window of ``int(2**14 / world_size / update_freq)``; False: the class's 2**15 and 2000.
+    """
+    if init_scale is None:
+        init_scale = 2.0**7 if cli_defaults else 2.0**15
+    if growth_interval is None:
+        growth_interval = int(2**14 / world_size / update_freq) if cli_defaults else 2000
+    return DynamicScaler(
+        name="fairseq" if cli_defaults else "fairseq (class defaults)", init_scale=init_scale,
+        growth_interval=growth_interval, tolerance=tolerance, min_scale=min_scale,
+        raise_at_scale=raise_at_scale, inf_guard=False, arithmetic="float64",
+        source="facebookresearch/fairseq@0d77035e: fairseq/optim/dynamic_loss_scaler.py, "
+               "fairseq/optim/fp16_optimizer.py, fairseq/dataclass/configs.py",
+    )
+
+
+PRESETS = {p.name: p for p in (
+    TorchGradScaler(), ApexAmpScaler(), ApexHysteresisScaler(), DeepSpeedZeroScaler(),
+    DeepSpeedZeroScaler(config_defaults=False), DeepSpeedScaler(), MegatronScaler(), KerasScaler(),
+    Keras3Scaler(), JmpScaler(), FairseqScaler(), StaticScaler(),
+)}
 
 
 # ------------------------------------------------------------------ overflow model
