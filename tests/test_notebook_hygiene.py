@@ -82,7 +82,8 @@ def problems(nb: dict, size: int = 0) -> list[str]:
 # ----- the committed notebooks -----
 def test_there_are_notebooks():
     names = [p.name for p in NOTEBOOKS]
-    for expected in ("00_start_here.ipynb", "01_fp16_range.ipynb", "02_loss_scaling.ipynb"):
+    for expected in ("00_start_here.ipynb", "01_fp16_range.ipynb", "02_loss_scaling.ipynb",
+                     "03_gradscaler_internals.ipynb"):
         assert expected in names
 
 

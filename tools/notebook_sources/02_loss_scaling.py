@@ -215,7 +215,7 @@ CELLS = [
     - A static S must satisfy S × max|g| < 65504; here S = 2^20 loses nothing. One step further,
       3 gradients become inf and the step must be skipped.
 
-    **Next:** notebook 03 (coming) simulates GradScaler, which finds S on its own.
+    **Next:** notebook 03 takes `torch.amp.GradScaler` apart: how it finds S on its own.
 
     **Open exercises**
     1. `census_table(g, "bf16")`: how many gradients does bf16 lose at scale 1? Why?

@@ -1,0 +1,785 @@
+"""The real ``torch.amp.GradScaler``, call by call: a tiny problem, a driver, and reports.
+
+``ampviz/__init__.py`` never imports this module, so ``import ampviz`` stays free of torch.
+
+Everything here runs the real ``torch.amp.GradScaler("cpu", ...)`` (torch 2.13) and reports what it
+did, so a lesson can show it and a test can hold it to it; if a new torch changed any of it, the
+tests (and the lesson's checked outputs) would show the change.
+
+* ``build_tiny``: one weight vector ``w`` and plain SGD, with loss ½‖w‖², so the gradient *is* ``w``
+  and every number in a report can be checked by eye. ``Tiny.steps_taken`` counts the optimizer
+  steps that really ran (an optimizer step post-hook; a step GradScaler skips never calls it).
+* ``walk_iteration``: one iteration (``scale`` → ``backward`` → ``unscale_`` → ``step`` →
+  ``update``) with the scaler's internal state after each call.
+* ``run_real_scaler``: the real scaler over a stream of overflow flags, returning arrays that
+  line up with ``ampviz.scaling.simulate(TorchGradScaler(...), found_inf=...)``; ``step_table``
+  prints either of them step by step.
+* ``unscale_overflow_table``: the inf check runs *before* the division by the scale.
+* ``error_cases``: every state-machine error, raised by torch and caught, with its exact message.
+* ``clipping_table``: gradient clipping after ``unscale_`` (right) and before it (wrong).
+* ``skip_detection_table``: why ``if scaler.step(opt):`` cannot detect a skipped step, and what can.
+* ``constructor_warnings``, ``scheduler_report``: the deprecation warning of ``torch.cuda.amp``,
+  the scaler that disables itself without CUDA, and the ``lr_scheduler.step()`` order warning
+  after a skipped first step, each captured (nothing reaches stderr).
+* ``check_*``: the lesson's exercise checkers (``ampviz.lessons.check``).
+
+Reading the scaler's state uses its private attributes (``_scale``, ``_growth_tracker``,
+``_per_optimizer_states``): that state is the subject of the lesson.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ampviz.lessons import Check, Table, check, number
+from ampviz.scaling import TorchGradScaler, simulate
+
+__all__ = [
+    "Tiny",
+    "build_tiny",
+    "Snapshot",
+    "Walk",
+    "walk_iteration",
+    "RealRun",
+    "run_real_scaler",
+    "found_inf_from",
+    "same_run",
+    "step_table",
+    "unscale_overflow_table",
+    "ErrorCase",
+    "error_cases",
+    "clipping_norms",
+    "clipping_table",
+    "skip_detection_table",
+    "Caught",
+    "ConstructorReport",
+    "constructor_warnings",
+    "SchedulerReport",
+    "scheduler_report",
+    "check_tracker_after_growth",
+    "check_backoffs_to_zero",
+    "check_skip_test",
+    "check_clip_before_unscale",
+]
+
+INF = math.inf
+DEFAULTS = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
+
+
+# --------------------------------------------------------------------------------------------
+# The tiny problem
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Tiny:
+    """A weight vector ``weight`` trained by ``optimizer`` (SGD) on the loss ½‖w‖².
+
+    The gradient of that loss is ``w`` itself. ``steps_taken`` counts the calls of
+    ``optimizer.step()`` that really ran.
+    """
+
+    weight: torch.nn.Parameter
+    optimizer: torch.optim.SGD
+    steps_taken: int = 0
+
+    def loss(self, half: bool = False) -> torch.Tensor:
+        """½‖w‖², a 0-dim tensor; with ``half=True`` computed in float16 (a half-precision loss)."""
+        w = self.weight.half() if half else self.weight
+        return 0.5 * (w * w).sum()
+
+
+def build_tiny(weights=(3.0, -4.0), lr: float = 0.1, dtype=torch.float32) -> Tiny:
+    """A fresh ``Tiny``: the weights (float32 unless ``dtype`` says otherwise) and SGD with ``lr``."""
+    weight = torch.nn.Parameter(torch.tensor(weights, dtype=dtype))
+    tiny = Tiny(weight, torch.optim.SGD([weight], lr=lr))
+
+    def count(optimizer, args, kwargs):
+        tiny.steps_taken += 1
+
+    tiny.optimizer.register_step_post_hook(count)
+    return tiny
+
+
+def _scaler(**kwargs) -> torch.amp.GradScaler:
+    return torch.amp.GradScaler("cpu", **{**DEFAULTS, **kwargs})
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the scaler's state
+# --------------------------------------------------------------------------------------------
+
+
+def _entry(scaler, optimizer):
+    """The scaler's per-optimizer record, or None. ``.get`` on the defaultdict creates nothing."""
+    return scaler._per_optimizer_states.get(id(optimizer))
+
+
+def _stage(scaler, optimizer) -> str:
+    entry = _entry(scaler, optimizer)
+    return entry["stage"].name if entry else "READY"
+
+
+def _found_inf(scaler, optimizer) -> dict:
+    entry = _entry(scaler, optimizer)
+    return {dev.type: float(v) for dev, v in entry["found_inf_per_device"].items()} if entry else {}
+
+
+def _plain(x: float) -> str:
+    """A float32 value as plain text: whole numbers in full (262144), others with 7 significant
+    digits (float32 holds about 7), specials as inf / -inf / nan."""
+    x = float(x)
+    if math.isfinite(x) and x == int(x) and abs(x) < 1e15:
+        return str(int(x))
+    return number(x, digits=7)
+
+
+def _vec_np(a) -> str:
+    return "None" if a is None else "[" + ", ".join(_plain(x) for x in a.tolist()) + "]"
+
+
+def _vec(t) -> str:
+    if t is None:
+        return "None"
+    return _vec_np(t.detach().reshape(-1).double().numpy())
+
+
+def _tensor_or_none(t):
+    return None if t is None else t.detach().reshape(-1).double().numpy().copy()
+
+
+# --------------------------------------------------------------------------------------------
+# One iteration, call by call
+# --------------------------------------------------------------------------------------------
+
+
+class Snapshot(NamedTuple):
+    """The scaler and the weights right after one call of an iteration.
+
+    ``scale``/``tracker``: the values of ``_scale``/``_growth_tracker`` (None before they exist),
+    with their dtypes; ``stage``: the optimizer's stage in the scaler (READY when it has no record);
+    ``found_inf``: device type -> flag, as recorded by ``unscale_``; ``grad``/``weight``: float64
+    copies; ``note``: what happened.
+    """
+
+    key: str
+    call: str
+    scale: float | None
+    scale_dtype: str
+    tracker: int | None
+    tracker_dtype: str
+    stage: str
+    found_inf: dict
+    grad: np.ndarray | None
+    weight: np.ndarray
+    note: str
+
+
+@dataclass(frozen=True, eq=False)
+class Walk:
+    """The snapshots of one iteration; ``walk["backward"]`` is the one after that call."""
+
+    snapshots: tuple
+
+    def __getitem__(self, key: str) -> Snapshot:
+        for s in self.snapshots:
+            if s.key == key:
+                return s
+        raise KeyError(f"{key!r}: one of {', '.join(s.key for s in self.snapshots)}")
+
+    @property
+    def table(self) -> Table:
+        rows = []
+        for s in self.snapshots:
+            found = ", ".join(f"{dev}: {number(v)}" for dev, v in s.found_inf.items()) or "-"
+            rows.append((s.call, "None" if s.scale is None else number(s.scale),
+                         "None" if s.tracker is None else s.tracker, s.stage, found,
+                         _vec_np(s.grad), _vec_np(s.weight), s.note))
+        return Table(("call", "_scale", "_growth_tracker", "stage", "found_inf", "w.grad", "w",
+                      "what happened"), rows)
+
+    def __str__(self) -> str:
+        return str(self.table)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return self.table._repr_html_()
+
+
+def walk_iteration(*, overflow: bool = False, weights=(3.0, -4.0), lr: float = 0.1, **scaler_kwargs) -> Walk:
+    """One iteration of the real ``torch.amp.GradScaler("cpu", **scaler_kwargs)`` on a fresh
+    ``Tiny``, with a snapshot after each call.
+
+    ``overflow=True`` puts an inf into the first gradient after the backward pass, as an fp16
+    backward that overflowed would. ``scaler_kwargs``: ``init_scale``, ``growth_factor``,
+    ``backoff_factor``, ``growth_interval`` (torch's defaults unless given).
+    """
+    tiny = build_tiny(weights, lr)
+    opt = tiny.optimizer
+    scaler = _scaler(**scaler_kwargs)
+    snaps = []
+
+    def snap(key, call, note):
+        s, t = scaler._scale, scaler._growth_tracker
+        snaps.append(Snapshot(
+            key=key, call=call, scale=None if s is None else s.item(),
+            scale_dtype="-" if s is None else str(s.dtype), tracker=None if t is None else int(t.item()),
+            tracker_dtype="-" if t is None else str(t.dtype), stage=_stage(scaler, opt),
+            found_inf=_found_inf(scaler, opt), grad=_tensor_or_none(tiny.weight.grad),
+            weight=_tensor_or_none(tiny.weight), note=note))
+
+    snap("GradScaler", 'scaler = GradScaler("cpu")',
+         f"nothing allocated yet; get_scale() returns init_scale as given: {scaler.get_scale()!r}")
+    loss = tiny.loss()
+    scaled = scaler.scale(loss)
+    snap("scale", "scaled = scaler.scale(loss)",
+         f"_scale created ({str(scaler._scale.dtype).replace('torch.', '')}), tracker "
+         f"({str(scaler._growth_tracker.dtype).replace('torch.', '')}); "
+         f"scaled = {number(loss.item())} × {number(scaler._scale.item())} = {number(scaled.item())}")
+    scaled.backward()
+    if overflow:
+        with torch.no_grad():
+            tiny.weight.grad[0] = INF
+    snap("backward", "scaled.backward()",
+         "w.grad = S·g (g = w)" + ("; an inf appeared (overflow)" if overflow else ""))
+    scaler.unscale_(opt)
+    found = any(_found_inf(scaler, opt).values())
+    snap("unscale_", "scaler.unscale_(opt)",
+         f"checked for inf/NaN (found {'one' if found else 'none'}), then w.grad × 1/S")
+    before = tiny.steps_taken
+    returned = scaler.step(opt)
+    ran = tiny.steps_taken > before
+    snap("step", "scaler.step(opt)",
+         f"optimizer.step() {'ran' if ran else 'skipped'}; returned {returned!r}")
+    old_scale, old_tracker = scaler.get_scale(), scaler._get_growth_tracker()
+    scaler.update()
+    new_scale, new_tracker = scaler.get_scale(), scaler._get_growth_tracker()
+    if found:
+        what = f"inf found: S × backoff_factor, {number(old_scale)} → {number(new_scale)}; tracker → 0"
+    elif new_tracker == 0 and old_tracker + 1 == scaler.get_growth_interval():
+        what = (f"tracker reached growth_interval: S × growth_factor, {number(old_scale)} → "
+                f"{number(new_scale)}; tracker → 0")
+    else:
+        what = f"clean step counted: tracker {old_tracker} → {new_tracker}"
+    snap("update", "scaler.update()", what + "; per-optimizer record cleared")
+    return Walk(tuple(snaps))
+
+
+# --------------------------------------------------------------------------------------------
+# The real scaler over a stream of steps
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class RealRun:
+    """What the real ``torch.amp.GradScaler("cpu")`` did over a stream, one entry per step.
+
+    Arrays line up with ``ampviz.scaling.ScalerTrace``: ``scale`` (float32) is the scale in
+    effect at each step, before that step's ``update()``; ``skipped``: ``optimizer.step()`` did
+    not run (counted, not inferred); ``growth_tracker`` (int32): the tracker after each
+    ``update()``. Also ``found_inf`` (the stream), ``returned`` (what ``scaler.step`` returned at
+    each step) and ``final_scale`` (after the last ``update()``).
+    """
+
+    found_inf: np.ndarray
+    scale: np.ndarray
+    skipped: np.ndarray
+    growth_tracker: np.ndarray
+    returned: tuple
+    final_scale: float
+
+    @property
+    def steps(self) -> int:
+        return int(self.scale.size)
+
+    @property
+    def skipped_count(self) -> int:
+        return int(self.skipped.sum())
+
+    @property
+    def scale_after(self) -> np.ndarray:
+        """The scale after each step's ``update()`` (float32)."""
+        return np.append(self.scale[1:], np.float32(self.final_scale)).astype(np.float32)
+
+    def __repr__(self) -> str:
+        end = number(self.final_scale)
+        return f"RealRun({self.steps} steps, {self.skipped_count} skipped, final scale {end})"
+
+
+def _flags(found_inf) -> np.ndarray:
+    flags = np.asarray(found_inf)
+    if flags.ndim != 1:
+        raise ValueError(f"found_inf must be a 1-D sequence, one flag per step (got shape {flags.shape})")
+    if flags.size and flags.dtype.kind not in "biu":
+        raise TypeError(f"found_inf must be booleans (one per step), got {flags.dtype}")
+    return flags.astype(bool)
+
+
+def run_real_scaler(found_inf, **scaler_kwargs) -> RealRun:
+    """Drive the real ``torch.amp.GradScaler("cpu", **scaler_kwargs)`` over a stream of steps.
+
+    Each step does what a training loop does around its backward pass: ``scaler.scale(loss)``
+    (the first call creates the scale), then the weight's ``.grad`` is set to ``[inf, 1]`` where
+    ``found_inf`` is true (an overflow) and to ``[1, 1]`` elsewhere, then ``scaler.step(opt)`` and
+    ``scaler.update()``. The learning rate is 0: only the scaler matters here. Compare with
+    ``simulate(TorchGradScaler(**scaler_kwargs), found_inf=found_inf)``.
+    """
+    flags = _flags(found_inf)
+    n = flags.size
+    tiny = build_tiny((1.0, 1.0), lr=0.0)
+    scaler = _scaler(**scaler_kwargs)
+    bad, good = torch.tensor([INF, 1.0]), torch.tensor([1.0, 1.0])
+    scale = np.empty(n, np.float32)
+    skipped = np.zeros(n, bool)
+    tracker = np.empty(n, np.int32)
+    returned = []
+    for i, f in enumerate(flags.tolist()):
+        scaler.scale(tiny.loss())
+        scale[i] = scaler.get_scale()
+        tiny.weight.grad = (bad if f else good).clone()
+        before = tiny.steps_taken
+        returned.append(scaler.step(tiny.optimizer))
+        scaler.update()
+        skipped[i] = tiny.steps_taken == before
+        tracker[i] = scaler._get_growth_tracker()
+    final = float(np.float32(scaler.get_scale()))  # before any scale(): init_scale as torch will store it
+    return RealRun(flags, scale, skipped, tracker, tuple(returned), final)
+
+
+def found_inf_from(pattern: str) -> np.ndarray:
+    """Overflow flags from a pattern: ``x`` is a step whose gradients overflow, ``.`` a clean
+    step (spaces are ignored): ``"..x.."`` is five steps with an overflow in the middle."""
+    chars = [c for c in str(pattern) if not c.isspace()]
+    bad = sorted({c for c in chars if c not in "x."})
+    if bad:
+        raise ValueError(f"use x (overflow) and . (clean step) only, not {''.join(bad)!r}")
+    return np.array([c == "x" for c in chars], dtype=bool)
+
+
+def same_run(a, b) -> bool:
+    """True when two runs (``RealRun`` or ``ScalerTrace``) have identical scale (NaN equal to NaN,
+    values compared as float64), skipped steps and growth tracker, step for step."""
+    sa, sb = np.asarray(a.scale, np.float64), np.asarray(b.scale, np.float64)
+    if sa.shape != sb.shape:
+        return False
+    same_scale = bool(np.all((sa == sb) | (np.isnan(sa) & np.isnan(sb))))
+    return (same_scale and np.array_equal(a.skipped, b.skipped)
+            and np.array_equal(np.asarray(a.growth_tracker, np.int64), np.asarray(b.growth_tracker, np.int64)))
+
+
+def _final_scale(run) -> float:
+    final = getattr(run, "final_scale", None)
+    return float(run.final.scale) if final is None else float(final)
+
+
+def step_table(run, steps=None) -> Table:
+    """A ``RealRun`` or a ``ScalerTrace`` (of torch's rule) step by step: scale, whether the step
+    ran, what ``update()`` did, and the state after it. ``steps``: the step indices to show (the
+    first 20 by default)."""
+    n = int(np.asarray(run.scale).size)
+    idx = list(range(min(n, 20))) if steps is None else [int(i) for i in steps]
+    for i in idx:
+        if not 0 <= i < n:
+            raise IndexError(f"step {i} is outside the run (0 to {n - 1})")
+    scale = np.asarray(run.scale, np.float64)
+    after = np.append(scale[1:], _final_scale(run))
+    found = np.asarray(getattr(run, "found_inf", run.skipped), bool)
+    rows = []
+    for i in idx:
+        s, a, t = scale[i], after[i], int(run.growth_tracker[i])
+        if run.skipped[i]:
+            what = "back off"
+        elif t == 0 and (a != s):
+            what = "grow"
+        elif t == 0:
+            what = "grow (scale unchanged)"
+        else:
+            what = "count"
+        rows.append((i, "inf" if found[i] else "-", number(s), "skipped" if run.skipped[i] else "ran",
+                     what, number(a), t))
+    return Table(("step", "found_inf", "scale", "optimizer.step()", "update()", "scale after",
+                  "tracker after"), rows)
+
+
+# --------------------------------------------------------------------------------------------
+# The inf check comes before the division
+# --------------------------------------------------------------------------------------------
+
+
+def unscale_overflow_table(scale: float = 2.0**-10, grad=(1e36, 1.0), weights=(3.0, -4.0),
+                           lr: float = 0.1) -> Table:
+    """A finite scaled gradient that overflows only when ``unscale_`` divides it by a scale below 1.
+
+    ``unscale_`` checks the *scaled* gradients for inf/NaN and then multiplies them by 1/S; with
+    S < 1 that product can overflow after the check, and the step runs on an inf gradient.
+    """
+    tiny = build_tiny(weights, lr)
+    scaler = _scaler(init_scale=scale)
+    scaler.scale(tiny.loss())
+    tiny.weight.grad = torch.tensor(grad, dtype=torch.float32)
+    rows = [("scale S", number(scaler.get_scale())),
+            ("w.grad after backward (what unscale_ checks)", _vec(tiny.weight.grad))]
+    scaler.unscale_(tiny.optimizer)
+    rows += [("found_inf recorded by unscale_", number(_found_inf(scaler, tiny.optimizer)["cpu"])),
+             ("w.grad after unscale_ (× 1/S)", _vec(tiny.weight.grad))]
+    before = tiny.steps_taken
+    scaler.step(tiny.optimizer)
+    rows += [("optimizer.step()", "ran" if tiny.steps_taken > before else "skipped"),
+             ("w after the step", _vec(tiny.weight))]
+    scaler.update()
+    return Table(("", "value"), rows)
+
+
+# --------------------------------------------------------------------------------------------
+# The state machine's errors
+# --------------------------------------------------------------------------------------------
+
+
+class ErrorCase(NamedTuple):
+    """What was done, and the exception torch raised (type name and exact message)."""
+
+    case: str
+    error: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.case}\n    {self.error}: {self.message}"
+
+
+def _backward_scaled(tiny, scaler):
+    scaler.scale(tiny.loss()).backward()
+
+
+def _case_step_before_scale():
+    tiny, scaler = build_tiny(), _scaler()
+    tiny.loss().backward()  # loss.backward() where scaler.scale(loss).backward() belongs
+    scaler.step(tiny.optimizer)
+
+
+def _case_unscale_before_scale():
+    tiny, scaler = build_tiny(), _scaler()
+    tiny.loss().backward()
+    scaler.unscale_(tiny.optimizer)
+
+
+def _case_update_before_scale():
+    _scaler().update()
+
+
+def _case_unscale_twice():
+    tiny, scaler = build_tiny(), _scaler()
+    _backward_scaled(tiny, scaler)
+    scaler.unscale_(tiny.optimizer)
+    scaler.unscale_(tiny.optimizer)
+
+
+def _case_unscale_after_step():
+    tiny, scaler = build_tiny(), _scaler()
+    _backward_scaled(tiny, scaler)
+    scaler.step(tiny.optimizer)
+    scaler.unscale_(tiny.optimizer)
+
+
+def _case_step_twice():
+    tiny, scaler = build_tiny(), _scaler()
+    _backward_scaled(tiny, scaler)
+    scaler.step(tiny.optimizer)
+    scaler.step(tiny.optimizer)
+
+
+def _case_update_without_step():
+    tiny, scaler = build_tiny(), _scaler()
+    _backward_scaled(tiny, scaler)
+    scaler.update()
+
+
+def _case_step_without_grads():
+    tiny, scaler = build_tiny(), _scaler()
+    scaler.scale(tiny.loss())  # no backward: every .grad is None
+    scaler.step(tiny.optimizer)
+
+
+def _case_fp16_grads():
+    tiny, scaler = build_tiny(dtype=torch.float16), _scaler()
+    _backward_scaled(tiny, scaler)
+    scaler.unscale_(tiny.optimizer)
+
+
+def _case_closure():
+    tiny, scaler = build_tiny(), _scaler()
+    _backward_scaled(tiny, scaler)
+    scaler.step(tiny.optimizer, closure=tiny.loss)
+
+
+def _case_scale_float():
+    _scaler().scale(1.0)
+
+
+def _case_growth_factor():
+    _scaler(growth_factor=1.0)
+
+
+def _case_backoff_factor():
+    _scaler(backoff_factor=1.0)
+
+
+_CASES = (
+    ("scaler.step(opt) after loss.backward(), with no scaler.scale() before it", _case_step_before_scale),
+    ("scaler.unscale_(opt) with no scaler.scale() before it", _case_unscale_before_scale),
+    ("scaler.update() with no scaler.scale() before it", _case_update_before_scale),
+    ("scaler.unscale_(opt) twice in one iteration", _case_unscale_twice),
+    ("scaler.unscale_(opt) after scaler.step(opt)", _case_unscale_after_step),
+    ("scaler.step(opt) twice in one iteration", _case_step_twice),
+    ("scaler.update() with no scaler.step(opt) before it", _case_update_without_step),
+    ("scaler.step(opt) when every .grad is None (no backward)", _case_step_without_grads),
+    ("scaler.unscale_(opt) on fp16 weights and gradients", _case_fp16_grads),
+    ("scaler.step(opt, closure=...)", _case_closure),
+    ("scaler.scale(1.0), a Python float", _case_scale_float),
+    ('GradScaler("cpu", growth_factor=1.0)', _case_growth_factor),
+    ('GradScaler("cpu", backoff_factor=1.0)', _case_backoff_factor),
+)
+
+
+def error_cases() -> list[ErrorCase]:
+    """Each misuse of the scaler's state machine, really done, with what torch raised.
+
+    A case that no longer raises is reported as ``ErrorCase(case, "no error", "")``.
+    """
+    out = []
+    for case, run in _CASES:
+        try:
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                run()
+        except Exception as e:  # noqa: BLE001 - recording any exception is the point
+            out.append(ErrorCase(case, type(e).__name__, str(e)))
+        else:
+            out.append(ErrorCase(case, "no error", ""))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Gradient clipping
+# --------------------------------------------------------------------------------------------
+
+
+def clipping_norms(unscale_first: bool = True, max_norm: float = 1.0, weights=(3.0, -4.0),
+                   lr: float = 0.1, init_scale: float = 2.0**16) -> dict:
+    """Gradient norms through one iteration with ``clip_grad_norm_(max_norm)``, clipping after
+    ``scaler.unscale_`` (``unscale_first=True``, right) or before it (wrong: ``step`` unscales the
+    already clipped gradients afterwards).
+
+    Keys: ``backward`` (‖w.grad‖ after the scaled backward), ``clipped`` (the norm
+    ``clip_grad_norm_`` saw), ``applied`` (‖w.grad‖ the optimizer used), ``weight`` (after the step).
+    """
+    tiny = build_tiny(weights, lr)
+    scaler = _scaler(init_scale=init_scale)
+    _backward_scaled(tiny, scaler)
+    norm = lambda: float(tiny.weight.grad.norm())  # noqa: E731
+    out = {"backward": norm()}
+    if unscale_first:
+        scaler.unscale_(tiny.optimizer)
+    out["clipped"] = float(torch.nn.utils.clip_grad_norm_([tiny.weight], max_norm))
+    scaler.step(tiny.optimizer)  # unscales here if unscale_ was not called
+    out["applied"] = norm()
+    out["weight"] = tiny.weight.detach().double().numpy().copy()
+    scaler.update()
+    return out
+
+
+def clipping_table(max_norm: float = 1.0, **kwargs) -> Table:
+    """``clipping_norms`` in both orders, one row each."""
+    rows = []
+    for first, order in ((True, "unscale_ → clip → step (right)"), (False, "clip → step (wrong)")):
+        r = clipping_norms(first, max_norm, **kwargs)
+        rows.append((order, number(r["backward"]), number(r["clipped"]), number(r["applied"]),
+                     _vec_np(r["weight"])))
+    return Table(("order", "‖grad‖ after backward", "‖grad‖ clip_grad_norm_ saw",
+                  "‖grad‖ the optimizer applied", "w after step"), rows,
+                 title=f"clip_grad_norm_(max_norm={number(max_norm)}) at scale "
+                       f"{number(kwargs.get('init_scale', DEFAULTS['init_scale']))}")
+
+
+# --------------------------------------------------------------------------------------------
+# Detecting a skipped step
+# --------------------------------------------------------------------------------------------
+
+
+def skip_detection_table(found_inf=(True, False), **scaler_kwargs) -> Table:
+    """For each step of a real run: what ``scaler.step(opt)`` returned, what the idiom
+    ``if scaler.step(opt):`` would conclude from it, whether ``optimizer.step()`` really ran, and
+    what comparing ``get_scale()`` before and after ``update()`` says.
+
+    The comparison is right whenever a backoff lowers the scale (a backoff factor in (0, 1) and
+    a scale above 0); at a scale of 0 nothing can shrink any more.
+    """
+    run = run_real_scaler(found_inf, **scaler_kwargs)
+    rows = []
+    for i in range(run.steps):
+        ret = run.returned[i]
+        before, after = float(run.scale[i]), float(run.scale_after[i])
+        rows.append((i, "inf" if run.found_inf[i] else "-", repr(ret),
+                     "taken" if ret else "skipped", "skipped" if run.skipped[i] else "ran",
+                     f"{number(before)} → {number(after)}", "skipped" if after < before else "taken"))
+    return Table(("step", "found_inf", "scaler.step(opt) returned", "`if scaler.step(opt):` says",
+                  "optimizer.step() really", "get_scale() across update()", "`get_scale() < before` says"),
+                 rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Warnings
+# --------------------------------------------------------------------------------------------
+
+
+class Caught(NamedTuple):
+    """A captured warning: category name and message."""
+
+    category: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.category}: {self.message}"
+
+
+def _capture(fn):
+    """(fn's result, the warnings it issued as ``Caught``s); nothing reaches stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn()
+    return result, tuple(Caught(w.category.__name__, str(w.message)) for w in caught)
+
+
+class ConstructorReport(NamedTuple):
+    """A way of constructing a GradScaler, the warnings it gave, and what the scaler then does."""
+
+    call: str
+    warnings: tuple
+    enabled: bool
+    scale_is_identity: bool
+    get_scale: float
+
+    def __str__(self) -> str:
+        head = (f"{self.call}: is_enabled() = {self.enabled}, scale(loss) is loss: "
+                f"{self.scale_is_identity}, get_scale() = {number(self.get_scale)}")
+        return "\n".join([head] + [f"    {w}" for w in self.warnings] + ([] if self.warnings else ["    (no warning)"]))
+
+
+_CONSTRUCTORS = (
+    ("torch.cuda.amp.GradScaler()", lambda: torch.cuda.amp.GradScaler()),
+    ("torch.cpu.amp.GradScaler()", lambda: torch.cpu.amp.GradScaler()),
+    ("torch.amp.GradScaler()", lambda: torch.amp.GradScaler()),
+    ('torch.amp.GradScaler("cpu")', lambda: torch.amp.GradScaler("cpu")),
+)
+
+
+def constructor_warnings() -> list[ConstructorReport]:
+    """Four ways to construct a scaler, with their captured warnings.
+
+    The deprecated ``torch.cuda.amp.GradScaler`` / ``torch.cpu.amp.GradScaler`` warn and then
+    build ``torch.amp.GradScaler("cuda")`` / ``("cpu")``. The default device of
+    ``torch.amp.GradScaler()`` is ``"cuda"``: without CUDA it warns and disables itself, and a
+    disabled scaler returns the loss unscaled and reports a scale of 1.0.
+    """
+    out = []
+    for call, make in _CONSTRUCTORS:
+        scaler, caught = _capture(make)
+        loss = torch.ones(())
+        out.append(ConstructorReport(call, caught, scaler.is_enabled(), scaler.scale(loss) is loss,
+                                     float(scaler.get_scale())))
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class SchedulerReport:
+    """A few iterations with a half-precision loss, a GradScaler and ``StepLR``.
+
+    ``table``: per iteration, the scale, whether ``optimizer.step()`` ran, the learning rate the
+    step would use, and whether ``scheduler.step()`` was called; ``warnings``: what was captured.
+    """
+
+    table: Table
+    warnings: tuple
+
+    def __str__(self) -> str:
+        caught = [f"{w}" for w in self.warnings] or ["(no warning)"]
+        return str(self.table) + "\n\nwarnings:\n" + "\n".join(caught)
+
+    __repr__ = __str__
+
+
+def scheduler_report(*, guard: bool = False, iterations: int = 5, gamma: float = 0.5) -> SchedulerReport:
+    """Train ``Tiny`` for a few iterations with a float16 loss, the default scale (2^16) and
+    ``StepLR(step_size=1, gamma)``, calling ``scheduler.step()`` after every ``update()``; with
+    ``guard=True`` only after an iteration whose scale did not shrink (the optimizer stepped).
+
+    At 2^16 the half-precision loss's backward overflows (the upstream gradient fp16(65536) is
+    inf), so the first optimizer steps are skipped: the first ``scheduler.step()`` then comes
+    before any ``optimizer.step()``, and torch warns.
+    """
+    def train():
+        tiny = build_tiny()
+        scaler = _scaler()
+        sched = torch.optim.lr_scheduler.StepLR(tiny.optimizer, step_size=1, gamma=gamma)
+        rows = []
+        for i in range(iterations):
+            tiny.optimizer.zero_grad()
+            lr = tiny.optimizer.param_groups[0]["lr"]
+            scaler.scale(tiny.loss(half=True)).backward()
+            before_scale, before_steps = scaler.get_scale(), tiny.steps_taken
+            scaler.step(tiny.optimizer)
+            scaler.update()
+            ran = tiny.steps_taken > before_steps
+            call = not guard or scaler.get_scale() >= before_scale
+            if call:
+                sched.step()
+            rows.append((i, number(before_scale), "ran" if ran else "skipped", number(lr),
+                         "called" if call else "not called"))
+        return Table(("iteration", "scale", "optimizer.step()", "lr of this step", "scheduler.step()"), rows)
+
+    table, caught = _capture(train)
+    return SchedulerReport(table, caught)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise checkers
+# --------------------------------------------------------------------------------------------
+
+
+def check_tracker_after_growth(answer) -> Check:
+    """Q: with growth_interval=3, three clean steps from 2^16: the growth tracker after the third
+    ``update()``."""
+    trace = simulate(TorchGradScaler(growth_interval=3), found_inf=np.zeros(3, bool))
+    return check(answer, int(trace.growth_tracker[-1]),
+                 hint="the scale grows on the update that brings the tracker to growth_interval; "
+                      "what is the tracker set to then?")
+
+
+def check_backoffs_to_zero(answer) -> Check:
+    """Q: how many overflowing steps in a row take torch's default scale 2^16 to exactly 0."""
+    trace = simulate(TorchGradScaler(), found_inf=np.ones(400, bool))
+    after = np.append(trace.scale[1:], trace.final.scale)
+    return check(answer, int(np.flatnonzero(after == 0)[0]) + 1,
+                 hint="16 halvings reach 1, 126 more the smallest normal float32, "
+                      "and float32 has subnormals below that")
+
+
+def check_skip_test(answer) -> Check:
+    """Q: which test detects a skipped step: (a) ``if not scaler.step(opt):`` or (b)
+    ``scaler.get_scale() < scale_before`` after ``update()``."""
+    return check(answer, "b", accept=lambda a: isinstance(a, str) and a.strip().strip("()").casefold() == "b",
+                 hint="what does scaler.step(opt) return for a step SGD did take?")
+
+
+def check_clip_before_unscale(answer) -> Check:
+    """Q: clipping to max_norm=1 *before* ``unscale_`` at scale 2^16: the gradient norm the
+    optimizer applies (within 1%)."""
+    expected = clipping_norms(unscale_first=False)["applied"]
+    return check(answer, expected, tol=0.01 * expected,
+                 hint="clip_grad_norm_ brings the scaled norm to 1; then step() divides by the scale")
