@@ -19,7 +19,8 @@ float32, a backoff resets the growth tracker to 0, growth happens only when the 
 is no floor: repeated backoffs reach float32's subnormals and, with a factor of 0.5, exactly 0.
 
 Speed: the state only changes at overflows and growths, so ``simulate`` works per event, not per
-step: between events it fills the trace with numpy slices.
+step: between events it fills the trace with numpy slices (the counters that fairseq's tolerance
+keeps just advance by the length of the clean stretch).
 
 This module needs numpy only.
 """
@@ -50,6 +51,7 @@ __all__ = [
     "Keras3Scaler",
     "JmpScaler",
     "FairseqScaler",
+    "MetaseqScaler",
     "PRESETS",
     "simulate",
     "overflows",
@@ -95,7 +97,8 @@ class ScalerState(NamedTuple):
     overflow backs off); ``stopped`` is true once a scaler that raises at its minimum scale has
     ended the run. ``overflows_since_rescale`` (overflows since the last backoff) and
     ``steps_since_rescale`` (steps since the last growth or backoff) are fairseq's tolerance
-    counters, kept only by a policy with a ``tolerance`` (0 otherwise).
+    counters, kept only by a policy with a ``tolerance`` (0 otherwise). ``window`` is the growth
+    window of a policy with ``window_scaling`` (0 otherwise).
     """
 
     scale: float
@@ -104,6 +107,7 @@ class ScalerState(NamedTuple):
     stopped: bool = False
     overflows_since_rescale: int = 0
     steps_since_rescale: int = 0
+    window: int = 0
 
 
 class ScalerStopped(RuntimeError):
@@ -134,6 +138,14 @@ class DynamicScaler:
       overflow backs off.
     - ``raise_at_scale`` (fairseq's ``min_loss_scale``): an overflow after which the scale would be
       at or below this value ends the run instead, the scale unchanged (None: never).
+    - ``no_backoff_below`` (metaseq's ``min_loss_scale``): a backoff that would take the scale below
+      this value keeps the old scale instead (the step is still skipped; None: never).
+    - ``window_scaling`` (metaseq): the growth window is part of the state (``ScalerState.window``,
+      starting at ``growth_interval``): each growth multiplies it by ``growth_factor`` and each
+      backoff by ``backoff_factor`` (rounded down, at least 1). The growth tracker then counts
+      clean steps since the last overflow and is not reset by a growth; a clean step grows the
+      scale when the tracker is a positive multiple of the window (``growth_at_least`` is unused).
+      A window below 1 never grows and never changes.
     - ``arithmetic``: how the scale is rounded, see ``_mul``.
     - ``dynamic``: False for a static scale, which never changes.
     """
@@ -153,6 +165,8 @@ class DynamicScaler:
     tracker_after_overflow: int = 0
     tolerance: float = 0.0
     raise_at_scale: float | None = None
+    no_backoff_below: float | None = None
+    window_scaling: bool = False
     arithmetic: str = "torch"
     dynamic: bool = True
     source: str = field(default="", compare=False)
@@ -174,7 +188,7 @@ class DynamicScaler:
         for name in ("init_scale", "growth_factor", "backoff_factor", "tolerance"):
             if not _number(getattr(self, name)):
                 errors.append(f"{name} must be a number, not {getattr(self, name)!r}")
-        for name in ("min_scale", "max_scale", "raise_at_scale"):
+        for name in ("min_scale", "max_scale", "raise_at_scale", "no_backoff_below"):
             if getattr(self, name) is not None and not _number(getattr(self, name)):
                 errors.append(f"{name} must be a number or None, not {getattr(self, name)!r}")
         if not errors and self.dynamic:
@@ -195,7 +209,8 @@ class DynamicScaler:
         if self.arithmetic != "float64":
             scale = _f32(scale)
         return ScalerState(scale=scale, growth_tracker=self.tracker_after_overflow,
-                           hysteresis=self.hysteresis)
+                           hysteresis=self.hysteresis,
+                           window=int(self.growth_interval) if self.window_scaling else 0)
 
     def adjust(self, state: ScalerState, found_inf: bool) -> ScalerState:
         """The state after one step that did (``found_inf``) or did not overflow."""
@@ -218,23 +233,40 @@ class DynamicScaler:
                 scale = _mul(state.scale, self.backoff_factor, self.arithmetic)
                 if self.min_scale is not None:
                     scale = max(scale, self.min_scale)
-                new = ScalerState(scale, self.tracker_after_overflow, state.hysteresis)
+                if self.no_backoff_below is not None and scale < self.no_backoff_below:
+                    scale = state.scale
+                new = ScalerState(scale, self.tracker_after_overflow, state.hysteresis,
+                                  window=self._resized(state.window, self.backoff_factor))
             if self.raise_at_scale is not None and new.scale <= self.raise_at_scale:
                 return state._replace(stopped=True)
             return new
         hyst = self.hysteresis if self.refill == "clean" else state.hysteresis
         tracker = state.growth_tracker + 1
-        if self._grows(tracker):
+        if self._grows(tracker, state.window):
             scale = self._grow(state.scale)
             if self.refill == "growth":
                 hyst = self.hysteresis
+            if self.window_scaling:
+                return ScalerState(scale, tracker, hyst, False, state.overflows_since_rescale, 0,
+                                   self._resized(state.window, self.growth_factor))
             return ScalerState(scale, 0, hyst, False, state.overflows_since_rescale, 0)
         return ScalerState(state.scale, tracker, hyst, False, state.overflows_since_rescale,
-                           state.steps_since_rescale + 1 if counting else 0)
+                           state.steps_since_rescale + 1 if counting else 0, state.window)
 
-    def _grows(self, tracker: int) -> bool:
+    def _grows(self, tracker: int, window: int = 0) -> bool:
         """Whether the clean step that brings the tracker to ``tracker`` grows the scale."""
+        if self.window_scaling:
+            return window >= 1 and tracker > 0 and tracker % window == 0
         return tracker >= self.growth_interval if self.growth_at_least else tracker == self.growth_interval
+
+    def _resized(self, window: int, factor: float) -> int:
+        """The growth window after a growth or backoff (``window_scaling``; 0 otherwise)."""
+        if not self.window_scaling or window < 1:
+            return window
+        w = window * factor
+        if not w >= 1:  # below 1, or NaN
+            return 1
+        return int(w) if math.isfinite(w) else window
 
     def _grow(self, scale: float) -> float:
         new = _mul(scale, self.growth_factor, self.arithmetic)
@@ -244,8 +276,14 @@ class DynamicScaler:
             return scale
         return new
 
-    def _clean_steps_to_growth(self, tracker: int) -> float:
-        """How many clean steps from ``tracker`` until the one that grows (inf: never)."""
+    def _clean_steps_to_growth(self, state: ScalerState) -> float:
+        """How many clean steps from ``state`` until the one that grows (inf: never)."""
+        tracker = state.growth_tracker
+        if self.window_scaling:
+            w = state.window
+            if w < 1:
+                return math.inf
+            return w - tracker if tracker < 0 else w - tracker % w
         gi = self.growth_interval
         if tracker < gi:
             return gi - tracker
@@ -374,8 +412,9 @@ def DeepSpeedScaler(init_scale=2.0**16, growth_interval=1000, min_scale=1.0) -> 
     positive and a multiple of the window. That is the window-th clean step after a growth but the
     (window+1)-th after an overflow or at the start: the growth tracker starts, and restarts after
     an overflow, at -1. There is no hysteresis (the config's ``hysteresis`` is ignored), no raise,
-    no inf guard; the scale is a Python float. Defaults: ``2**initial_scale_power`` (16), window
-    1000, min 1.
+    no inf guard. The scale is a Python number: the int ``2**initial_scale_power`` doubled by the int
+    2 until the first backoff makes it a float, which float64 follows exactly below 2**1024.
+    Defaults: ``initial_scale_power`` 16, window 1000, min 1.
     """
     return DynamicScaler(
         name="DeepSpeed", init_scale=init_scale, growth_interval=growth_interval, min_scale=min_scale,
@@ -488,10 +527,31 @@ def FairseqScaler(init_scale=None, growth_interval=None, tolerance=0.0, min_scal
     )
 
 
+def MetaseqScaler(init_scale=4.0, growth_interval=256, tolerance=0.0, min_scale=None,
+                  no_backoff_below=2.0**-5) -> DynamicScaler:
+    """metaseq's (OPT's) ``DynamicLossScaler``: fairseq's, with a window that follows the scale.
+
+    Source: ``facebookresearch/metaseq@0ba5657a: metaseq/optim/dynamic_loss_scaler.py`` (rationale in
+    metaseq PR #115). Rule: fairseq's tolerance and growth test ``(iteration - last_overflow) % window
+    == 0``, but every growth doubles the window and every backoff halves it (rounded down, at least
+    1), and at the minimum there is no exception: a backoff that would take the scale below
+    ``min_loss_scale`` keeps the old scale and it "just continue[s] to skip grad". No inf guard; the
+    scale is a Python float. Defaults are the class's: init 4, window 256, min 2**-5. metaseq's
+    names: ``scale_window`` (growth_interval), ``threshold`` (min_scale, a floor),
+    ``min_loss_scale`` (no_backoff_below).
+    """
+    return DynamicScaler(
+        name="metaseq", init_scale=init_scale, growth_interval=growth_interval, tolerance=tolerance,
+        min_scale=min_scale, no_backoff_below=no_backoff_below, window_scaling=True, inf_guard=False,
+        arithmetic="float64",
+        source="facebookresearch/metaseq@0ba5657a: metaseq/optim/dynamic_loss_scaler.py",
+    )
+
+
 PRESETS = {p.name: p for p in (
     TorchGradScaler(), ApexAmpScaler(), ApexHysteresisScaler(), DeepSpeedZeroScaler(),
     DeepSpeedZeroScaler(config_defaults=False), DeepSpeedScaler(), MegatronScaler(), KerasScaler(),
-    Keras3Scaler(), JmpScaler(), FairseqScaler(), StaticScaler(),
+    Keras3Scaler(), JmpScaler(), FairseqScaler(), MetaseqScaler(), StaticScaler(),
 )}
 
 
@@ -698,7 +758,7 @@ def _run(policy: DynamicScaler, st: ScalerState, n: int, next_overflow) -> Scale
                     skipped[j] = True
                     j = next_overflow.first(j + 1, n, st.scale)
             break
-        to_growth = policy._clean_steps_to_growth(st.growth_tracker)
+        to_growth = policy._clean_steps_to_growth(st)
         stop = n if to_growth > n - i else i + int(to_growth)
         j = next_overflow.first(i, stop, st.scale)
         clean_end = stop if j is None else j

@@ -115,6 +115,10 @@ policies = st.builds(
     growth_at_least=st.booleans(),
     inf_guard=st.booleans(),
     tracker_after_overflow=st.sampled_from([0, -1]),
+    tolerance=st.sampled_from([0.0, 0.0, 0.02, 0.3, 1.0]),
+    raise_at_scale=st.sampled_from([None, None, 1.0, 2.0**-3]),
+    no_backoff_below=st.sampled_from([None, None, 1.0, 0.3]),
+    window_scaling=st.booleans(),
     arithmetic=st.sampled_from(["torch", "float32", "float64"]),
 )
 
