@@ -43,6 +43,7 @@ __all__ = [
     "largest_safe_scale",
     "census_table",
     "layer_table",
+    "trace_table",
     "Check",
     "check",
     "check_smallest_subnormal",
@@ -327,6 +328,22 @@ def layer_table(layers: dict, fmt="fp16", scale=1.0) -> Table:
                      f"{100 * f['normal']:.1f}%"))
     return Table(("name", "values", "largest |value|", "zero already", "lost (-> 0)", "subnormal",
                   "normal"), rows, title=f"{fmt.name} at scale {_scale_label(float(np.float32(scale)))}")
+
+
+def trace_table(traces) -> Table:
+    """One row per simulated scaler (``ampviz.scaling.ScalerTrace``): skipped steps, where the
+    scale ended and how low it went, and the step at which a scaler that raises stopped the run
+    (steps after a stop are not counted as skipped)."""
+    rows = []
+    for t in traces:
+        end = t.steps if t.stopped_at is None else t.stopped_at + 1
+        scale = np.asarray(t.scale[:end], dtype=np.float64)
+        skipped = int(np.count_nonzero(t.skipped[:end]))
+        final = "stopped" if t.stopped_at is not None else number(t.final.scale)
+        rows.append((t.policy.name, f"{skipped:,}", number(scale[0]) if scale.size else "-",
+                     final, number(scale.min()) if scale.size else "-",
+                     "-" if t.stopped_at is None else f"{t.stopped_at:,}"))
+    return Table(("scaler", "skipped steps", "initial scale", "final scale", "lowest scale", "stopped at step"), rows)
 
 
 # --------------------------------------------------------------------------------------------

@@ -244,3 +244,19 @@ def test_question_checkers():
     assert L.check_overflow_action("it skips the step") and not L.check_overflow_action("clip")
     for c in (L.check_smallest_subnormal(1.0), L.check_safe_scale(1, g), L.check_lost_share(0.9, g)):
         assert c.status == "wrong" and not any(ch.isdigit() for ch in str(c).split(":")[0])
+
+
+def test_trace_table():
+    from ampviz.lessons import trace_table
+    from ampviz.scaling import DynamicScaler, TorchGradScaler, simulate
+
+    flags = np.zeros(50, bool)
+    flags[[3, 4, 10]] = True
+    t1 = simulate(TorchGradScaler(growth_interval=5), found_inf=flags)
+    t2 = simulate(DynamicScaler(name="raises", min_scale=2.0**15, raise_at_min=True), found_inf=flags)
+    table = trace_table([t1, t2])
+    assert table.column("scaler") == ("torch", "raises")
+    assert table.column("skipped steps") == (str(t1.skipped_count), "2")  # steps after the stop excluded
+    assert t2.stopped_at == 4 and table.column("stopped at step") == ("-", "4")
+    assert table.column("final scale")[1] == "stopped"
+    assert table.column("lowest scale")[0] == L.number(float(t1.scale.min()))

@@ -338,7 +338,7 @@ CELLS = [
       disables itself. Skipped first steps make the scheduler warn.
     - `simulate(TorchGradScaler(...))` matches the real scaler step for step.
 
-    **Next:** notebook 04 (coming) puts a dozen frameworks' loss scalers side by side.
+    **Next:** notebook 04 puts a dozen frameworks' loss scalers side by side, in a live lab.
 
     **Open exercises**
     1. In *Try it*, set `backoff_factor=0.9` and `pattern = "x" * 2000`. Where does the scale stop,

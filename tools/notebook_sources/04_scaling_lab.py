@@ -1,0 +1,236 @@
+"""Source of notebooks/04_scaling_lab.ipynb (built by tools/build_notebooks.py)."""
+
+from build_notebooks import code, md
+
+CELLS = [
+    md("""
+    # 04 · The scaling lab: dynamic loss scalers under pressure
+
+    Steady, spiky and exploding gradients, and what a dozen frameworks' loss scalers do with them.
+
+    You will be able to:
+    - tell a harmless overflow sawtooth from a scale that ratchets down, and say why it ratchets,
+    - predict how hysteresis, floors and a minimum-scale error change a run, framework by framework,
+    - read "Gradient overflow. Skipping step" lines in a log and decide whether to worry.
+    """),
+    code("""
+    import numpy as np
+
+    from ampviz import synth
+    from ampviz.lessons import check, trace_table
+    from ampviz.plots import plot_scale_trace
+    from ampviz.scalelog import diagnose, read_log, write_log
+    from ampviz.scaling import PRESETS, ApexHysteresisScaler, TorchGradScaler, simulate
+    from ampviz.widgets import ScalerLab
+
+    rng = np.random.default_rng(0)
+    """),
+    md("""
+    ## 1. The sawtooth: one skipped step per growth interval
+
+    Notebook 03 took `torch.amp.GradScaler` apart. Now we run its rule (`TorchGradScaler`, bit for
+    bit the same) over long streams. Each step, the stream gives the largest gradient; the step
+    overflows when that gradient times the scale is inf in fp16. First, steady gradients around 2^-4:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    steady = synth.steady(20_000, level=2.0**-4, jitter=0.5, rng=rng)
+    sawtooth = simulate(TorchGradScaler(), grad_max=steady)
+    print(trace_table([sawtooth]))
+    print()
+    print(write_log(sawtooth))
+    """),
+    md("""
+    Notice: the scale starts at 2^16 = 65536, which is itself inf in fp16 (everything from 65520
+    up is), so the first step overflows whatever the gradients; one backoff later it fits. After
+    2,000 clean steps in a row the scale doubles back to 65536, overflows once, halves, and the
+    cycle repeats: one skipped step in 2,000, each logged as "Gradient overflow. Skipping step".
+    That is the scaler doing its job.
+    """),
+    code("""
+    plot_scale_trace(sawtooth, title="Steady gradients: the harmless sawtooth")
+    """),
+    md("""
+    ## 2. The ratchet: overflows faster than the scale grows back
+
+    Now a spike every 500 steps so large that it overflows at any scale (an inf or NaN in one
+    batch). Each spike halves the scale; growth needs 2,000 clean steps in a row, and the next spike
+    always comes first. 20 spikes in 10,000 steps:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    spikes = synth.found_inf_every(10_000, 500, offset=250)
+    ratchet = simulate(TorchGradScaler(), found_inf=spikes)
+    print(trace_table([ratchet]))
+    print(diagnose(read_log(write_log(ratchet))))
+    """),
+    md("""
+    Notice: 20 halvings take 2^16 to 2^-4 = 0.0625, and nothing ever brings it back. The rule of
+    thumb: if overflows come more often than once per `growth_interval`, the scale can only go down.
+    `diagnose` calls the result a collapse: below 1 the scale no longer protects small gradients at
+    all, it makes underflow *worse*.
+    The fix is not in the scaler: find what makes those steps overflow (a bad batch, a learning
+    rate that is too high, a layer that really exceeds fp16's range).
+    """),
+    md("""
+    ## 3. Hysteresis, floors and errors: four answers to the same spikes
+
+    Other frameworks' scalers differ exactly here. **Hysteresis** tolerates some overflows before
+    backing off (NeMo refills it on every clean step; DeepSpeed and Megatron only at growth). A
+    **floor** stops the fall; DeepSpeed ZeRO instead **raises an error** once an overflow would go
+    below its minimum. The same 20 spikes:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    contenders = [TorchGradScaler(), ApexHysteresisScaler(init_scale=2.0**16),
+                  PRESETS["DeepSpeed ZeRO"], PRESETS["Megatron"]]
+    spike_runs = [simulate(p, found_inf=spikes) for p in contenders]
+    trace_table(spike_runs)
+    """),
+    md("""
+    Notice:
+    - NeMo's hysteresis (2, refilled on every clean step) absorbs every isolated spike: it skips
+      the step and keeps the scale at 65536.
+    - DeepSpeed ZeRO's hysteresis is refilled only at growth, so after the first spike it backs
+      off like torch, down to its minimum of 1, and the next spike ends the run with "Current loss
+      scale already at minimum - cannot decrease scale anymore. Exiting run." (step 8,750).
+    - Megatron starts at 2^32 and never goes below its floor of 1; here it ends at 8192.
+
+    Hysteresis is not free: on a stream where overflows come in runs, it skips one extra step per
+    run. Section 4 shows that cost.
+    """),
+    code("""
+    plot_scale_trace(spike_runs, title="A spike every 500 steps: four scalers")
+    """),
+    md("""
+    ## 4. A dozen frameworks on one stream
+
+    Every preset in `PRESETS` is one framework's rule and defaults, each tested against a
+    transcription of its source. Gradients of exactly 1 for 10,000 steps: an overflow whenever the
+    scale reaches 65536 (65536 × 1 is inf in fp16).
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    ones = np.ones(10_000, np.float32)
+    runs = [simulate(p, grad_max=ones) for p in PRESETS.values()]
+    trace_table(runs)
+    """),
+    md("""
+    Notice:
+    - Starting high costs a calibration: Megatron and NeMo start at 2^32 and skip their first 18
+      steps (17 halvings down to 2^15, plus one overflow their hysteresis tolerates); Keras and
+      jmp start at 2^15 and skip none at first.
+    - DeepSpeed ZeRO grows every 1,000 steps and its hysteresis skips two steps per tooth of the
+      sawtooth: 20 skipped steps where torch skips 5.
+    - fairseq's command-line default (2^7, a window of 16,384 steps) never grows within this run:
+      it never overflows, but it also never uses more of fp16's range.
+    - metaseq doubles its growth window each time it grows, so it grows ever more slowly.
+    - A static scale never changes: whether that is safe depends on the gradients (notebook 02).
+    """),
+    md("""
+    ## 5. Reading a real log
+
+    When a run prints "Gradient overflow. Skipping step", look at the scale *after* each message.
+    `read_log` pulls it out of apex, DeepSpeed and fairseq log lines; `diagnose` says whether it
+    keeps coming back (harmless), keeps falling (ratchet), or reached 1 or less (collapse):
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    log = \"\"\"
+    epoch 3 | loss 2.817
+    Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0
+    epoch 3 | loss 2.809
+    [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 32768, reducing to 16384
+    NOTE: overflow detected, setting loss scale to: 8192.0
+    Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 4096.0
+    Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 2048.0
+    Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 1024.0
+    Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 512.0
+    Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 256.0
+    \"\"\"
+    scales = read_log(log)
+    print("scales after each overflow:", scales.tolist())
+    print(diagnose(scales))
+    print(diagnose(read_log(write_log(sawtooth))))
+    """),
+    md("""
+    Notice: the same message means different things. In the sawtooth it appears once per growth
+    interval and the scale returns to the same level; in the log above the scale halves eight
+    times in a row: something overflows every few steps.
+    """),
+    md("""
+    ## Try it
+
+    Move the sliders: a smaller `growth_interval` lets the scale recover between spikes; a
+    `backoff_factor` closer to 1 falls more slowly; raise the spike `strength` to 1 (an inf every
+    500 steps) and compare with the frameworks you select. The lower panel shows the share of a
+    fixed sample of gradients lost to fp16 underflow at your scale.
+    """),
+    code("""
+    ScalerLab(steps=200_000, scenario="spikes", strength=0.5, overlay=("DeepSpeed ZeRO", "Megatron"))
+    """),
+    md("""
+    The same comparison as a static figure, on a stream with bursts of consecutive overflows:
+    """),
+    code("""
+    bursts = synth.scenario("bursts", 20_000, 0.5, np.random.default_rng(1))
+    plot_scale_trace([simulate(PRESETS[name], grad_max=bursts) for name in ("torch", "NeMo (apex hysteresis)", "Megatron")],
+                     title="Bursts of overflows: torch, NeMo and Megatron")
+    """),
+    md("""
+    ## Check yourself
+    """),
+    code("""
+    # growth_interval is 2000 and an overflow comes every 500 steps. Does torch's scale go "up" or "down"?
+    answer = None
+    check(answer, "down", hint="growth needs growth_interval clean steps in a row")
+    """),
+    code("""
+    # Megatron's default hysteresis is 2. How many overflows in a row does it skip WITHOUT backing off?
+    answer = None
+    check(answer, PRESETS["Megatron"].hysteresis - 1, hint="the budget is spent before the backoff")
+    """),
+    code("""
+    # A log reports these scales after each overflow. Verdict: "sawtooth", "ratchet" or "collapse"?
+    answer = None
+    check(answer, diagnose([1024.0, 1024.0, 512.0, 256.0, 256.0, 128.0, 64.0, 32.0]).verdict,
+          hint="compare the first and the last quarter of the messages")
+    """),
+    md("""
+    The lesson's claims, checked:
+    """),
+    code("""
+    assert sawtooth.skipped_count == 10 and sawtooth.final.scale == 2.0**15  # one skip per interval
+    assert ratchet.final.scale == 0.0625 == 2.0**16 / 2**20  # 20 spikes, 20 halvings, no growth
+    nemo, zero, megatron = spike_runs[1:]
+    assert nemo.final.scale == 65536 and nemo.skipped_count == 20  # hysteresis absorbs each spike
+    assert zero.stopped_at == 8750 and megatron.final.scale == 8192
+    skipped = {t.policy.name: t.skipped_count for t in runs}
+    assert (skipped["torch"], skipped["DeepSpeed ZeRO"], skipped["Megatron"], skipped["jmp"]) == (5, 20, 36, 4)
+    assert skipped["fairseq"] == 0 and skipped["static 1024"] == 0
+    calibration = {t.policy.name: int(np.argmin(t.skipped)) for t in runs}  # the first clean step
+    assert calibration["Megatron"] == calibration["NeMo (apex hysteresis)"] == 18 and calibration["jmp"] == 0
+    assert [diagnose(read_log(log)).verdict, diagnose(read_log(write_log(sawtooth))).verdict] == ["ratchet", "sawtooth"]
+    print("all claims hold")
+    """),
+    md("""
+    ## Summary
+
+    - One "Gradient overflow. Skipping step" per growth interval is the normal sawtooth: harmless.
+    - If overflows come more often than once per `growth_interval`, a scaler without hysteresis
+      can only lower the scale: it ratchets down, below 1 and even to 0.
+    - Frameworks differ in hysteresis (and when it refills), floors, a minimum-scale error, the
+      starting scale and rounding; the same stream can be harmless in one and fatal in another.
+    - Read a log by the scale after each message: stable means fine, falling means find the cause.
+
+    **Open exercises**
+    1. In section 2, which `growth_interval` lets torch's scale hold steady against a spike every
+       500 steps? Try it in the lab, then check with `simulate`.
+    2. Give DeepSpeed ZeRO `consecutive_hysteresis=True`
+       (`DeepSpeedZeroScaler(consecutive_hysteresis=True)`). Does it still stop at step 8,750?
+    3. With the "warmup" scenario at strength 1, how many steps does each framework skip before the
+       scale settles? Which one pays the most for its starting scale?
+    4. `write_log(trace, "deepspeed")` prints a simulated run as DeepSpeed would. Write a log for the
+       bursts stream and diagnose it.
+    """),
+]
