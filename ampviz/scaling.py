@@ -665,6 +665,25 @@ class _FixedOverflows:
         return None
 
 
+def _f16(x: float) -> float:
+    """x rounded to fp16 (to nearest even; 65520 and beyond give inf), as a Python float."""
+    try:
+        return _UNPACK_E(_PACK_E(x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+_PACK_E = struct.Struct("<e").pack
+_UNPACK_E = struct.Struct("<e").unpack
+
+
+def _cast_scalar(fmt: FloatFormat, x: float) -> float:
+    """One value cast to ``fmt`` as torch casts it (fp16 through the struct module: fast)."""
+    if fmt is FP16 and not math.isnan(x):
+        return _f16(_f32(x))  # torch casts the float32 scale
+    return float(fmt.quantize(x))
+
+
 class _ScaleDependentOverflows:
     """Overflow steps that depend on the scale: the first step in a range whose gradient
     overflows at the current scale. Rounding is monotone, so a block of steps holds an overflow
@@ -699,7 +718,7 @@ class _ScaleDependentOverflows:
             return None
         qs = self._qs.get(scale)
         if qs is None:
-            qs = self._qs[scale] = abs(float(self.fmt.quantize(scale)))
+            qs = self._qs[scale] = abs(_cast_scalar(self.fmt, scale))
         b, a = self.BLOCK, self.a
         end = min(stop, (start // b + 1) * b)  # the partial block at the start
         hit = self._over(qs, a[start:end])

@@ -25,7 +25,7 @@ import ipywidgets as W
 from IPython.display import clear_output, display
 
 from ampviz import scaling, synth
-from ampviz.census import Profile, census, profile
+from ampviz.census import Profile, census, profile, underflow_fractions
 from ampviz.formats import CATEGORIES, FORMATS, get_format
 from ampviz.plots import (
     BAND_CATEGORIES,
@@ -530,9 +530,9 @@ class ScalerLab(_Explorer):
         self._lost_cache: dict = {}
         self.traces: list = []
         self.lost = None
-        if gradients is None:  # a fixed sample spread over 12 binades below its largest value
-            rng = np.random.default_rng(self.seed)
-            gradients = np.exp2(-np.abs(rng.normal(0.0, 4.0, 20_000))).astype(np.float32)
+        if gradients is None:  # a fixed sample spread over ~25 binades below its largest value,
+            rng = np.random.default_rng(self.seed)  # as real gradients are (notebook 02)
+            gradients = np.exp2(-np.abs(rng.normal(0.0, 8.0, 20_000))).astype(np.float32)
         g = np.abs(np.asarray(gradients, dtype=np.float32).ravel())
         self._grad_shape = g / g.max() if g.size and g.max() > 0 else g
 
@@ -609,37 +609,38 @@ class ScalerLab(_Explorer):
         g = self.stream
         self.traces = [scaling.simulate(p, grad_max=g)
                        for p in [mine, *(scaling.PRESETS[name] for name in self.overlay.value)]]
-        self.lost = self._lost_share(self.traces[0], float(np.median(g)) if g.size else 1.0)
+        self.lost = self._lost_share(self.traces[0], self._typical_max(g))
         self.readout.value = self._readout_html()
         self._clear_error()
         self._draw(plot_scale_trace(self.traces, lost={"your settings": self.lost},
                                     title=f"{self.scenario_dropdown.value} gradients "
                                           f"(strength {self.strength_slider.value:g}), {self.steps:,} steps"))
 
+    def _typical_max(self, g) -> float:
+        """The stream's median largest gradient (computed once per stream)."""
+        key = ("median", id(g))
+        if key not in self._streams:
+            self._streams[key] = float(np.median(g)) if g.size else 1.0
+        return self._streams[key]
+
     def _lost_share(self, trace, level: float):
         """Share of the gradient sample (scaled to the stream's typical max) lost to fp16 underflow
-        at the scale in effect, at each step where the scale changes (at most 400 of them)."""
+        at the scale in effect, at the steps where the scale changes (at most 200 of them)."""
         s = trace.scale.astype(np.float64)
         if s.size == 0:
             return np.zeros(0, np.int64), np.zeros(0)
         changed = np.flatnonzero(s[1:] != s[:-1]) + 1
         idx = np.concatenate([[0], changed])
-        if idx.size > 400:
-            idx = idx[np.linspace(0, idx.size - 1, 400).round().astype(np.int64)]
-        shares = np.empty(idx.size)
-        for k, i in enumerate(idx.tolist()):
-            scale = s[i]
-            key = (scale, level)
-            if key not in self._lost_cache:
-                if not (math.isfinite(scale) and 0 < scale * level < 3e38):
-                    self._lost_cache[key] = 1.0 if scale == 0 else 0.0
-                else:
-                    if "profile" not in self._lost_cache:
-                        self._lost_cache["profile"] = profile(self._grad_shape)
-                    r = census(self._lost_cache["profile"], "fp16", scale * level)
-                    self._lost_cache[key] = r.counts["underflow"] / max(r.total, 1)
-            shares[k] = self._lost_cache[key]
-        return np.append(idx, s.size - 1), np.append(shares, shares[-1] if shares.size else 0.0)
+        if idx.size > 200:
+            idx = idx[np.linspace(0, idx.size - 1, 200).round().astype(np.int64)]
+        if self._lost_cache.get("level") != level:
+            self._lost_cache = {"level": level, "sample": (self._grad_shape * level).astype(np.float32)}
+        scales = s[idx]
+        usable = np.isfinite(scales) & (scales > 0) & (scales <= 3e38)
+        shares = np.where(scales == 0, 1.0, 0.0)  # a zero scale loses every gradient
+        if usable.any():
+            shares[usable] = underflow_fractions(self._lost_cache["sample"], "fp16", scales[usable])
+        return np.append(idx, s.size - 1), np.append(shares, shares[-1])
 
     def _readout_html(self) -> str:
         rows = []

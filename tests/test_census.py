@@ -197,3 +197,13 @@ def test_treating_the_underflow_tie_as_nonzero_is_caught():
     """2**-25 rounds to 0 (tie to even): a census using < instead of <= would count it subnormal."""
     v = np.float32([2.0**-25, 2.0**-25, 2.0**-24])
     assert census(v, "fp16").counts["underflow"] == torch_counts(v, "fp16", 1.0)["underflow"] == 2
+
+
+def test_underflow_fractions_equal_census_at_every_scale(data):
+    from ampviz.census import underflow_fractions
+
+    scales = [2.0**-10, 1.0, 0.3, 1000.0, 2.0**20, 3e-8, 1.0]
+    for name in ("fp16", "bf16", "fp8_e4m3"):
+        got = underflow_fractions(data, name, scales)
+        expected = [census(data, name, s).fractions["underflow"] for s in scales]
+        assert got.tolist() == expected
