@@ -110,10 +110,6 @@ class ScalerState(NamedTuple):
     window: int = 0
 
 
-class ScalerStopped(RuntimeError):
-    """A scaler that raises at its minimum scale (DeepSpeed, fairseq) ended the run."""
-
-
 @dataclass(frozen=True)
 class DynamicScaler:
     """A dynamic loss scaler, configurable to behave as each framework's does.
