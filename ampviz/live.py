@@ -1,0 +1,645 @@
+"""Live mixed-precision training of two tiny models, one step at a time, with a census of the gradients.
+
+``train_steps(TrainConfig(...))`` is a generator: it trains a small seeded model and yields one
+``StepRecord`` per step (loss, loss scale, skipped step, gradient norm, step time and, every
+``census_every`` steps, how each parameter's gradient and each watched module's output gradient
+land in fp16 at the current scale). ``run_training`` collects the records into a ``Run`` that can be
+written to CSV or JSON as it grows and read back with ``load_run``, so a run survives a kernel restart.
+``ampviz/__init__.py`` never imports this module, so ``import ampviz`` stays free of torch.
+
+Models and data (made here, seeded, nothing downloaded)
+--------------------------------------------------------
+* ``"mlp"``: a multilayer perceptron (``depth`` ``nn.Linear`` layers, ReLU between them, torch's
+  default initialisation) classifying Gaussian inputs into 10 classes given by a fixed random linear
+  teacher; a fresh batch every step.
+* ``"transformer"``: token embedding plus a learned position embedding, an ``nn.TransformerEncoder``
+  (``batch_first=True``, post-norm, no dropout), a mean over the real (unpadded) positions and a
+  linear head. Each sequence has its own length and is right-padded with token 0; the padding is
+  passed as ``src_key_padding_mask``. The task: which of the tokens 1 ... 9 occurs most often in the
+  sequence (the smallest of them on a tie; nine classes).
+
+Modes (one training loop for all; only the autocast dtype, the scaler and the weights' dtype change)
+----------------------------------------------------------------------------------------------------
+``"fp32"``: plain float32. ``"fp16"``: ``torch.autocast`` in float16, no loss scaler.
+``"fp16+scaler"``: the same with ``torch.amp.GradScaler(device_type)``. ``"bf16"``: autocast in
+bfloat16. ``"half"``: ``model.half()`` and float16 inputs, no autocast and no float32 master weights
+(the optimizer updates the float16 weights themselves).
+
+Autocast in float16 runs on the CPU too (torch 2.13: ``torch.autocast("cpu", dtype=torch.float16)``
+makes ``nn.Linear`` outputs float16), so every mode runs on a machine without a GPU. Its op table
+differs from CUDA's (on the CPU ``layer_norm`` and ``softmax`` are not upcast to float32;
+``cross_entropy`` is, so the loss under autocast is a float32 scalar on both).
+
+What the census sees
+--------------------
+The gradient census classifies ``true gradient × scale`` cast to float16 (``ampviz.census.census``
+with the step's scale; scale 1 without a scaler): what the float16 backward pass holds. Under fp16
+autocast the weight gradients are *computed* in float16, so a gradient that underflowed in the
+backward pass reaches ``.grad`` as an exact 0 and is counted as "zero", not "underflow"; the share
+of zeros (dead ReLU units aside) is then what fp16 lost. In fp32 and bf16 modes the census says what
+*would* vanish in float16 at that scale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ampviz.census import CensusResult, census
+from ampviz.formats import get_format
+
+__all__ = [
+    "MODES",
+    "MODELS",
+    "TrainConfig",
+    "StepRecord",
+    "ScalerControl",
+    "Run",
+    "Task",
+    "build_task",
+    "describe_device",
+    "resolve_device",
+    "train_steps",
+    "run_training",
+    "load_run",
+]
+
+MODES = ("fp32", "fp16", "fp16+scaler", "bf16", "half")
+MODELS = ("mlp", "transformer")
+
+_AUTOCAST = {"fp16": torch.float16, "fp16+scaler": torch.float16, "bf16": torch.bfloat16}
+_DEFAULT_LR = {"mlp": 0.05, "transformer": 0.05}
+
+
+# ------------------------------------------------------------------ configuration and records
+@dataclass
+class TrainConfig:
+    """One training run. The scaler settings mirror ``torch.amp.GradScaler``'s and matter only in
+    ``"fp16+scaler"`` mode. ``lr=None`` takes the model's default (SGD with momentum 0.9);
+    ``census_every=0`` never takes a census; ``watch=None`` watches the model's default modules
+    (``Task.watch``) for the activation-gradient census, ``()`` none. ``keep_grads`` stores the
+    true gradients (numpy, by parameter name) in the records that carry a census (not saved to files).
+    """
+
+    model: str = "mlp"
+    mode: str = "fp32"
+    steps: int = 50
+    lr: float | None = None
+    batch_size: int = 64
+    seed: int = 0
+    device: str | None = None
+    census_every: int = 10
+    census_fmt: str = "fp16"
+    watch: tuple | None = None
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    keep_grads: bool = False
+
+    def __post_init__(self):
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.steps < 0 or self.batch_size < 1 or self.census_every < 0:
+            raise ValueError("steps and census_every must be >= 0, batch_size >= 1")
+        get_format(self.census_fmt)
+        if self.watch is not None:
+            self.watch = tuple(self.watch)
+        _check_scaler_settings(self.growth_factor, self.backoff_factor, self.growth_interval)
+
+    @property
+    def learning_rate(self) -> float:
+        return _DEFAULT_LR[self.model] if self.lr is None else float(self.lr)
+
+    @property
+    def uses_scaler(self) -> bool:
+        return self.mode == "fp16+scaler"
+
+
+def _check_scaler_settings(growth_factor=None, backoff_factor=None, growth_interval=None):
+    """The checks of GradScaler's constructor (which its setters skip), plus an integer interval."""
+    if growth_factor is not None and not growth_factor > 1.0:
+        raise ValueError(f"growth_factor must be > 1.0, got {growth_factor!r}")
+    if backoff_factor is not None and not 0.0 < backoff_factor < 1.0:
+        raise ValueError(f"backoff_factor must be between 0 and 1, got {backoff_factor!r}")
+    if growth_interval is not None and (isinstance(growth_interval, bool)
+                                        or int(growth_interval) != growth_interval
+                                        or growth_interval < 1):
+        raise ValueError(f"growth_interval must be an integer >= 1, got {growth_interval!r}")
+
+
+@dataclass
+class StepRecord:
+    """One training step.
+
+    ``scale``: the loss scale this step used (None without a scaler); ``skipped``: the scaler
+    skipped the optimizer step (found by comparing ``get_scale()`` before and after ``update()``:
+    only a backoff lowers it); ``grad_norm``: the L2 norm of the true (unscaled) gradients, inf or
+    NaN when they overflowed; ``step_time``: seconds for data transfer, forward, backward and the
+    optimizer step (the census is not counted); ``growth_tracker`` (after the update) and the three
+    scaler settings in effect at this step (None without a scaler); ``param_census`` (by parameter
+    name) and ``act_census`` (by watched module name): ``CensusResult`` of ``gradient × scale`` in
+    ``census_fmt``, every ``census_every`` steps, else None. ``error``: set on the last record of a run
+    that stopped on an exception (its other fields may then be NaN or None).
+    """
+
+    step: int
+    loss: float = math.nan
+    scale: float | None = None
+    skipped: bool = False
+    grad_norm: float = math.nan
+    step_time: float = math.nan
+    growth_tracker: int | None = None
+    growth_factor: float | None = None
+    backoff_factor: float | None = None
+    growth_interval: int | None = None
+    param_census: dict | None = None
+    act_census: dict | None = None
+    error: str | None = None
+    grads: dict | None = field(default=None, repr=False, compare=False)
+
+_SCALARS = ("step", "loss", "scale", "skipped", "grad_norm", "step_time", "growth_tracker",
+            "growth_factor", "backoff_factor", "growth_interval", "error")
+_CENSUSES = ("param_census", "act_census")
+
+
+class ScalerControl:
+    """Scaler settings to change while a run is going, e.g. from a widget callback in another thread.
+
+    ``set(...)`` stores the new values under a lock; the training loop takes them at the start of
+    its next step and calls ``scaler.set_growth_factor`` / ``set_backoff_factor`` /
+    ``set_growth_interval``, so the record of that step shows them. ``stop()`` asks the run to end
+    before its next step. Note torch's rule: the scale grows when the growth tracker *equals*
+    ``growth_interval``, so lowering the interval below the clean steps already counted postpones
+    growth until the next backoff resets the tracker.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pending: dict = {}
+        self._stop = False
+
+    def set(self, *, growth_factor=None, backoff_factor=None, growth_interval=None) -> None:
+        _check_scaler_settings(growth_factor, backoff_factor, growth_interval)
+        new = {"growth_factor": growth_factor, "backoff_factor": backoff_factor,
+               "growth_interval": None if growth_interval is None else int(growth_interval)}
+        with self._lock:
+            self._pending.update({k: v for k, v in new.items() if v is not None})
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop = True
+
+    @property
+    def stopped(self) -> bool:
+        with self._lock:
+            return self._stop
+
+    def take(self) -> dict:
+        """The settings changed since the last call (and forget them)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        return pending
+
+
+# ------------------------------------------------------------------ device
+def resolve_device(device=None) -> torch.device:
+    """``device`` if given, else CUDA when available, else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def describe_device(device=None) -> str:
+    """One line: the device a run will use, and why."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+        why = "asked for explicitly" if device is not None else "CUDA is available"
+        return f"{dev} ({name}): {why}"
+    if device is not None:
+        return f"{dev}: asked for explicitly"
+    if torch.version.cuda is None:
+        return f"{dev}: this torch build ({torch.__version__}) has no CUDA support"
+    return f"{dev}: torch was built with CUDA {torch.version.cuda} but no GPU is visible"
+
+
+# ------------------------------------------------------------------ models and data
+class MLP(nn.Sequential):
+    """``depth`` Linear layers (fc1 ... fcN) with ReLU between them."""
+
+    def __init__(self, features=32, width=64, depth=6, classes=10):
+        layers, d = OrderedDict(), features
+        for i in range(1, depth):
+            layers[f"fc{i}"] = nn.Linear(d, width)
+            layers[f"relu{i}"] = nn.ReLU()
+            d = width
+        layers[f"fc{depth}"] = nn.Linear(d, classes)
+        super().__init__(layers)
+
+
+class SequenceClassifier(nn.Module):
+    """Embedding + position embedding -> TransformerEncoder with a padding mask -> masked mean -> Linear."""
+
+    def __init__(self, vocab=10, max_len=16, d_model=32, nhead=4, dim_feedforward=64, num_layers=2,
+                 classes=9):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(max_len, d_model)
+        layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=0.0,
+                                           batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers)
+        self.head = nn.Linear(d_model, classes)
+
+    def forward(self, tokens: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        h = self.embed(tokens) + self.pos(positions)
+        h = self.encoder(h, src_key_padding_mask=pad_mask)
+        keep = (~pad_mask).unsqueeze(-1).to(h.dtype)
+        pooled = (h * keep).sum(dim=1) / keep.sum(dim=1)
+        return self.head(pooled)
+
+
+@dataclass
+class Task:
+    """A model, its batches and the modules the activation census watches by default.
+
+    ``batch()`` returns ``(inputs, targets)``: a tuple of CPU tensors for ``model(*inputs)`` and
+    the class labels, drawn from the task's own seeded generator (a fresh batch per call).
+    """
+
+    model: nn.Module
+    make_batch: object
+    watch: tuple
+
+    def batch(self):
+        return self.make_batch()
+
+
+def build_task(name: str = "mlp", seed: int = 0, batch_size: int = 64) -> Task:
+    """The seeded model and data stream ``name`` ("mlp" or "transformer"), on the CPU in float32.
+
+    The model's initialisation draws from torch's global generator seeded with ``seed`` inside
+    ``torch.random.fork_rng`` (the caller's random state is left alone); the data come from their
+    own ``torch.Generator`` seeded with ``seed + 1``.
+    """
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if name == "mlp":
+            model = MLP()
+        else:
+            model = SequenceClassifier()
+    if name == "mlp":
+        features = model[0].in_features
+        classes = model[-1].out_features
+        teacher = torch.randn(features, classes, generator=gen)
+
+        def make_batch():
+            x = torch.randn(batch_size, features, generator=gen)
+            return (x,), (x @ teacher).argmax(dim=1)
+
+        watch = tuple(n for n, m in model.named_children() if isinstance(m, nn.Linear))
+        return Task(model, make_batch, watch)
+
+    vocab, max_len = model.embed.num_embeddings, model.pos.num_embeddings
+
+    def make_batch():
+        lengths = torch.randint(max_len // 4, max_len + 1, (batch_size,), generator=gen)
+        tokens = torch.randint(1, vocab, (batch_size, max_len), generator=gen)
+        pad_mask = torch.arange(max_len).unsqueeze(0) >= lengths.unsqueeze(1)
+        tokens[pad_mask] = 0
+        counts = nn.functional.one_hot(tokens, vocab)[:, :, 1:].sum(dim=1)  # padding (0) not counted
+        return (tokens, pad_mask), counts.argmax(dim=1)  # ties: the smallest token
+
+    watch = ("embed",) + tuple(f"encoder.layers.{i}" for i in range(len(model.encoder.layers))) + ("head",)
+    return Task(model, make_batch, watch)
+
+
+# ------------------------------------------------------------------ activation-gradient census
+class _ActivationWatch:
+    """Forward hooks that, while ``active``, put a tensor hook on each watched module's output and
+    keep its gradient (as float32 numpy). A tensor hook rather than ``register_full_backward_hook``:
+    the latter warns when a module's inputs need no gradient (the first layer, the embedding)."""
+
+    def __init__(self, model: nn.Module, names):
+        modules = dict(model.named_modules())
+        missing = [n for n in names if n not in modules]
+        if missing:
+            raise ValueError(f"no module named {', '.join(map(repr, missing))} in the model")
+        self.names = tuple(names)
+        self.active = False
+        self.grads: dict = {}
+        self.handles = []
+        for name in names:
+            self.handles.append(modules[name].register_forward_hook(self._forward_hook(name)))
+
+    def _forward_hook(self, name):
+        def keep(grad):
+            g = grad.detach().float().reshape(-1).cpu().numpy()
+            self.grads[name] = np.concatenate([self.grads[name], g]) if name in self.grads else g.copy()
+
+        def hook(module, args, output):
+            if self.active and isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(keep)
+
+        return hook
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+# ------------------------------------------------------------------ the training loop
+def train_steps(config: TrainConfig, control: ScalerControl | None = None, *, model: nn.Module | None = None):
+    """Train as ``config`` says, yielding one ``StepRecord`` per step (a generator).
+
+    ``control`` lets another thread change the scaler settings or stop the run between steps.
+    ``model`` replaces the task's model (it must take the task's inputs); it is moved to the device,
+    and converted with ``.half()`` in "half" mode, in place. An exception inside the run (a
+    non-finite loss in any mode but "fp16+scaler", where the scaler skips such steps; out of memory;
+    ...) ends it with a last record whose ``error`` says what happened, instead of raising. Hooks are
+    removed when the run ends, fails, or the generator is closed.
+    """
+    device = resolve_device(config.device)
+    task = build_task(config.model, config.seed, config.batch_size)
+    if model is not None:
+        task.model = model
+    watch = task.watch if config.watch is None else config.watch
+    return _steps(config, control, device, task, watch)
+
+
+def _steps(config, control, device, task, watch):
+    mode = config.mode
+    model = task.model.to(device)
+    if mode == "half":
+        model.half()
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate, momentum=0.9)
+    scaler = None
+    if config.uses_scaler:
+        scaler = torch.amp.GradScaler(device.type, init_scale=config.init_scale,
+                                      growth_factor=config.growth_factor,
+                                      backoff_factor=config.backoff_factor,
+                                      growth_interval=config.growth_interval)
+    autocast_dtype = _AUTOCAST.get(mode)
+    names = [n for n, _ in model.named_parameters()]
+    acts = _ActivationWatch(model, watch)
+    step = 0
+    try:
+        for step in range(config.steps):
+            if control is not None:
+                if control.stopped:
+                    return
+                if scaler is not None:
+                    for key, value in control.take().items():
+                        getattr(scaler, f"set_{key}")(value)
+            take_census = config.census_every > 0 and step % config.census_every == 0
+            rec = _one_step(config, model, optimizer, scaler, task, device, autocast_dtype,
+                            names, acts, take_census, step)
+            yield rec
+    except Exception as e:  # noqa: BLE001 - a run ends with a record, never by raising into the caller
+        yield StepRecord(step=step, error=f"{type(e).__name__}: {e}")
+    finally:
+        acts.remove()
+
+
+def _one_step(config, model, optimizer, scaler, task, device, autocast_dtype, names, acts,
+              take_census, step) -> StepRecord:
+    inputs, targets = task.batch()
+    t0 = time.perf_counter()
+    inputs = tuple(x.to(device) for x in inputs)
+    targets = targets.to(device)
+    if config.mode == "half":
+        inputs = tuple(x.half() if x.is_floating_point() else x for x in inputs)
+    optimizer.zero_grad(set_to_none=True)
+    acts.active = take_census
+    acts.grads = {}
+    autocast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
+                else contextlib.nullcontext())
+    with autocast:
+        loss = nn.functional.cross_entropy(model(*inputs), targets)
+    loss_value = loss.item()
+    if not math.isfinite(loss_value) and scaler is None:
+        raise FloatingPointError(f"the loss is {loss_value} at step {step} in mode {config.mode!r}")
+    if scaler is not None:
+        scaled = scaler.scale(loss)
+        scale = scaler.get_scale()
+        scaled.backward()
+        scaler.unscale_(optimizer)
+    else:
+        scale = 1.0
+        loss.backward()
+    acts.active = False
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grad_norm = torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])).item() if grads else 0.0
+    rec = StepRecord(step=step, loss=loss_value, grad_norm=grad_norm)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+        after = scaler.get_scale()
+        rec.scale, rec.skipped = scale, after < scale
+        rec.growth_tracker = int(scaler.state_dict()["_growth_tracker"])
+        rec.growth_factor = scaler.get_growth_factor()
+        rec.backoff_factor = scaler.get_backoff_factor()
+        rec.growth_interval = scaler.get_growth_interval()
+    else:
+        optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    rec.step_time = time.perf_counter() - t0
+    if take_census:
+        true_grads = {}
+        for name, p in zip(names, model.parameters()):
+            g = torch.zeros_like(p) if p.grad is None else p.grad
+            true_grads[name] = g.detach().float().reshape(-1).cpu().numpy()
+        rec.param_census = {n: census(g, config.census_fmt, scale) for n, g in true_grads.items()}
+        s32 = np.float32(scale)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            rec.act_census = {n: census(acts.grads[n] / s32, config.census_fmt, scale)
+                              for n in acts.names if n in acts.grads}
+        if config.keep_grads:
+            rec.grads = true_grads
+    acts.grads = {}
+    return rec
+
+
+# ------------------------------------------------------------------ runs: collect, save, load
+def _census_to_dict(c: CensusResult) -> dict:
+    return {"fmt": c.fmt.name, "scale": c.scale, "total": c.total, "counts": dict(c.counts),
+            "log2_bins": c.log2_bins.tolist(), "log2_counts": c.log2_counts.tolist()}
+
+
+def _census_from_dict(d: dict) -> CensusResult:
+    return CensusResult(fmt=get_format(d["fmt"]), scale=float(d["scale"]), total=int(d["total"]),
+                        counts={k: int(v) for k, v in d["counts"].items()},
+                        log2_bins=np.asarray(d["log2_bins"], dtype=np.int64),
+                        log2_counts=np.asarray(d["log2_counts"], dtype=np.int64))
+
+
+def _record_to_dict(rec: StepRecord) -> dict:
+    out = {k: getattr(rec, k) for k in _SCALARS}
+    for k in _CENSUSES:
+        c = getattr(rec, k)
+        out[k] = None if c is None else {n: _census_to_dict(v) for n, v in c.items()}
+    return out
+
+
+def _record_from_dict(d: dict) -> StepRecord:
+    kw = {k: d.get(k) for k in _SCALARS}
+    for k in _CENSUSES:
+        c = d.get(k)
+        kw[k] = None if c is None else {n: _census_from_dict(v) for n, v in c.items()}
+    return StepRecord(**kw)
+
+_INT_FIELDS = {"step", "growth_tracker", "growth_interval"}
+_FLOAT_FIELDS = {"loss", "scale", "grad_norm", "step_time", "growth_factor", "backoff_factor"}
+
+
+def _csv_cell(key, value) -> str:
+    if value is None:
+        return ""
+    if key in _CENSUSES:
+        return json.dumps({n: _census_to_dict(v) for n, v in value.items()}, separators=(",", ":"))
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _parse_cell(key, text: str):
+    if text == "":
+        return None
+    if key in _CENSUSES:
+        return {n: _census_from_dict(v) for n, v in json.loads(text).items()}
+    if key in _INT_FIELDS:
+        return int(text)
+    if key in _FLOAT_FIELDS:
+        return float(text)
+    if key == "skipped":
+        return text == "True"
+    return text
+
+_CSV_COLUMNS = _SCALARS + _CENSUSES
+_CSV_MAGIC = "# ampviz run "
+
+
+@dataclass
+class Run:
+    """The records of one run, with its config and device line; ``run["loss"]`` is a column
+    (numpy float array, None as NaN; census columns as lists)."""
+
+    config: TrainConfig
+    records: list = field(default_factory=list)
+    device: str = ""
+
+    def append(self, rec: StepRecord) -> None:
+        self.records.append(rec)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, key):
+        values = [getattr(r, key) for r in self.records]
+        if key in _CENSUSES or key == "error":
+            return values
+        return np.array([math.nan if v is None else v for v in values], dtype=float)
+
+    @property
+    def error(self) -> str | None:
+        return self.records[-1].error if self.records else None
+
+    def _header(self) -> dict:
+        return {"config": asdict(self.config), "device": self.device}
+
+    def to_json(self, path) -> Path:
+        """Write the run as JSON (non-finite floats as NaN / Infinity, as Python's json does)."""
+        path = Path(path)
+        data = {**self._header(), "records": [_record_to_dict(r) for r in self.records]}
+        path.write_text(json.dumps(data))
+        return path
+
+    def to_csv(self, path) -> Path:
+        """Write the run as CSV: a ``# ampviz run {...}`` line with the config, then one row per
+        step; census columns hold JSON."""
+        path = Path(path)
+        with open(path, "w", newline="") as f:
+            self._write_csv_head(f)
+            writer = csv.writer(f)
+            for rec in self.records:
+                writer.writerow([_csv_cell(k, getattr(rec, k)) for k in _CSV_COLUMNS])
+        return path
+
+    def _write_csv_head(self, f) -> None:
+        f.write(_CSV_MAGIC + json.dumps(self._header()) + "\n")
+        csv.writer(f).writerow(_CSV_COLUMNS)
+
+    @classmethod
+    def from_json(cls, path) -> "Run":
+        data = json.loads(Path(path).read_text())
+        return cls(config=_config_from_dict(data["config"]), device=data.get("device", ""),
+                   records=[_record_from_dict(d) for d in data["records"]])
+
+    @classmethod
+    def from_csv(cls, path) -> "Run":
+        with open(path, newline="") as f:
+            first = f.readline()
+            if not first.startswith(_CSV_MAGIC):
+                raise ValueError(f"{path} is not an ampviz run (its first line should start with {_CSV_MAGIC!r})")
+            head = json.loads(first[len(_CSV_MAGIC):])
+            rows = list(csv.DictReader(f))
+        records = [StepRecord(**{k: _parse_cell(k, row.get(k, "")) for k in _CSV_COLUMNS}) for row in rows]
+        return cls(config=_config_from_dict(head["config"]), device=head.get("device", ""), records=records)
+
+
+def _config_from_dict(d: dict) -> TrainConfig:
+    known = {f.name for f in fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in d.items() if k in known})
+
+
+def load_run(path) -> Run:
+    """Read a run written by ``Run.to_csv`` or ``Run.to_json`` (or saved as it went by ``run_training``)."""
+    path = Path(path)
+    return Run.from_json(path) if path.suffix.lower() == ".json" else Run.from_csv(path)
+
+
+def run_training(config: TrainConfig, control: ScalerControl | None = None, *,
+                 model: nn.Module | None = None, save_to=None, on_step=None) -> Run:
+    """Run ``train_steps`` to the end and collect its records into a ``Run``.
+
+    ``save_to``: a CSV path written as the run goes (one flushed row per step), so a kernel restart
+    loses at most the step in progress; ``load_run`` reads it back. ``on_step(record)`` is called
+    after each step (e.g. to redraw a plot).
+    """
+    run = Run(config=config, device=describe_device(config.device))
+    writer = f = None
+    if save_to is not None:
+        f = open(save_to, "w", newline="")
+        run._write_csv_head(f)
+        writer = csv.writer(f)
+    try:
+        for rec in train_steps(config, control, model=model):
+            run.append(rec)
+            if writer is not None:
+                writer.writerow([_csv_cell(k, getattr(rec, k)) for k in _CSV_COLUMNS])
+                f.flush()
+            if on_step is not None:
+                on_step(rec)
+    finally:
+        if f is not None:
+            f.close()
+    return run

@@ -1,0 +1,291 @@
+"""ampviz.live: one training loop for every AMP mode, step records, censuses, live scaler settings."""
+
+import math
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from ampviz import live as L
+from ampviz.census import census
+from ampviz.scaling import TorchGradScaler, simulate
+from ampviz.training import torch_cast_counts
+
+
+def _all_hooks(model):
+    return sum(len(m._forward_hooks) + len(m._backward_hooks) for m in model.modules())
+
+
+def _lost(rec):
+    """Share of all parameter gradients that are zero or underflow in the record's census."""
+    cs = rec.param_census.values()
+    return sum(c.counts["zero"] + c.counts["underflow"] for c in cs) / sum(c.total for c in cs)
+
+
+@pytest.mark.parametrize("model", L.MODELS)
+@pytest.mark.parametrize("mode", L.MODES)
+def test_every_mode_trains_a_few_steps(model, mode):
+    """On this task every mode keeps a finite loss for a few steps, the unprotected ones ("fp16"
+    without a scaler, pure "half") included: the gradients are far below fp16's overflow threshold,
+    and what they lose to underflow is a small share of the gradient, not the loss."""
+    run = L.run_training(L.TrainConfig(model=model, mode=mode, steps=4, census_every=0))
+    assert run.error is None and len(run) == 4
+    assert [r.step for r in run.records] == [0, 1, 2, 3]
+    assert np.isfinite(run["loss"]).all() and np.isfinite(run["grad_norm"]).all()
+    assert (run["step_time"] > 0).all() and not run["skipped"].any()
+    if mode == "fp16+scaler":
+        assert run.records[0].scale == 2.0**16 and run.records[0].growth_interval == 2000
+    else:
+        assert all(r.scale is None and r.growth_tracker is None for r in run.records)
+    assert all(r.param_census is None and r.act_census is None for r in run.records)
+
+
+def test_same_seed_same_run_and_the_loss_falls():
+    a = L.run_training(L.TrainConfig(mode="fp32", steps=200, census_every=0))
+    b = L.run_training(L.TrainConfig(mode="fp32", steps=200, census_every=0))
+    np.testing.assert_array_equal(a["loss"], b["loss"])
+    assert a["loss"][-10:].mean() < a["loss"][:10].mean() - 0.3
+    c = L.run_training(L.TrainConfig(mode="fp32", steps=3, census_every=0, seed=1))
+    assert c["loss"][0] != a["loss"][0]
+
+
+def test_the_first_step_matches_a_hand_written_fp32_step():
+    task = L.build_task("mlp", seed=0, batch_size=64)
+    (x,), y = task.batch()
+    torch.nn.functional.cross_entropy(task.model(x), y).backward()
+    run = L.run_training(L.TrainConfig(mode="fp32", steps=1, census_every=1, keep_grads=True))
+    rec = run.records[0]
+    for name, p in task.model.named_parameters():
+        np.testing.assert_array_equal(rec.grads[name], p.grad.reshape(-1).numpy())
+    norm = torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in task.model.parameters()]))
+    assert rec.grad_norm == pytest.approx(norm.item(), rel=1e-6)
+
+
+def test_fp16_autocast_runs_on_this_device():
+    task = L.build_task("mlp")
+    device = L.resolve_device()
+    with torch.autocast(device.type, dtype=torch.float16):
+        out = task.model.to(device)(task.batch()[0][0].to(device))
+    assert out.dtype == torch.float16
+
+
+def test_skipped_steps_and_backoff_match_the_simulator():
+    cfg = L.TrainConfig(mode="fp16+scaler", steps=60, census_every=0, init_scale=2.0**40,
+                        growth_interval=5)
+    run = L.run_training(cfg)
+    assert run.error is None
+    skipped = run["skipped"].astype(bool)
+    assert skipped[:4].all() and (~skipped).sum() > 20
+    # the loss stays finite; the skipped steps' true gradients were inf
+    assert np.isfinite(run["loss"]).all() and not np.isfinite(run["grad_norm"][skipped]).any()
+    trace = simulate(TorchGradScaler(init_scale=2.0**40, growth_interval=5), found_inf=skipped)
+    np.testing.assert_array_equal(run["scale"], trace.scale)
+    np.testing.assert_array_equal(run["growth_tracker"], trace.growth_tracker)
+    first_clean = int(np.argmin(skipped))
+    assert run["scale"][first_clean] == 2.0**(40 - first_clean)
+    assert run["scale"][first_clean:].max() > run["scale"][first_clean]  # grew again after the backoffs
+
+
+def test_parameter_census_is_census_of_the_true_gradient_at_the_scale():
+    cfg = L.TrainConfig(model="mlp", mode="fp16+scaler", steps=5, census_every=2, keep_grads=True,
+                        init_scale=2.0**20)
+    run = L.run_training(cfg)
+    with_census = [r for r in run.records if r.param_census is not None]
+    assert [r.step for r in with_census] == [0, 2, 4]
+    assert run.records[1].param_census is None and run.records[1].grads is None
+    names = [n for n, _ in L.build_task("mlp").model.named_parameters()]
+    for rec in with_census:
+        assert list(rec.param_census) == names
+        for n in names:
+            assert rec.param_census[n] == census(rec.grads[n], "fp16", rec.scale)
+            assert rec.param_census[n].counts == torch_cast_counts(rec.grads[n], rec.scale, "float16")
+        grads = np.concatenate([rec.grads[n] for n in names])
+        assert rec.grad_norm == pytest.approx(float(np.linalg.norm(grads.astype(np.float64))), rel=1e-5)
+
+
+def test_activation_census_per_watched_module():
+    task = L.build_task("transformer", batch_size=8)
+    assert task.watch == ("embed", "encoder.layers.0", "encoder.layers.1", "head")
+    run = L.run_training(L.TrainConfig(model="transformer", mode="fp16", steps=2, census_every=1,
+                                       batch_size=8))
+    rec = run.records[0]
+    assert list(rec.act_census) == list(task.watch)
+    assert rec.act_census["encoder.layers.0"].total == 8 * 16 * 32
+    assert rec.act_census["head"].total == 8 * 9
+    assert all(c.scale == 1.0 for c in rec.act_census.values())
+    mlp = L.run_training(L.TrainConfig(mode="fp16+scaler", steps=1, census_every=1, watch=["fc2"]))
+    assert list(mlp.records[0].act_census) == ["fc2"]
+    assert mlp.records[0].act_census["fc2"].scale == 2.0**16
+    with pytest.raises(ValueError, match="no module named 'nope'"):
+        next(L.train_steps(L.TrainConfig(watch=["nope"])))
+
+
+def test_mid_run_settings_take_effect_the_next_step():
+    control = L.ScalerControl()
+    cfg = L.TrainConfig(mode="fp16+scaler", steps=12, census_every=0)
+    gen = L.train_steps(cfg, control)
+    records = [next(gen), next(gen)]  # two clean steps: the tracker is 2
+    assert records[-1].growth_tracker == 2
+    # torch grows when the tracker *equals* the interval: 1 is already passed, so no growth
+    control.set(growth_interval=1)
+    records.append(next(gen))
+    assert records[-1].growth_interval == 1 and records[-1].growth_tracker == 3
+    control.set(growth_interval=5, growth_factor=4.0)  # the tracker reaches 5 at step 4
+    records += [next(gen) for _ in range(2)]
+    assert records[3].growth_interval == 5 and records[3].growth_factor == 4.0
+    assert [r.scale for r in records] == [2.0**16] * 5 and records[4].growth_tracker == 0
+    control.set(growth_interval=1)  # tracker 0: from now on every clean step grows
+    records += list(gen)
+    assert len(records) == 12 and all(r.growth_interval == 1 for r in records[5:])
+    assert records[5].scale == 2.0**18
+    for a, b in zip(records[5:], records[6:]):
+        assert b.scale == (a.scale / 2 if a.skipped else a.scale * 4)
+    assert any(r.skipped for r in records[5:]) and not any(r.skipped for r in records[:5])
+    # the simulator, restarted with each new setting, predicts the whole trajectory
+    skipped = np.array([r.skipped for r in records])
+    state, scales = None, []
+    for start, stop, kw in [(0, 2, {}), (2, 3, {"growth_interval": 1}),
+                            (3, 5, {"growth_interval": 5, "growth_factor": 4.0}),
+                            (5, 12, {"growth_interval": 1, "growth_factor": 4.0})]:
+        trace = simulate(TorchGradScaler(**kw), found_inf=skipped[start:stop], state=state)
+        scales += trace.scale.tolist()
+        state = trace.final
+    assert scales == [r.scale for r in records]
+
+
+def test_control_from_another_thread_and_stop():
+    control = L.ScalerControl()
+    cfg = L.TrainConfig(mode="fp16+scaler", steps=50, census_every=0)
+    seen = []
+
+    def on_step(rec):
+        seen.append(rec.step)
+        if rec.step == 3:
+            t = threading.Thread(target=control.set, kwargs={"backoff_factor": 0.25})
+            t.start()
+            t.join()
+        if rec.step == 6:
+            control.stop()
+
+    run = L.run_training(cfg, control, on_step=on_step)
+    assert seen == list(range(7)) and len(run) == 7 and run.error is None
+    assert [r.backoff_factor for r in run.records] == [0.5] * 4 + [0.25] * 3
+    for bad in ({"growth_factor": 1.0}, {"backoff_factor": 1.5}, {"growth_interval": 0},
+                {"growth_interval": 2.5}):
+        with pytest.raises(ValueError):
+            control.set(**bad)
+
+
+def test_nan_loss_ends_the_run_with_an_error_record():
+    run = L.run_training(L.TrainConfig(mode="fp32", lr=1e30, steps=10, census_every=0))
+    assert len(run) == 2 and run.records[0].error is None
+    last = run.records[-1]
+    assert last.step == 1 and math.isnan(last.loss)
+    assert run.error == last.error and last.error.startswith("FloatingPointError: the loss is nan at step 1")
+
+
+def test_hooks_are_removed_at_the_end_on_error_and_on_close():
+    def model():
+        return L.build_task("mlp").model
+
+    m = model()
+    L.run_training(L.TrainConfig(steps=2, census_every=1), model=m)
+    assert _all_hooks(m) == 0
+    m = model()
+    run = L.run_training(L.TrainConfig(steps=5, lr=1e30, census_every=1), model=m)
+    assert run.error and _all_hooks(m) == 0
+    m = model()
+    gen = L.train_steps(L.TrainConfig(steps=5, census_every=1), model=m)
+    next(gen)
+    assert _all_hooks(m) == len(L.build_task("mlp").watch)
+    gen.close()
+    assert _all_hooks(m) == 0
+    m = model()  # a generator never started never registers anything
+    L.train_steps(L.TrainConfig(steps=5), model=m).close()
+    assert _all_hooks(m) == 0
+
+    class Boom(torch.nn.Module):  # an exception that is not a NaN: recorded, hooks gone
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(32, 10)
+
+        def forward(self, x):
+            raise RuntimeError("out of memory (pretend)")
+
+    b = Boom()
+    run = L.run_training(L.TrainConfig(steps=3, watch=["fc1"]), model=b)
+    assert run.error == "RuntimeError: out of memory (pretend)" and _all_hooks(b) == 0
+
+
+def _same(a: L.Run, b: L.Run):
+    assert a.config == b.config and a.device == b.device and len(a) == len(b)
+    for ra, rb in zip(a.records, b.records):
+        for k in L._SCALARS + L._CENSUSES:
+            va, vb = getattr(ra, k), getattr(rb, k)
+            if isinstance(va, float) and math.isnan(va):
+                assert math.isnan(vb), k
+            else:
+                assert va == vb and type(va) is type(vb), k
+
+
+def test_runs_round_trip_through_csv_and_json(tmp_path):
+    cfg = L.TrainConfig(model="transformer", mode="fp16+scaler", steps=3, census_every=2, batch_size=8,
+                        init_scale=2.0**30)
+    run = L.run_training(cfg, save_to=tmp_path / "live.csv")
+    assert run.records[0].skipped and not math.isfinite(run.records[0].grad_norm)
+    for path in (run.to_csv(tmp_path / "run.csv"), run.to_json(tmp_path / "run.json"), tmp_path / "live.csv"):
+        _same(run, L.load_run(path))
+    broken = L.run_training(L.TrainConfig(mode="fp32", lr=1e30, steps=4, census_every=1))
+    for path in (broken.to_csv(tmp_path / "b.csv"), broken.to_json(tmp_path / "b.json")):
+        back = L.load_run(path)
+        _same(broken, back)
+        assert back.error.startswith("FloatingPointError")
+    (tmp_path / "x.csv").write_text("step,loss\n0,1.0\n")
+    with pytest.raises(ValueError, match="not an ampviz run"):
+        L.load_run(tmp_path / "x.csv")
+
+
+def test_lesson_fp16_without_a_scaler_loses_more_gradients_to_underflow():
+    """Under fp16 autocast an underflowed weight gradient arrives as an exact 0, so the share of
+    zero gradients is what fp16 lost (plus dead ReLU units, the same in both runs). The seeded run
+    without a scaler loses more, at every census, and leaves about a quarter of all gradients
+    subnormal (precision lost); with the scaler at 2**16 almost none are."""
+    runs = {mode: L.run_training(L.TrainConfig(mode=mode, steps=41, census_every=10))
+            for mode in ("fp16", "fp16+scaler")}
+    plain = [r for r in runs["fp16"].records if r.param_census]
+    scaled = [r for r in runs["fp16+scaler"].records if r.param_census]
+    assert len(plain) == len(scaled) == 5
+    assert all(_lost(a) > _lost(b) for a, b in zip(plain, scaled))
+
+    def share(rec, cat):
+        return sum(c.counts[cat] for c in rec.param_census.values()) / sum(
+            c.total for c in rec.param_census.values())
+
+    assert all(share(r, "subnormal") > 0.2 for r in plain)
+    assert all(share(r, "subnormal") < 1e-3 for r in scaled)
+    # at step 0 (same weights, same batch) the extra zeros are about what an fp32 run's census
+    # predicts would underflow in fp16 at scale 1 (not exactly: fp16 also rounds inside backward)
+    fp32 = L.run_training(L.TrainConfig(mode="fp32", steps=1, census_every=1)).records[0]
+    extra = _lost(plain[0]) - _lost(scaled[0])
+    assert 0.5 < extra / share(fp32, "underflow") < 2
+
+
+def test_device_choice_and_description():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert L.resolve_device().type == expected
+    assert L.resolve_device("cpu") == torch.device("cpu")
+    line = L.describe_device()
+    assert line.startswith(expected) and ":" in line and "\n" not in line
+    assert L.describe_device("cpu") == "cpu: asked for explicitly"
+    run = L.run_training(L.TrainConfig(steps=1, device="cpu", census_every=0))
+    assert run.device == "cpu: asked for explicitly"
+
+
+def test_config_validation():
+    for bad in ({"mode": "fp8"}, {"model": "cnn"}, {"steps": -1}, {"batch_size": 0},
+                {"growth_factor": 1.0}, {"backoff_factor": 1.0}, {"growth_interval": 0},
+                {"census_fmt": "fp7"}):
+        with pytest.raises(ValueError):
+            L.TrainConfig(**bad)
+    assert L.TrainConfig().learning_rate == 0.05 and L.TrainConfig(lr=0.1).learning_rate == 0.1
