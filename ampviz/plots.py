@@ -32,14 +32,20 @@ __all__ = [
     "CATEGORY_COLORS",
     "DEFAULT_RANGE_FORMATS",
     "FIELD_COLORS",
+    "HEAT_MODE_ORDER",
+    "LIVE_DATA_KEYS",
     "band_edges",
     "census_x_range",
     "format_number",
     "format_pow2",
     "format_shares",
     "format_share",
+    "heat_mode_of",
+    "live_traces",
+    "lost_shares",
     "plot_census",
     "plot_format_ranges",
+    "plot_live",
     "plot_scale_trace",
     "plot_value",
 ]
@@ -650,4 +656,140 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 2000) 
     if rows == 2:
         layout["yaxis2"] = {**_WHITE_AXIS, "title": {"text": "% of gradients lost"}, "domain": [0, 0.25],
                             "rangemode": "tozero", "anchor": "x"}
+    return go.Figure(data=data, layout=layout)
+
+
+# ----- live training -----
+#: Which mode's census ``plot_live`` draws as the heat map by default: the first of these present.
+HEAT_MODE_ORDER = ("fp16+scaler", "fp16", "half", "bf16", "fp32")
+#: The trace fields that change while a run grows (a live figure updates only these).
+LIVE_DATA_KEYS = ("x", "y", "z", "name")
+_LIVE_MODE_COLORS = {"fp32": "#000000", "fp16": "#D55E00", "fp16+scaler": "#0072B2", "bf16": "#009E73",
+                     "half": "#CC79A7"}
+
+
+def _records_of(run) -> list:
+    """A snapshot of a run's records (a ``live.Run`` or a list of ``StepRecord``), safe to read while
+    another thread appends to it."""
+    return list(getattr(run, "records", run) or ())
+
+
+def _mode_color(mode: str, k: int) -> str:
+    return _LIVE_MODE_COLORS.get(mode, TRACE_COLORS[k % len(TRACE_COLORS)])
+
+
+def lost_shares(census_by_name: dict) -> dict:
+    """Share of each parameter's gradient that is zero or underflows in a census (by parameter name)."""
+    return {name: (c.counts["zero"] + c.counts["underflow"]) / max(c.total, 1)
+            for name, c in census_by_name.items()}
+
+
+def heat_mode_of(modes, heat_mode=None) -> str | None:
+    """The mode whose census ``plot_live`` draws: ``heat_mode`` if given, else the first of
+    ``HEAT_MODE_ORDER`` among ``modes``, else the first mode (None without modes)."""
+    modes = list(modes)
+    if heat_mode is not None:
+        if heat_mode not in modes:
+            raise ValueError(f"heat_mode {heat_mode!r} is not one of the runs ({', '.join(modes) or 'none'})")
+        return heat_mode
+    return next((m for m in HEAT_MODE_ORDER if m in modes), modes[0] if modes else None)
+
+
+def live_traces(runs_by_mode: dict, *, heat_mode=None) -> list:
+    """The traces of ``plot_live`` as plain dicts, in a fixed order that depends only on the modes
+    (never on how many records there are), so a live figure built from empty runs can take the data
+    of later calls trace by trace (``LIVE_DATA_KEYS``).
+
+    Per mode: a loss line (steps of the records without an error). Per mode with a loss scaler
+    (records carrying a ``scale``, or the mode "fp16+scaler"): a log2(scale) step line and the skipped
+    steps as markers. Last, one heat map of ``heat_mode``'s parameter census: x the census steps, y
+    the parameter names, z the share of each parameter's gradient that is zero or underflows
+    (``lost_shares``). Every trace's ``meta`` says its mode and kind ("loss", "scale", "skipped", "heat").
+    """
+    snap = {mode: _records_of(run) for mode, run in runs_by_mode.items()}
+    data = []
+    for k, (mode, recs) in enumerate(snap.items()):
+        ok = [r for r in recs if r.error is None]
+        data.append({
+            "type": "scatter", "mode": "lines", "x": np.array([r.step for r in ok], dtype=np.int64),
+            "y": np.array([r.loss for r in ok], dtype=np.float64), "name": f"{mode} loss",
+            "legendgroup": mode, "line": {"color": _mode_color(mode, k), "width": 1.5},
+            "xaxis": "x", "yaxis": "y", "meta": {"mode": mode, "kind": "loss"},
+        })
+    for k, (mode, recs) in enumerate(snap.items()):
+        scaled = [r for r in recs if r.error is None and r.scale is not None]
+        if not scaled and mode != "fp16+scaler":
+            continue
+        color = _mode_color(mode, k)
+        skipped = [r for r in scaled if r.skipped]
+        data.append({
+            "type": "scatter", "mode": "lines", "x": np.array([r.step for r in scaled], dtype=np.int64),
+            "y": _log2_scale(np.array([r.scale for r in scaled], dtype=np.float64)),
+            "name": f"{mode} log2(scale)", "legendgroup": mode, "showlegend": False,
+            "line": {"shape": "hv", "color": color, "width": 2},
+            "xaxis": "x2", "yaxis": "y2", "meta": {"mode": mode, "kind": "scale"},
+        })
+        data.append({
+            "type": "scatter", "mode": "markers", "x": np.array([r.step for r in skipped], dtype=np.int64),
+            "y": _log2_scale(np.array([r.scale for r in skipped], dtype=np.float64)),
+            "name": f"{mode}: {len(skipped):,} skipped", "legendgroup": mode,
+            "marker": {"symbol": "x", "size": 8, "color": color},
+            "xaxis": "x2", "yaxis": "y2", "meta": {"mode": mode, "kind": "skipped"},
+        })
+    hm = heat_mode_of(snap, heat_mode)
+    cens = [r for r in snap.get(hm, ()) if r.error is None and r.param_census]
+    names = list(cens[0].param_census) if cens else []
+    z = np.array([[lost_shares(r.param_census).get(n, np.nan) for r in cens] for n in names],
+                 dtype=np.float64).reshape(len(names), len(cens))
+    data.append({
+        "type": "heatmap", "x": np.array([r.step for r in cens], dtype=np.int64), "y": names, "z": z,
+        "name": f"{hm} lost gradient share", "zmin": 0.0, "zmax": 1.0, "colorscale": "Blues",
+        "colorbar": {"title": {"text": "lost"}, "len": 0.28, "y": 0.0, "yanchor": "bottom",
+                     "tickformat": ".0%"},
+        "hovertemplate": "step %{x}<br>%{y}: %{z:.1%} zero or underflow<extra></extra>",
+        "xaxis": "x3", "yaxis": "y3", "meta": {"mode": hm, "kind": "heat"},
+    })
+    return data
+
+
+def plot_live(runs_by_mode: dict, *, steps=None, heat_mode=None, fmt="fp16", title=None) -> go.Figure:
+    """Live training on one figure: the loss per mode (top), log2 of the loss scale with skipped
+    steps marked for the modes with a scaler (middle), and a heat map of ``heat_mode``'s parameter
+    census over time (bottom): per parameter, the share of its gradient (× the step's scale) that
+    is zero or underflows in ``fmt``.
+
+    ``runs_by_mode``: mode -> ``live.Run`` or list of ``StepRecord``, possibly empty: a figure of
+    empty runs has every trace already (see ``live_traces``), so a ``go.FigureWidget`` built from it
+    can be updated as the runs grow. ``steps`` fixes the x range to [0, steps - 1] (else autorange);
+    ``fmt`` only names the format in the heat map's title (the census's own format is used).
+    """
+    data = live_traces(runs_by_mode, heat_mode=heat_mode)
+    heat = data[-1]["meta"]["mode"]
+    has_scale = any(d["meta"]["kind"] == "scale" for d in data)
+    x_axis = {**_WHITE_AXIS, "range": [0, max(int(steps) - 1, 1)]} if steps else {**_WHITE_AXIS, "autorange": True}
+    heat_title = (f"{heat}: share of each parameter's gradient (× scale) that is zero or underflows in "
+                  f"{get_format(fmt).name}" if heat else "no run: no gradient census")
+    notes = [
+        {"name": "heat-title", "text": heat_title, "x": 0, "xref": "paper", "y": 0.3, "yref": "paper",
+         "xanchor": "left", "yanchor": "bottom", "showarrow": False, "font": {"size": 12}},
+        {"name": "scale-title", "x": 0, "xref": "paper", "y": 0.6, "yref": "paper", "xanchor": "left",
+         "yanchor": "bottom", "showarrow": False, "font": {"size": 12},
+         "text": "loss scale (× = skipped step)" if has_scale else "loss scale: no mode with a scaler"},
+    ]
+    layout = {
+        **_WHITE,
+        "title": {"text": title or "Live training: loss, loss scale, gradients lost in fp16", "x": 0.01},
+        "height": 740,
+        "margin": {"l": 90, "r": 20, "t": 50, "b": 80},
+        "legend": {"orientation": "h", "x": 0.01, "y": -0.07, "yanchor": "top"},
+        "xaxis": {**x_axis, "anchor": "y", "showticklabels": False},
+        "yaxis": {**_WHITE_AXIS, "title": {"text": "loss"}, "domain": [0.68, 1.0]},
+        "xaxis2": {**x_axis, "anchor": "y2", "matches": "x", "showticklabels": False},
+        "yaxis2": {**_WHITE_AXIS, "title": {"text": "log2(scale)"}, "domain": [0.36, 0.6]},
+        "xaxis3": {**x_axis, "anchor": "y3", "matches": "x", "title": {"text": "step"}},
+        "yaxis3": {**_WHITE_AXIS, "domain": [0.0, 0.28], "autorange": "reversed", "type": "category",
+                   "dtick": 1},
+        "annotations": notes,
+        "meta": {"modes": list(runs_by_mode), "heat_mode": heat, "fmt": get_format(fmt).name},
+    }
     return go.Figure(data=data, layout=layout)

@@ -18,6 +18,8 @@ import html
 import math
 import operator
 import re
+import threading
+import time
 
 import numpy as np
 
@@ -27,20 +29,25 @@ from IPython.display import clear_output, display
 from ampviz import scaling, synth
 from ampviz.census import Profile, census, profile, underflow_fractions
 from ampviz.formats import CATEGORIES, FORMATS, get_format
+import plotly.graph_objects as go
+
 from ampviz.plots import (
     BAND_CATEGORIES,
     CATEGORY_COLORS,
     FIELD_COLORS,
+    LIVE_DATA_KEYS,
     census_x_range,
     format_number,
     format_pow2,
     format_share,
+    live_traces,
     plot_census,
+    plot_live,
     plot_scale_trace,
     plot_value,
 )
 
-__all__ = ["FormatExplorer", "RangeExplorer", "ScalerLab", "parse_number"]
+__all__ = ["FormatExplorer", "LiveTrainer", "RangeExplorer", "ScalerLab", "parse_number", "running_trainers"]
 
 #: Light tints of ``FIELD_COLORS`` for bits that are 0.
 _FIELD_TINTS = {"sign": "#F3DDE9", "exponent": "#DDEFFA", "mantissa": "#FAEBCC"}
@@ -653,3 +660,330 @@ class ScalerLab(_Explorer):
                         f"<td>{end}</td><td>{low}</td></tr>")
         head = "<tr><th>scaler</th><th>skipped steps</th><th>final scale</th><th>lowest scale</th></tr>"
         return f"<table>{head}{''.join(rows)}</table>"
+
+
+# ----- live training -----
+_REGISTRY_LOCK = threading.Lock()
+_RUNNING: set = set()  # the LiveTrainers whose training thread is alive (at most one)
+
+
+def running_trainers() -> list:
+    """The ``LiveTrainer``s whose training thread is running now (at most one)."""
+    with _REGISTRY_LOCK:
+        return list(_RUNNING)
+
+
+def _stop_running(timeout: float = 5.0) -> None:
+    """Stop every running trainer and wait for its thread (a new run never overlaps an old one)."""
+    for trainer in running_trainers():
+        trainer.stop(wait=True, timeout=timeout)
+
+
+class LiveTrainer(_Explorer):
+    """Train a tiny model in several AMP modes at once and watch it live.
+
+    The selected modes (``mode_checks``) train side by side in one background thread, one step of
+    each mode in turn (``ampviz.live.train_steps``; every mode sees the same seeded model and
+    batches), so the kernel stays free while they run. Controls: ``model_dropdown``, ``lr_input``,
+    ``steps_input``, and the scaler sliders ``growth_slider``, ``backoff_slider``,
+    ``interval_slider`` (growth_factor, backoff_factor, growth_interval of "fp16+scaler"), which
+    act on a running training from its next step (``live.ScalerControl``); buttons ``start_button``,
+    ``pause_button`` (Pause / Resume, held between steps), ``stop_button`` (the run ends within a
+    step); ``progress`` with ``status`` (steps done and steps per second), ``device_line``
+    (``live.describe_device``) and the message line.
+
+    The figure (``figure``, a ``go.FigureWidget`` built from ``plot_live`` of empty runs, so every
+    trace exists from the start) is redrawn from the records at most once per ``redraw_interval``
+    seconds, in one ``batch_update``. All widget writes of a run happen in ``_refresh`` and
+    ``_sync_controls`` (in the training thread while it runs).
+
+    Only one training runs at a time: constructing or starting a LiveTrainer stops any other
+    running one first (re-running a notebook cell never leaves an old training behind).
+
+    State: ``runs`` (mode -> ``live.Run``, growing while the thread runs), ``running``, ``paused``,
+    ``thread``, ``error`` (a mode that failed, e.g. a NaN loss, or an internal error), ``figure``.
+    Methods ``start()``, ``pause()``, ``resume()``, ``stop(wait=True)``, ``wait(timeout)``.
+    """
+
+    def __init__(self, modes=("fp32", "fp16", "fp16+scaler"), model="mlp", steps=300, lr=None, *,
+                 growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, init_scale=2.0**16,
+                 census_every=10, seed=0, batch_size=64, device=None, redraw_interval=0.1):
+        from ampviz import live  # torch: imported when a trainer is made, not with ampviz.widgets
+
+        self._live = live
+        _stop_running()
+        self._init_common()
+        unknown = [m for m in modes if m not in live.MODES]
+        if unknown:
+            raise ValueError(f"unknown mode {unknown[0]!r}; choose from {', '.join(live.MODES)}")
+        self.init_scale = float(init_scale)
+        self.census_every = int(census_every)
+        self.seed, self.batch_size, self.device = int(seed), int(batch_size), device
+        self.redraw_interval = float(redraw_interval)
+        self.runs: dict = {}
+        self.running = False
+        self.thread: threading.Thread | None = None
+        self._controls: dict = {}
+        self._errors: list = []
+        self._stop_event = threading.Event()
+        self._resume = threading.Event()
+        self._resume.set()
+        self._held = threading.Event()  # set while the thread waits in a pause
+        self._active_time = 0.0
+        self._total = 0
+
+        style = {"description_width": "110px"}
+        wide = W.Layout(width="380px")
+        self.mode_checks = {m: W.Checkbox(value=m in modes, description=m, indent=False,
+                                          layout=W.Layout(width="auto", margin="0 1em 0 0"))
+                            for m in live.MODES}
+        for m, box in self.mode_checks.items():
+            box.add_class("ampviz-live-mode")
+            box.add_class(f"ampviz-live-mode-{m.replace('+', '-')}")
+        self.model_dropdown = W.Dropdown(options=list(live.MODELS), value=model, description="model", style=style)
+        default_lr = live.TrainConfig(model=model).learning_rate if lr is None else float(lr)
+        self.lr_input = W.FloatText(value=default_lr, description="learning rate", style=style)
+        self.steps_input = W.BoundedIntText(value=int(steps), min=1, max=10**7, description="steps", style=style)
+        self.growth_slider = W.FloatSlider(value=growth_factor, min=1.01, max=4.0, step=0.01,
+                                           description="growth_factor", style=style, layout=wide)
+        self.backoff_slider = W.FloatSlider(value=backoff_factor, min=0.05, max=0.95, step=0.05,
+                                            description="backoff_factor", style=style, layout=wide)
+        self.interval_slider = W.IntSlider(value=growth_interval, min=1, max=max(5000, int(growth_interval)),
+                                           description="growth_interval", style=style, layout=wide)
+        self.start_button = W.Button(description="Start", button_style="success", icon="play")
+        self.pause_button = W.Button(description="Pause", icon="pause")
+        self.stop_button = W.Button(description="Stop", button_style="danger", icon="stop")
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="progress", style=style)
+        self.status = W.HTML(value="not started")
+        self.device_line = W.HTML(value=f"device: {html.escape(live.describe_device(device))}")
+        for w, cls in ((self.model_dropdown, "model"), (self.lr_input, "lr"), (self.steps_input, "steps"),
+                       (self.growth_slider, "growth"), (self.backoff_slider, "backoff"),
+                       (self.interval_slider, "interval"), (self.start_button, "start"),
+                       (self.pause_button, "pause"), (self.stop_button, "stop"),
+                       (self.progress, "progress"), (self.status, "status"), (self.device_line, "device")):
+            w.add_class(f"ampviz-live-{cls}")
+        for slider in (self.growth_slider, self.backoff_slider, self.interval_slider):
+            slider.observe(self._on_scaler_setting, names="value")
+        self.start_button.on_click(self._on_start)
+        self.pause_button.on_click(self._on_pause)
+        self.stop_button.on_click(self._on_stop)
+
+        self._figure_key = None
+        self.figure_box = W.Box()
+        self.figure_box.add_class("ampviz-live-figure")
+        self._new_figure([m for m in live.MODES if m in modes], int(steps))
+        self.ui = W.VBox([
+            W.HBox(list(self.mode_checks.values()), layout=W.Layout(flex_flow="row wrap")),
+            W.HBox([W.VBox([self.model_dropdown, self.lr_input, self.steps_input]),
+                    W.VBox([self.growth_slider, self.backoff_slider, self.interval_slider])],
+                   layout=W.Layout(flex_flow="row wrap")),
+            W.HBox([self.start_button, self.pause_button, self.stop_button, self.progress, self.status],
+                   layout=W.Layout(flex_flow="row wrap", align_items="center")),
+            self.device_line, self.message, self.figure_box,
+        ])
+        self.ui.add_class("ampviz-live-trainer")
+        self._sync_controls()
+
+    # ----- read the controls -----
+    @property
+    def modes(self) -> list:
+        """The selected modes, in ``live.MODES`` order."""
+        return [m for m, box in self.mode_checks.items() if box.value]
+
+    @property
+    def paused(self) -> bool:
+        return self.running and not self._resume.is_set()
+
+    def scaler_settings(self) -> dict:
+        return {"growth_factor": float(self.growth_slider.value),
+                "backoff_factor": float(self.backoff_slider.value),
+                "growth_interval": int(self.interval_slider.value)}
+
+    def configs(self) -> list:
+        """One ``live.TrainConfig`` per selected mode, from the controls (ValueError when they are wrong)."""
+        modes = self.modes
+        if not modes:
+            raise ValueError("select at least one mode to train")
+        lr = float(self.lr_input.value)
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"the learning rate must be a positive number, got {lr:g}")
+        return [self._live.TrainConfig(model=self.model_dropdown.value, mode=m, steps=int(self.steps_input.value),
+                                       lr=lr, batch_size=self.batch_size, seed=self.seed, device=self.device,
+                                       census_every=self.census_every, init_scale=self.init_scale,
+                                       **self.scaler_settings())
+                for m in modes]
+
+    # ----- actions -----
+    def start(self) -> None:
+        """Start training the selected modes in a background thread (stopping any running training first)."""
+        configs = self.configs()
+        _stop_running()
+        self.stop(wait=True)
+        live = self._live
+        device_text = live.describe_device(self.device)
+        self.runs = {c.mode: live.Run(config=c, device=device_text) for c in configs}
+        self._controls = {c.mode: live.ScalerControl() for c in configs}
+        gens = {c.mode: live.train_steps(c, self._controls[c.mode]) for c in configs}
+        self._errors = []
+        self._clear_error()
+        self._stop_event.clear()
+        self._resume.set()
+        self._held.clear()
+        self._active_time = 0.0
+        self._total = sum(c.steps for c in configs)
+        self.progress.max, self.progress.value = max(self._total, 1), 0
+        self._new_figure([c.mode for c in configs], max(c.steps for c in configs))
+        self._figure_key = None  # this figure now belongs to a run: the next start builds a fresh one
+        self.thread = threading.Thread(target=self._work, args=(gens,), name="ampviz-live-trainer", daemon=True)
+        with _REGISTRY_LOCK:
+            _RUNNING.add(self)
+        self.running = True
+        self._sync_controls()
+        self.status.value = f"0 / {self._total:,} steps · starting"
+        self.thread.start()
+
+    def pause(self, wait: bool = True, timeout: float = 2.0) -> None:
+        """Hold the run between two steps (``wait``: until the thread holds)."""
+        if not self.running:
+            return
+        self._resume.clear()
+        self._sync_controls()
+        if wait and threading.current_thread() is not self.thread:
+            deadline = time.monotonic() + timeout
+            while self.running and not self._held.is_set() and time.monotonic() < deadline:
+                self._held.wait(0.01)
+
+    def resume(self) -> None:
+        """Go on after ``pause()``."""
+        self._resume.set()
+        self._sync_controls()
+
+    def stop(self, wait: bool = True, timeout: float = 5.0) -> bool:
+        """Ask the run to end before its next step; ``wait``: join the thread. True when it has ended."""
+        self._stop_event.set()
+        for control in self._controls.values():
+            control.stop()
+        self._resume.set()
+        if wait:
+            return self.wait(timeout)
+        return not self.running
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the training thread to end; True when it has."""
+        t = self.thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
+        return t is None or not t.is_alive()
+
+    # ----- callbacks -----
+    @_shows_errors
+    def _on_start(self, button):
+        self.start()
+
+    @_shows_errors
+    def _on_pause(self, button):
+        if self.paused:
+            self.resume()
+        else:
+            self.pause(wait=False)
+
+    @_shows_errors
+    def _on_stop(self, button):
+        self.stop(wait=True)
+
+    @_shows_errors
+    def _on_scaler_setting(self, change):
+        settings = self.scaler_settings()
+        for control in self._controls.values():
+            control.set(**settings)
+
+    # ----- the training thread -----
+    def _work(self, gens: dict) -> None:
+        active = dict(gens)
+        last_draw = time.perf_counter()
+        try:
+            while active and not self._stop_event.is_set():
+                if not self._resume.is_set():
+                    if not self._held.is_set():
+                        self._held.set()
+                        self._refresh()
+                    self._resume.wait(0.05)
+                    continue
+                self._held.clear()
+                t0 = time.perf_counter()
+                for mode, gen in list(active.items()):
+                    rec = next(gen, None)
+                    if rec is None:
+                        del active[mode]
+                        continue
+                    self.runs[mode].append(rec)
+                    if rec.error is not None:
+                        self._errors.append(f"{mode}: {rec.error}")
+                t1 = time.perf_counter()
+                self._active_time += t1 - t0
+                if t1 - last_draw >= self.redraw_interval:
+                    last_draw = t1
+                    self._refresh()
+        except Exception as exc:  # a bug, not the learner's input: shown, never lost
+            self._errors.append(f"internal error ({type(exc).__name__}): {exc}")
+        finally:
+            for gen in gens.values():
+                gen.close()
+            self._held.clear()
+            with _REGISTRY_LOCK:
+                _RUNNING.discard(self)
+            self.running = False
+            self._refresh()
+
+    def _refresh(self) -> None:
+        """Progress, status, message and figure from the records so far (never raises)."""
+        try:
+            done = sum(len(run) for run in self.runs.values())
+            rate = done / self._active_time if self._active_time > 0 else 0.0
+            if self.running:
+                state = "paused" if self.paused else "running"
+            else:
+                state = ("failed" if self._errors else
+                         "stopped" if self._stop_event.is_set() and done < self._total else "done")
+            self.progress.value = min(done, self.progress.max)
+            self.status.value = f"{done:,} / {self._total:,} steps · {rate:,.0f} steps/s · {state}"
+            if self._errors:
+                self.error = "; ".join(self._errors)
+                self.message.value = f'<span style="{_ERROR_STYLE}">⚠ {html.escape(self.error)}</span>'
+            self._sync_controls()
+            self._draw_live()
+        except Exception as exc:  # drawing must never end a run or escape the thread
+            self._show_error(exc)
+
+    def _draw_live(self) -> None:
+        fig = self.figure
+        data = live_traces(self.runs, heat_mode=self._heat_mode)
+        if [d["meta"] for d in data] != [t.meta for t in fig.data]:
+            raise RuntimeError("the live figure's traces do not match the runs")
+        with fig.batch_update():
+            for trace, d in zip(fig.data, data):
+                for key in LIVE_DATA_KEYS:
+                    if key in d:
+                        trace[key] = d[key]
+
+    def _sync_controls(self) -> None:
+        running = self.running
+        self.start_button.disabled = running
+        self.pause_button.disabled = not running
+        self.pause_button.description = "Resume" if self.paused else "Pause"
+        self.pause_button.icon = "play" if self.paused else "pause"
+        self.stop_button.disabled = not running
+        for w in (*self.mode_checks.values(), self.model_dropdown, self.lr_input, self.steps_input):
+            w.disabled = running
+
+    def _new_figure(self, modes: list, steps: int) -> None:
+        """A fresh FigureWidget from ``plot_live`` of empty runs (every trace present from the start)."""
+        key = (tuple(modes), int(steps))
+        if key == self._figure_key and self.figure is not None:
+            return
+        fig = go.FigureWidget(plot_live({m: [] for m in modes}, steps=steps))
+        self._heat_mode = fig.layout.meta["heat_mode"]
+        old, self.figure, self._figure_key = self.figure, fig, key
+        self.figure_box.children = (fig,)
+        if old is not None:
+            old.close()

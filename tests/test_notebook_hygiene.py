@@ -83,7 +83,7 @@ def problems(nb: dict, size: int = 0) -> list[str]:
 def test_there_are_notebooks():
     names = [p.name for p in NOTEBOOKS]
     for expected in ("00_start_here.ipynb", "01_fp16_range.ipynb", "02_loss_scaling.ipynb",
-                     "03_gradscaler_internals.ipynb", "04_scaling_lab.ipynb"):
+                     "03_gradscaler_internals.ipynb", "04_scaling_lab.ipynb", "05_live_training.ipynb"):
         assert expected in names
 
 

@@ -223,6 +223,9 @@ CELLS = [
       starting scale and rounding; the same stream can be harmless in one and fatal in another.
     - Read a log by the scale after each message: stable means fine, falling means find the cause.
 
+    **Next:** notebook 05 trains a real model in fp16 with and without a scaler, in bf16 and in
+    pure fp16, and examines your own model's gradients.
+
     **Open exercises**
     1. In section 2, which `growth_interval` lets torch's scale hold steady against a spike every
        500 steps? Try it in the lab, then check with `simulate`.

@@ -1,0 +1,399 @@
+"""A gradient check-up for your own model: which loss scale, and would bf16 be safer?
+
+``examine(model, batch)`` runs one float32 forward and backward pass of a learner's ``nn.Module`` on
+one batch, collects every parameter's gradient and the gradient of every leaf module's output (the
+activation gradients, which a float16 backward pass holds too), and reports with ``ampviz.census``:
+
+* per parameter and per module output, the share of its gradient that float16 flushes to zero
+  ("lost") or keeps only as a subnormal, at scale 1;
+* the largest |gradient| and the largest power-of-two loss scale at which none overflows
+  (``ampviz.lessons.largest_safe_scale``);
+* the smallest power-of-two scale at which less than 0.1% of all these gradients is lost, hence a
+  recommended range for the initial loss scale (``torch.amp.GradScaler``'s ``init_scale``), or
+  the news that no scale loses < 0.1% without overflowing;
+* whether bf16 would be safer, and why: forward values (module outputs) beyond fp16's range
+  overflow whatever the loss scale; gradients that overflow fp16 even at scale 1; or an empty
+  range of good scales.
+
+The model is left as it was: its ``.grad`` tensors, its train/eval flags and its buffers (e.g.
+BatchNorm statistics) are restored and every hook is removed, also when the pass fails.
+
+The module also holds the small helpers notebook 05 uses to compare training modes on one
+seeded model (``make_mlp``, ``train_modes``, ``lost_table``, ``moved_table``, ``speed_table``).
+It imports torch, so ``ampviz/__init__`` never imports it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from ampviz.census import CensusResult, census, underflow_fractions
+from ampviz.formats import FloatFormat, get_format
+from ampviz.lessons import Table, largest_safe_scale, number
+
+__all__ = [
+    "LOST_TARGET",
+    "Diagnosis",
+    "examine",
+    "make_mlp",
+    "Trial",
+    "train_modes",
+    "lost_shares",
+    "lost_table",
+    "moved_share",
+    "moved_table",
+    "speed_table",
+]
+
+#: The lost share a recommended scale must stay below (0.1%, as in NVIDIA's mixed-precision guide).
+LOST_TARGET = 1e-3
+_MAX_LOG2 = 127  # a scale is a float32 number
+
+
+# ------------------------------------------------------------------ the diagnosis
+@dataclass(frozen=True, eq=False)
+class Diagnosis:
+    """What ``examine`` found. Censuses are at scale 1 in ``fmt``, keyed by parameter name
+    (``params``) and by module name (``activations``: the gradient of that module's output).
+
+    ``grad_max``: the largest |gradient| of all of them; ``safe_scale``: the largest power of two
+    at which none overflows (None if all are zero); ``lost``: the share of all gradient values lost
+    at scale 1; ``needed_scale``: the smallest power of two (>= 1) at which less than
+    ``LOST_TARGET`` of them is lost (None if no float32 scale does); ``scale_range``: (needed,
+    safe) when needed <= safe, else None; ``act_max``: the largest |output| per module (forward);
+    ``bf16_safer`` with its ``reasons``; ``bf16_lost``: the share bf16 would lose at scale 1.
+    """
+
+    fmt: FloatFormat
+    params: dict
+    activations: dict
+    act_max: dict
+    grad_max: float
+    safe_scale: float | None
+    lost: float
+    subnormal: float
+    total: int
+    needed_scale: float | None
+    scale_range: tuple | None
+    bf16_safer: bool
+    reasons: tuple
+    bf16_lost: float
+    grads: dict = field(repr=False, default_factory=dict)
+
+    # ---- display
+    def summary(self) -> list:
+        f = self.fmt.name
+        n_lost = round(self.lost * self.total)
+        lines = [f"{len(self.params)} parameter gradients and {len(self.activations)} module-output "
+                 f"gradients, {self.total:,} values, cast to {f}"]
+        safe = "none (every gradient is 0)" if self.safe_scale is None else number(self.safe_scale, pow2=True)
+        lines.append(f"largest |gradient|: {self.grad_max:.3g}; largest safe scale: {safe}")
+        lines.append(f"at scale 1: lost {n_lost:,} ({100 * self.lost:.2f}%), "
+                     f"subnormal {100 * self.subnormal:.2f}%")
+        if self.needed_scale is None:
+            need = f"none: no scale loses less than {100 * LOST_TARGET:g}%"
+        else:
+            need = number(self.needed_scale, pow2=True)
+        lines.append(f"smallest scale losing < {100 * LOST_TARGET:g}%: {need}")
+        if self.scale_range is None:
+            lines.append(f"recommended initial scale: none fits in {f}")
+        else:
+            lo, hi = (number(s, pow2=True) for s in self.scale_range)
+            inside = "inside" if self.scale_range[0] <= 2.0**16 <= self.scale_range[1] else "outside"
+            lines.append(f"recommended initial scale: {lo} to {hi} (GradScaler's default 2^16 is {inside})")
+        lines.append(f"bf16 safer: {'yes' if self.bf16_safer else 'no'}; " + "; ".join(self.reasons))
+        return lines
+
+    def table(self, kind: str | None = None) -> Table:
+        """One row per parameter and module output (``kind``: "param" or "output" for one of
+        them): size, largest |g|, lost and subnormal shares at scale 1, and the lost share at the
+        low end of the recommended range (if any)."""
+        s = self.scale_range[0] if self.scale_range else None
+        head = f"lost at {number(s, pow2=True)}" if s is not None else "lost at -"
+        rows = []
+        for k, results in (("param", self.params), ("output", self.activations)):
+            if kind is not None and k != kind:
+                continue
+            for name, c in results.items():
+                fr = c.fractions
+                g = self.grads[(k, name)]
+                big = float(np.max(np.abs(g))) if g.size else 0.0
+                at_s = f"{100 * census(g, self.fmt, s).fractions['underflow']:.2f}%" if s is not None else "-"
+                rows.append((name, k, f"{c.total:,}", f"{big:.2g}", f"{100 * fr['underflow']:.2f}%",
+                             f"{100 * fr['subnormal']:.1f}%", at_s))
+        return Table(("name", "gradient of", "values", "largest |g|", "lost at 1", "subnormal at 1", head),
+                     rows, title=f"{self.fmt.name}, by layer")
+
+    def __str__(self) -> str:
+        return "\n".join(self.summary()) + "\n\n" + str(self.table())
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        import html
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in self.summary())
+        return f"<ul>{items}</ul>" + self.table()._repr_html_()
+
+
+# ------------------------------------------------------------------ examine
+def _as_inputs(inputs) -> tuple:
+    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def _default_loss(output, target):
+    """Cross-entropy for integer class labels (as the course's training loop), else the mean."""
+    if target is not None and not target.is_floating_point() and output.dim() >= 2:
+        return nn.functional.cross_entropy(output.float(), target)
+    return output.float().mean()
+
+
+def _leaf_modules(model: nn.Module) -> dict:
+    return {name: m for name, m in model.named_modules() if name and not any(True for _ in m.children())}
+
+
+def examine(model: nn.Module, batch, loss_fn=None, *, fmt="fp16") -> Diagnosis:
+    """One float32 forward and backward pass of ``model`` on ``batch``, and what ``fmt`` makes of
+    its gradients (see the module docstring).
+
+    ``batch``: ``(inputs, target)`` as the course's ``Task.batch()`` returns it; ``inputs`` is a
+    tensor or a tuple of tensors passed as ``model(*inputs)``; ``target`` may be None. The loss is
+    ``loss_fn(output, target)`` if given, else cross-entropy when ``target`` holds integer class
+    labels, else ``output.float().mean()``. Tensors are moved to the device of the model's
+    parameters. The pass runs in train mode, without autocast, in the model's own dtype.
+    """
+    fmt = get_format(fmt)
+    inputs, target = batch
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    device = params[0][1].device if params else torch.device("cpu")
+    inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in _as_inputs(inputs))
+    if isinstance(target, torch.Tensor):
+        target = target.to(device)
+
+    saved_grads = [(p, p.grad) for _, p in params]
+    saved_modes = [(m, m.training) for m in model.modules()]
+    saved_buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    act_grads: dict = {}
+    act_max: dict = {}
+    handles = []
+
+    def forward_hook(name):
+        def keep(grad):
+            g = grad.detach().float().reshape(-1).cpu().numpy()
+            act_grads[name] = np.concatenate([act_grads[name], g]) if name in act_grads else g.copy()
+
+        def hook(module, args, output):
+            if isinstance(output, torch.Tensor) and output.is_floating_point():
+                m = float(output.detach().abs().max()) if output.numel() else 0.0
+                act_max[name] = max(act_max.get(name, 0.0), m)
+                if output.requires_grad:
+                    output.register_hook(keep)
+        return hook
+
+    leaves = _leaf_modules(model)
+    try:
+        for name, m in leaves.items():
+            handles.append(m.register_forward_hook(forward_hook(name)))
+        model.train()
+        for _, p in params:
+            p.grad = None
+        output = model(*inputs)
+        loss = loss_fn(output, target) if loss_fn is not None else _default_loss(output, target)
+        loss.backward()
+        grads = {("param", n): (torch.zeros_like(p) if p.grad is None else p.grad).detach().float()
+                 .reshape(-1).cpu().numpy() for n, p in params}
+    finally:
+        for h in handles:
+            h.remove()
+        for p, g in saved_grads:
+            p.grad = g
+        for m, flag in saved_modes:
+            m.training = flag
+        with torch.no_grad():
+            for b, value in saved_buffers:
+                b.copy_(value)
+    grads.update({("output", n): act_grads[n] for n in leaves if n in act_grads})  # forward order
+    return _diagnose(fmt, grads, act_max)
+
+
+def _diagnose(fmt: FloatFormat, grads: dict, act_max: dict) -> Diagnosis:
+    params = {n: census(g, fmt, 1.0) for (kind, n), g in grads.items() if kind == "param"}
+    acts = {n: census(g, fmt, 1.0) for (kind, n), g in grads.items() if kind == "output"}
+    every = np.concatenate([g for g in grads.values()]) if grads else np.zeros(0, np.float32)
+    total = int(every.size)
+    whole = census(every, fmt, 1.0)
+    lost, subnormal = (whole.counts[k] / max(total, 1) for k in ("underflow", "subnormal"))
+    finite = every[np.isfinite(every)]
+    grad_max = float(np.max(np.abs(finite))) if finite.size else 0.0
+    nonfinite = total - finite.size
+    safe = largest_safe_scale(finite, fmt) if grad_max > 0 else None
+    scales = 2.0 ** np.arange(0, _MAX_LOG2 + 1)
+    shares = underflow_fractions(every, fmt, scales)
+    ok = np.flatnonzero(shares < LOST_TARGET)
+    needed = float(scales[ok[0]]) if ok.size else None
+    scale_range = (needed, safe) if needed is not None and safe is not None and needed <= safe else None
+    if needed is not None and safe is None:  # all zero: nothing to lose, nothing to overflow
+        scale_range = None
+
+    reasons = []
+    over = {n: v for n, v in act_max.items() if census(np.float32(v), fmt, 1.0).counts["overflow"]}
+    if over:
+        name, v = max(over.items(), key=lambda kv: kv[1])
+        reasons.append(f"{len(over)} module output(s) reach |value| {v:.3g} ({name}), beyond {fmt.name}'s max "
+                       f"{number(fmt.max)}: they overflow in the forward pass whatever the loss scale")
+    if nonfinite:
+        reasons.append(f"{nonfinite:,} gradients are already inf or NaN in float32")
+    if safe is not None and safe < 1:
+        reasons.append(f"gradients up to {grad_max:.3g} overflow {fmt.name} even at scale 1")
+    elif needed is not None and safe is not None and needed > safe:
+        reasons.append(f"losing < {100 * LOST_TARGET:g}% needs scale {number(needed, pow2=True)}, but "
+                       f"{number(2 * safe, pow2=True)} already overflows: the gradients span more than "
+                       f"{fmt.name}'s range")
+    elif needed is None and safe is not None:
+        reasons.append(f"no float32 scale brings the lost share below {100 * LOST_TARGET:g}%")
+    bf16 = get_format("bf16")
+    bf16_lost = census(every, bf16, 1.0).counts["underflow"] / max(total, 1)
+    safer = bool(reasons)
+    if safer:
+        reasons.append(f"bf16 loses {100 * bf16_lost:.2f}% at scale 1 and holds up to {number(bf16.max, digits=3)}")
+    elif safe is None:
+        reasons.append("every gradient is 0: there is nothing to scale")
+    elif scale_range is not None:
+        reasons.append(f"a loss scale from {number(scale_range[0], pow2=True)} to "
+                       f"{number(scale_range[1], pow2=True)} keeps {fmt.name} within range")
+    return Diagnosis(fmt=fmt, params=params, activations=acts, act_max=dict(act_max), grad_max=grad_max,
+                     safe_scale=safe, lost=lost, subnormal=subnormal, total=total, needed_scale=needed,
+                     scale_range=scale_range, bf16_safer=safer, reasons=tuple(reasons), bf16_lost=bf16_lost,
+                     grads=grads)
+
+
+# ------------------------------------------------------------------ comparing training modes
+def make_mlp(depth: int = 12, seed: int = 0) -> nn.Module:
+    """The course's MLP (``ampviz.live.MLP``: 32 inputs, 64 units wide, 10 classes) with ``depth``
+    layers, initialised from ``seed`` (the caller's random state is left alone). Its inputs are the
+    "mlp" task's, so ``run_training(TrainConfig(model="mlp", ...), model=make_mlp())`` trains it."""
+    from ampviz.live import MLP
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MLP(depth=depth)
+
+
+@dataclass
+class Trial:
+    """One mode's run, the trained model, and its parameters before training (float32 copies)."""
+
+    mode: str
+    run: object
+    model: nn.Module
+    start: dict
+
+
+def train_modes(modes, *, depth: int = 12, seed: int = 0, census_fmt=None, **config) -> dict:
+    """Train a fresh ``make_mlp(depth, seed)`` in each mode on the same batches (``TrainConfig``
+    fields as keywords, e.g. ``steps=100``). ``census_fmt``: a format, or a dict mode -> format
+    (default fp16). Returns mode -> ``Trial``."""
+    from ampviz.live import TrainConfig, run_training
+
+    out = {}
+    for mode in modes:
+        fmt = census_fmt.get(mode, "fp16") if isinstance(census_fmt, dict) else (census_fmt or "fp16")
+        model = make_mlp(depth, seed)
+        start = {n: p.detach().clone() for n, p in model.named_parameters()}
+        cfg = TrainConfig(model="mlp", mode=mode, seed=seed, census_fmt=fmt, **config)
+        out[mode] = Trial(mode, run_training(cfg, model=model), model, start)
+    return out
+
+
+def _first_census(run, step):
+    for rec in run.records:
+        if rec.step == step and rec.param_census is not None:
+            return rec.param_census
+    raise ValueError(f"the run has no parameter census at step {step}")
+
+
+def lost_shares(run, step: int = 0, reference=None) -> dict:
+    """Per parameter, the share of its gradient lost at ``step``: values that end as 0 in the
+    census's format (counted "zero" or "underflow") beyond the exact zeros of ``reference`` (a run
+    of the same model in fp32, whose zeros are dead ReLU units; without it, "underflow" only).
+
+    Under fp16 autocast an underflowed gradient reaches ``.grad`` as an exact 0, so only a
+    reference can tell it from a dead unit."""
+    cen = _first_census(run, step)
+    ref = _first_census(reference, step) if reference is not None else None
+    out = {}
+    for name, c in cen.items():
+        if ref is None:
+            out[name] = c.counts["underflow"] / max(c.total, 1)
+        else:
+            extra = c.counts["zero"] + c.counts["underflow"] - ref[name].counts["zero"]
+            out[name] = max(extra, 0) / max(c.total, 1)
+    return out
+
+
+def lost_table(runs: dict, step: int = 0, reference="fp32", weights_only: bool = True) -> Table:
+    """One row per parameter, one column per run (label -> ``Run`` or ``Trial``): the share of
+    its gradient lost at ``step`` (``lost_shares`` against ``reference``: the label of one of
+    ``runs``, or a ``Run`` / ``Trial``), and a last row for all parameters together. A column
+    whose census format is not the first column's names its format."""
+    runs = {k: getattr(v, "run", v) for k, v in runs.items()}
+    ref = runs.get(reference) if isinstance(reference, str) else getattr(reference, "run", reference)
+    per = {k: lost_shares(r, step, ref) for k, r in runs.items()}
+    first = next(iter(runs.values()))
+    cen = _first_census(first, step)
+    names = [n for n in cen if not weights_only or n.endswith("weight")]
+    sizes = {n: cen[n].total for n in cen}
+    fmt = cen[names[0]].fmt.name if names else ""
+    heads = [k if _first_census(r, step)[names[0]].fmt.name == fmt else f"{k} (in {_first_census(r, step)[names[0]].fmt.name})"
+             for k, r in runs.items()] if names else list(runs)
+    rows = [(n, f"{sizes[n]:,}", *(f"{100 * per[k][n]:.2f}%" for k in runs)) for n in names]
+    total = sum(sizes[n] for n in names)
+    rows.append(("all", f"{total:,}", *(f"{100 * sum(per[k][n] * sizes[n] for n in names) / total:.2f}%"
+                                         for k in runs)))
+    return Table(("parameter", "values", *heads), rows,
+                 title=f"share of each gradient lost (ends as 0 in {fmt}) at step {step}")
+
+
+def moved_share(trial: Trial, name: str | None = None) -> float:
+    """The share of the weights (of one parameter, or of all) that differ from their start, compared
+    in the dtype the model keeps them in."""
+    moved = total = 0
+    for n, p in trial.model.named_parameters():
+        if name is not None and n != name:
+            continue
+        start = trial.start[n].to(p.dtype)
+        moved += int((p.detach() != start).sum())
+        total += p.numel()
+    return moved / max(total, 1)
+
+
+def moved_table(trials: dict, weights_only: bool = True) -> Table:
+    """One row per parameter, one column per trial: the share of its weights that moved at all."""
+    first = next(iter(trials.values()))
+    names = [n for n, _ in first.model.named_parameters() if not weights_only or n.endswith("weight")]
+    rows = [(n, *(f"{100 * moved_share(t, n):.1f}%" for t in trials.values())) for n in names]
+    rows.append(("all", *(f"{100 * moved_share(t):.1f}%" for t in trials.values())))
+    steps = len(first.run)
+    return Table(("parameter", *trials), rows, title=f"share of weights changed after {steps} steps")
+
+
+def speed_table(trials: dict) -> Table:
+    """Measured training speed per mode (median step time, the first step left out): a timing,
+    different on every machine and every run."""
+    rows = []
+    base = None
+    for label, t in trials.items():
+        run = getattr(t, "run", t)
+        times = run["step_time"][1:]
+        times = times[np.isfinite(times)]
+        med = float(np.median(times)) if times.size else math.nan
+        base = med if base is None else base
+        rows.append((label, f"{1 / med:,.0f}" if med > 0 else "-", f"{1000 * med:.2f}",
+                     f"{base / med:.2f}×" if med > 0 else "-"))
+    device = getattr(getattr(next(iter(trials.values())), "run", None), "device", "")
+    first = next(iter(trials))
+    return Table(("mode", "steps/s", "ms/step (median)", f"speed vs {first}"), rows, title=device)

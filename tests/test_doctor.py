@@ -1,0 +1,154 @@
+"""ampviz.doctor: examine() agrees with independent census() calls, recommends scales, says when
+bf16 is safer, and leaves the model as it was; the mode-comparison helpers of notebook 05."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ampviz.census import census
+from ampviz.doctor import (LOST_TARGET, examine, lost_shares, lost_table, make_mlp, moved_share,
+                           moved_table, speed_table, train_modes)
+from ampviz.lessons import largest_safe_scale
+from ampviz.live import build_task
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _independent_grads(model, inputs, target):
+    """Parameter and leaf-output gradients of a cross-entropy pass, computed without ampviz."""
+    outs = {}
+    leaves = {n: m for n, m in model.named_modules() if n and not list(m.children())}
+    handles = [m.register_forward_hook(lambda mod, a, o, n=n: outs.setdefault(n, o)) for n, m in leaves.items()]
+    try:
+        out = model(*inputs)
+        for o in outs.values():
+            o.retain_grad()
+        nn.functional.cross_entropy(out, target).backward()
+    finally:
+        for h in handles:
+            h.remove()
+    params = {n: p.grad.detach().reshape(-1).numpy().copy() for n, p in model.named_parameters()}
+    acts = {n: o.grad.detach().reshape(-1).numpy().copy() for n, o in outs.items()}
+    model.zero_grad(set_to_none=True)
+    return params, acts
+
+
+def test_numbers_equal_independent_census():
+    model = make_mlp(depth=8)
+    inputs, target = build_task("mlp", seed=0, batch_size=128).batch()
+    d = examine(model, (inputs, target))
+    params, acts = _independent_grads(model, inputs, target)
+    assert list(d.params) == list(params) and list(d.activations) == list(acts)
+    for n, g in params.items():
+        assert d.params[n] == census(g, "fp16", 1.0)
+    for n, g in acts.items():
+        assert d.activations[n] == census(g, "fp16", 1.0)
+    every = np.concatenate([*params.values(), *acts.values()])
+    whole = census(every, "fp16", 1.0)
+    assert d.total == every.size and d.lost == whole.counts["underflow"] / every.size
+    assert d.grad_max == float(np.abs(every).max())
+    assert d.safe_scale == largest_safe_scale(every, "fp16")
+
+
+def test_small_gradients_get_a_scale_range():
+    d = examine(make_mlp(depth=12), build_task("mlp", seed=0, batch_size=256).batch())
+    assert d.lost > LOST_TARGET and not d.bf16_safer
+    lo, hi = d.scale_range
+    assert lo == d.needed_scale > 1 and hi == d.safe_scale and lo <= hi
+    every = np.concatenate(list(d.grads.values()))
+    assert census(every, "fp16", lo).counts["underflow"] / every.size < LOST_TARGET
+    assert census(every, "fp16", lo / 2).counts["underflow"] / every.size >= LOST_TARGET
+    assert census(every, "fp16", hi).counts["overflow"] == 0
+    assert census(every, "fp16", 2 * hi).counts["overflow"] > 0
+    text = str(d)
+    assert "recommended initial scale: 2^" in text and "fc1.weight" in text
+    assert "<table>" in d._repr_html_()
+    assert [r[1] for r in d.table("output").rows] == ["output"] * len(d.activations)
+
+
+def test_huge_activations_make_bf16_safer():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    with torch.no_grad():
+        model[0].weight.mul_(1e5)
+    d = examine(model, (torch.randn(16, 8), torch.randint(0, 2, (16,))))
+    assert d.bf16_safer and d.act_max["0"] > 65504
+    assert "overflow in the forward pass" in d.reasons[0]
+    assert "bf16 safer: yes" in str(d)
+
+
+def test_gradients_beyond_fp16_need_bf16():
+    model = nn.Linear(4, 1)
+    x = torch.full((2, 4), 1e6)
+    d = examine(model, (x, None), loss_fn=lambda out, _: out.sum())  # dL/dw = sum of x = 2e6
+    assert d.safe_scale < 1 and d.scale_range is None and d.bf16_safer
+    assert any("even at scale 1" in r for r in d.reasons)
+
+
+def test_a_scale_range_that_is_empty_says_bf16():
+    model = nn.Linear(2, 1, bias=False)
+    x = torch.tensor([[1e4, 1e-9]])
+    d = examine(model, (x, None), loss_fn=lambda out, _: out.sum())  # gradients 1e4 and 1e-9
+    assert d.needed_scale > d.safe_scale and d.scale_range is None and d.bf16_safer
+    assert "recommended initial scale: none" in str(d)
+
+
+def test_model_left_as_it_was():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    model.eval()
+    model[3].train()
+    old = torch.randn(8, 4)
+    model[0].weight.grad = old
+    mean_before = model[1].running_mean.clone()
+    d = examine(model, (torch.randn(16, 4), torch.randint(0, 3, (16,))))
+    assert d.params["0.weight"].total == 32
+    assert model[0].weight.grad is old and model[3].weight.grad is None
+    assert [m.training for m in model.modules()] == [False, False, False, False, True]
+    assert torch.equal(model[1].running_mean, mean_before)
+    for m in model.modules():
+        assert not m._forward_hooks
+
+
+def test_hooks_removed_and_grads_restored_when_the_loss_fails():
+    model = make_mlp(depth=3)
+
+    def bad_loss(out, target):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        examine(model, build_task("mlp").batch(), bad_loss)
+    assert all(not m._forward_hooks for m in model.modules())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_default_loss_without_target_is_the_mean():
+    model = nn.Linear(3, 1)
+    x = torch.ones(4, 3)
+    d = examine(model, (x, None))
+    g = d.grads[("param", "weight")]
+    assert np.allclose(g, 1.0)  # d mean(x @ w) / dw = mean over the batch of x = 1
+
+
+def test_train_modes_and_tables():
+    trials = train_modes(("fp32", "fp16", "fp16+scaler", "half"), depth=12, steps=3, census_every=1)
+    ref = trials["fp32"].run
+    fp16 = lost_shares(trials["fp16"].run, 0, ref)
+    scaled = lost_shares(trials["fp16+scaler"].run, 0, ref)
+    assert sum(fp16.values()) > 0 and sum(scaled.values()) == 0
+    assert lost_shares(ref, 0, ref) == lost_shares(ref, 0)  # fp32: what would underflow
+    t = lost_table(trials)
+    assert t.columns == ("parameter", "values", "fp32", "fp16", "fp16+scaler", "half")
+    assert t.rows[-1][0] == "all" and t.column("fp16+scaler")[-1] == "0.00%"
+    assert moved_share(trials["fp32"]) > moved_share(trials["half"])
+    assert moved_table(trials).rows[-1][0] == "all"
+    assert len(speed_table(trials).rows) == 4
+    with pytest.raises(ValueError, match="no parameter census"):
+        lost_shares(trials["fp32"].run, step=99)
