@@ -1,0 +1,314 @@
+"""Pitfall 3: ``nn.TransformerEncoder`` under ``precision="bf16-mixed"`` crashes only in validation.
+
+The model (``EncoderClassifier``): token embedding plus a learned position embedding, an
+``nn.TransformerEncoder`` (``batch_first=True``, post-norm, no dropout, ``enable_nested_tensor=True``
+by default) called with a ``src_key_padding_mask`` for right-padded sequences, a mean over the real
+positions (masked pooling) and a linear head. The data (``make_data``): seeded sequences of tokens
+1 ... 9, each right-padded with token 0 to a common length; the label is the most frequent token.
+
+What the scenarios show (torch 2.13, CPU):
+
+- ``crash()`` (``lightning_run("bf16-mixed")``): the training steps run; the first validation raises
+  ``RuntimeError: expected scalar type Float but found BFloat16`` inside
+  ``torch._transformer_encoder_layer_fwd`` (``... found Half`` under fp16 autocast in plain torch;
+  Lightning turns ``"16-mixed"`` into ``"bf16-mixed"`` on the CPU). In eval mode,
+  without gradients, the encoder packs the padded batch into a nested tensor and takes the fused
+  "fast path"; CPU autocast hands it bf16 activations while its LayerNorm weights are fp32.
+- ``condition_table()``: the same encoder call in plain torch, with each condition switched off in
+  turn: which of them the crash needs.
+- ``old_message()``: the message older torch printed for this bug,
+  ``mat1 and mat2 must have the same dtype, but got BFloat16 and Float``, raised by the op that
+  used to receive the mixed dtypes.
+- ``fix_runs()`` / ``fix_table()``: each fix run through the real Trainer, with its validation loss
+  next to the fp32 (``"32-true"``) reference.
+
+Lightning is imported inside the functions that need it; nothing here runs on import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+import warnings
+
+import torch
+from torch import nn
+
+from ampviz.lessons import Table
+from ampviz.pitfalls import Outcome, outcome_of, quiet_trainer
+
+__all__ = ["EncoderClassifier", "make_data", "encoder_call", "condition_table", "CONDITIONS",
+           "old_message", "lightning_run", "crash", "FIXES", "fix_runs", "fix_table", "fastpath_disabled"]
+
+VOCAB, MAX_LEN, D_MODEL, NHEAD, FFN, LAYERS, CLASSES = 10, 12, 16, 2, 32, 2, 9
+TRAIN_BATCHES, VAL_BATCHES, BATCH = 8, 2, 16
+
+
+@contextlib.contextmanager
+def _no_nested_warning():
+    """Torch warns that nested tensors are a prototype each time the encoder packs a batch."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
+        yield
+
+
+@contextlib.contextmanager
+def fastpath_disabled():
+    """``torch.backends.mha.set_fastpath_enabled(False)`` for the block; the previous setting is restored."""
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
+
+
+def make_encoder(*, batch_first=True, norm_first=False, nested=True, layers=LAYERS) -> nn.TransformerEncoder:
+    layer = nn.TransformerEncoderLayer(D_MODEL, NHEAD, FFN, dropout=0.0, batch_first=batch_first,
+                                       norm_first=norm_first)
+    with warnings.catch_warnings():  # "enable_nested_tensor is True, but ... norm_first was True" etc.
+        warnings.simplefilter("ignore")
+        return nn.TransformerEncoder(layer, layers, enable_nested_tensor=nested)
+
+
+class EncoderClassifier(nn.Module):
+    """Embedding + position embedding -> TransformerEncoder with a padding mask -> masked mean -> Linear.
+
+    ``nested``: the encoder's ``enable_nested_tensor``; ``fp32_island``: run the encoder with
+    autocast switched off, on float32 activations (``h.float()``).
+    """
+
+    def __init__(self, *, nested: bool = True, fp32_island: bool = False):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, D_MODEL)
+        self.pos = nn.Embedding(MAX_LEN, D_MODEL)
+        self.encoder = make_encoder(nested=nested)
+        self.head = nn.Linear(D_MODEL, CLASSES)
+        self.fp32_island = fp32_island
+
+    def forward(self, tokens: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        h = self.embed(tokens) + self.pos(positions)
+        with _no_nested_warning():
+            if self.fp32_island:
+                with torch.autocast(tokens.device.type, enabled=False):
+                    h = self.encoder(h.float(), src_key_padding_mask=pad_mask)
+            else:
+                h = self.encoder(h, src_key_padding_mask=pad_mask)
+        # masked pooling: the fast path leaves zeros at padded positions, the slow path values
+        keep = (~pad_mask).unsqueeze(-1).to(h.dtype)
+        pooled = (h * keep).sum(dim=1) / keep.sum(dim=1)
+        return self.head(pooled)
+
+
+def make_data(batches: int, batch_size: int = BATCH, seed: int = 0, left_pad: bool = False):
+    """``(tokens, pad_mask, labels)``: seeded sequences of tokens 1 ... 9, padded with 0 to ``MAX_LEN``
+    (on the right; on the left with ``left_pad``); the label is the most frequent token minus 1."""
+    gen = torch.Generator().manual_seed(seed)
+    n = batches * batch_size
+    lengths = torch.randint(MAX_LEN // 3, MAX_LEN, (n,), generator=gen)  # every row has padding
+    tokens = torch.randint(1, VOCAB, (n, MAX_LEN), generator=gen)
+    pad_mask = torch.arange(MAX_LEN).unsqueeze(0) >= lengths.unsqueeze(1)
+    if left_pad:
+        pad_mask = pad_mask.flip(1)
+    tokens[pad_mask] = 0
+    counts = nn.functional.one_hot(tokens, VOCAB)[:, :, 1:].sum(dim=1)
+    return tokens, pad_mask, counts.argmax(dim=1)
+
+
+# ------------------------------------------------------------------ plain torch: the conditions
+#: (condition, the change that switches it off, keyword arguments of ``encoder_call``)
+CONDITIONS = (
+    ("all conditions hold", "nothing switched off", {}),
+    ("eval mode", "train mode", {"train": True}),
+    ("grad disabled", "grad enabled", {"grad": "enabled"}),
+    ("grad disabled", "inference_mode instead of no_grad", {"grad": "inference_mode"}),
+    ("nested-tensor fast path", "enable_nested_tensor=False", {"nested": False}),
+    ("fast path enabled", "set_fastpath_enabled(False)", {"fastpath": False}),
+    ("a padding mask", "src_key_padding_mask=None", {"mask": "none"}),
+    ("a padding mask", "an all-False mask (no padding)", {"mask": "all-false"}),
+    ("right padding", "left padding", {"mask": "left"}),
+    ("batch_first=True", "batch_first=False", {"batch_first": False}),
+    ("norm_first=False", "norm_first=True", {"norm_first": True}),
+    ("nn.TransformerEncoder", "one TransformerEncoderLayer called directly", {"layer_only": True}),
+    ("nn.TransformerEncoder", "num_layers=1", {"layers": 1}),
+    ("autocast (bf16)", "no autocast", {"autocast": None}),
+    ("autocast (bf16)", "autocast in fp16", {"autocast": torch.float16}),
+)
+
+
+def encoder_call(*, train=False, grad="no_grad", nested=True, fastpath=True, mask="right",
+                 batch_first=True, norm_first=False, layers=LAYERS, layer_only=False,
+                 autocast=torch.bfloat16, seed=0) -> Outcome:
+    """One call of a fresh seeded fp32 ``nn.TransformerEncoder`` on a padded batch, in plain torch.
+
+    The defaults are the crashing case: eval mode, ``no_grad``, nested tensors on, fast path on, a
+    right-padded mask, ``batch_first=True``, ``norm_first=False``, two layers, CPU autocast in bf16.
+    ``grad``: "no_grad", "inference_mode" or "enabled"; ``mask``: "right", "left", "all-false" or
+    "none"; ``layer_only``: call the encoder's first layer directly (no nested tensor is packed);
+    ``autocast``: a dtype, or None for none. Returns the Outcome (the error, or the output dtype).
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        enc = make_encoder(batch_first=batch_first, norm_first=norm_first, nested=nested, layers=layers)
+        x = torch.randn(4, MAX_LEN, D_MODEL)
+    if layer_only:
+        enc = enc.layers[0]
+    enc.train(train)
+    pad = torch.arange(MAX_LEN).unsqueeze(0) >= torch.tensor([[5], [9], [12], [7]])
+    pad_mask = {"right": pad, "left": pad.flip(1), "all-false": torch.zeros_like(pad), "none": None}[mask]
+    if not batch_first:
+        x = x.transpose(0, 1)
+    grad_ctx = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+                "enabled": contextlib.nullcontext}[grad]
+    amp = (torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext())
+
+    def call():
+        with grad_ctx(), amp, _no_nested_warning(), (contextlib.nullcontext() if fastpath else fastpath_disabled()):
+            out = enc(x, src_key_padding_mask=pad_mask)
+        return {"details": {"dtype": str(out.dtype).replace("torch.", "")}}
+
+    return outcome_of("encoder call", call)
+
+
+def condition_table() -> Table:
+    """Each condition of the crash, the change that switches it off, and what the encoder call then does."""
+    rows = []
+    for condition, change, kwargs in CONDITIONS:
+        out = encoder_call(**kwargs)
+        result = f"{out.error_type}: {out.message}" if out.failed else f"runs ({out.details['dtype']} output)"
+        rows.append((condition, change, result))
+    return Table(("condition", "changed to", "outcome"), rows,
+                 title="nn.TransformerEncoder, eval + no_grad + bf16 autocast on the CPU, one change at a time")
+
+
+def old_message() -> Outcome:
+    """The op the fast path used to call with mixed dtypes: ``torch._addmm_activation`` (a fused
+    ``bias + input @ weight`` followed by ReLU) with a bf16 input and fp32 weights."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        bias, x, weight = torch.randn(4), torch.randn(2, 3).bfloat16(), torch.randn(3, 4)
+    return outcome_of("torch._addmm_activation(fp32 bias, bf16 input, fp32 weight)",
+                      torch._addmm_activation, bias, x, weight)
+
+
+# ------------------------------------------------------------------ the real Trainer
+def _lightning_module(nested: bool, fp32_island: bool, seed: int):
+    import lightning as L
+
+    class LitEncoderClassifier(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                self.model = EncoderClassifier(nested=nested, fp32_island=fp32_island)
+            self.train_steps = 0
+            self.val_losses = []
+            self.val_context = {}
+
+        def training_step(self, batch, batch_idx):
+            tokens, pad_mask, labels = batch
+            loss = nn.functional.cross_entropy(self.model(tokens, pad_mask), labels)
+            self.train_steps += 1
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            tokens, pad_mask, labels = batch
+            self.val_context = {"training": self.training, "grad_enabled": torch.is_grad_enabled(),
+                                "inference_mode": torch.is_inference_mode_enabled(),
+                                "autocast": torch.is_autocast_enabled("cpu"),
+                                "autocast_dtype": str(torch.get_autocast_dtype("cpu")).replace("torch.", "")}
+            loss = nn.functional.cross_entropy(self.model(tokens, pad_mask), labels)
+            self.val_losses.append(loss.item())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return LitEncoderClassifier()
+
+
+def _loaders():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    train = TensorDataset(*make_data(TRAIN_BATCHES, seed=1))
+    val = TensorDataset(*make_data(VAL_BATCHES, seed=2))
+    return DataLoader(train, batch_size=BATCH, shuffle=False), DataLoader(val, batch_size=BATCH, shuffle=False)
+
+
+def lightning_run(precision: str = "bf16-mixed", *, nested: bool = True, fp32_island: bool = False,
+                  fastpath: bool = True, stage: str = "fit", name: str | None = None, seed: int = 0) -> Outcome:
+    """Train the seeded model for one epoch (``TRAIN_BATCHES`` SGD steps) with ``trainer.fit``, then
+    validate (``stage="fit"``: Lightning's end-of-epoch validation, under ``no_grad``;
+    ``stage="validate"``: a separate ``trainer.validate`` after an epoch without validation, under
+    ``inference_mode``). No sanity-check validation, so the training steps run first.
+    ``precision="16-mixed-fp16"``: ``plugins=[MixedPrecision("16-mixed", "cpu")]``, real fp16 autocast
+    (``precision="16-mixed"`` itself becomes ``"bf16-mixed"`` on the CPU).
+
+    Returns an Outcome: the error (and ``details["raised_in"]``, the innermost source line) or the
+    mean validation loss; ``details`` holds the training steps done, the validation context (train
+    mode, grad, inference mode, autocast) and the dtype of the model's weights.
+    """
+    name = name or precision
+    trainer_kwargs = {"precision": precision}
+    if precision == "16-mixed-fp16":  # real fp16 autocast (and GradScaler) on the CPU, via the plugin
+        from lightning.pytorch.plugins import MixedPrecision
+
+        trainer_kwargs = {"plugins": [MixedPrecision("16-mixed", "cpu")]}
+    model = _lightning_module(nested, fp32_island, seed)
+    train, val = _loaders()
+    details = {}
+    with contextlib.ExitStack() as stack:
+        if not fastpath:
+            stack.enter_context(fastpath_disabled())
+        trainer = stack.enter_context(quiet_trainer(max_epochs=1, num_sanity_val_steps=0, **trainer_kwargs,
+                                                    deterministic=True))
+        try:
+            trainer.fit(model, train, val if stage == "fit" else None)
+            if stage == "validate":
+                trainer.validate(model, val, verbose=False)
+        except Exception as exc:  # the failure is the lesson: keep its exact type and message
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            details.update(train_steps=model.train_steps, val_batches=len(model.val_losses),
+                           raised_in=frame.line, val_context=model.val_context)
+            return Outcome(name=name, error_type=type(exc).__name__, message=str(exc), details=details)
+    details.update(train_steps=model.train_steps, val_batches=len(model.val_losses), val_context=model.val_context,
+                   weight_dtype=str(model.model.head.weight.dtype).replace("torch.", ""))
+    return Outcome(name=name, loss=sum(model.val_losses) / len(model.val_losses), details=details)
+
+
+def crash(precision: str = "bf16-mixed", stage: str = "fit") -> Outcome:
+    """The failing run: the default model under ``precision``. On the CPU Lightning 2.6 replaces
+    ``"16-mixed"`` by ``"bf16-mixed"`` (with a warning), so both raise the BFloat16 message here;
+    ``"16-mixed-fp16"`` (the ``MixedPrecision("16-mixed", "cpu")`` plugin) runs fp16 autocast and
+    raises ``... found Half``."""
+    return lightning_run(precision, stage=stage)
+
+
+#: fix -> keyword arguments of ``lightning_run``
+FIXES = {
+    'precision="32-true" (the fp32 reference)': dict(precision="32-true"),
+    'precision="bf16-true"': dict(precision="bf16-true"),
+    "fp32 island around the encoder": dict(precision="bf16-mixed", fp32_island=True),
+    "enable_nested_tensor=False": dict(precision="bf16-mixed", nested=False),
+    "torch.backends.mha.set_fastpath_enabled(False)": dict(precision="bf16-mixed", fastpath=False),
+}
+
+
+def fix_runs() -> dict:
+    """Each fix in ``FIXES`` run through the Trainer: fix name -> Outcome (validation loss in ``loss``)."""
+    return {fix: lightning_run(name=fix, **kwargs) for fix, kwargs in FIXES.items()}
+
+
+def fix_table(runs: dict | None = None) -> Table:
+    """The fixes' validation losses next to the fp32 reference (the first entry of ``FIXES``)."""
+    runs = runs if runs is not None else fix_runs()
+    ref = next(iter(runs.values())).loss
+    rows = []
+    for fix, out in runs.items():
+        if out.failed:
+            rows.append((fix, "-", f"{out.error_type}: {out.message}", "-"))
+            continue
+        diff = out.loss - ref
+        rows.append((fix, out.details["weight_dtype"], f"{out.loss:.6f}",
+                     "identical" if diff == 0 else f"{diff:+.1e}"))
+    return Table(("fix", "weights", "validation loss", "vs fp32"), rows)
