@@ -37,9 +37,9 @@ CELLS = [
     | 03 | GradScaler internals | the real `torch.amp.GradScaler` call by call: its float32 scale, `unscale_`, skipped steps, backoff and growth, every error message, clipping and skipped-step checks, and a bit-exact simulator | **available** |
     | 04 | scaling lab | the sawtooth, the ratchet and the collapse: a dozen frameworks' loss scalers side by side on the same gradient streams, with a live lab | **available** |
     | 05 | live AMP training | one seeded model trained in fp32, fp16 with and without a scaler, bf16 and pure fp16: where gradients vanish, why weights freeze, the measured speed, a live trainer and a gradient check-up for your own model | **available** |
-    | 06 | Lightning pitfall 1 | `loss.backward()` instead of `self.manual_backward(loss)` under fp16 AMP, and why `precision="16-mixed"` on a CPU hides it (it silently becomes `bf16-mixed`, with no scaler) | coming |
-    | 07 | Lightning pitfall 2 | a `no_grad` pass and then a grad pass inside one autocast: cached casts without gradients on older versions, and why the pinned versions are safe | coming |
-    | 08 | Lightning pitfall 3 | `nn.TransformerEncoder` under `bf16-mixed` that trains, then crashes in the first validation (the fast path with a padding mask) | coming |
+    | 06 | Lightning pitfall 1 | `loss.backward()` instead of `self.manual_backward(loss)` under fp16 AMP, and why `precision="16-mixed"` on a CPU hides it (it silently becomes `bf16-mixed`, with no scaler) | **available** |
+    | 07 | Lightning pitfall 2 | a `no_grad` pass and then a grad pass inside one autocast: cached casts without gradients on older versions, and why the pinned versions are safe | **available** |
+    | 08 | Lightning pitfall 3 | `nn.TransformerEncoder` under `bf16-mixed` that trains, then crashes in the first validation (the fast path with a padding mask) | **available** |
 
     Work through 01 and 02 in order: 02 uses the vocabulary of 01 (subnormal, underflow, overflow).
     """),
@@ -106,7 +106,7 @@ CELLS = [
     md("""
     ## Summary
 
-    - Notebooks 00 to 05 are ready; 06 to 08 follow the same layout: a setup cell, short steps,
+    - All nine notebooks, 00 to 08, follow the same layout: a setup cell, short steps,
       an explorer under *Try it*, and *Check yourself* at the end.
     - Explorers redraw on every change; if one shows an error instead of controls, re-run its cell.
     - What fp16 and bf16 cost or save on your hardware is measured, not assumed.

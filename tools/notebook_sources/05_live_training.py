@@ -204,6 +204,8 @@ CELLS = [
     - Speed depends on the hardware: read it off the speed table on yours, never assume it.
     - `examine(model, batch)` recommends an initial loss scale range, or tells you to use bf16.
 
+    **Next:** notebooks 06 to 08 take the three PyTorch Lightning AMP pitfalls apart.
+
     **Open exercises**
     1. Train with `train_modes(("fp32", "fp16"), depth=6, steps=100, census_every=25)`. Does fp16
        still lose gradients without a scaler? Why fewer?
