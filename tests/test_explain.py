@@ -82,6 +82,21 @@ def closure():
     s.step(opt, closure=lambda: 0.0)
 
 
+def new_scale_with_grad():
+    p, opt, s = setup()
+    backward_scaled(p, s)
+    s.update(torch.ones((), requires_grad=True))
+
+
+def pickle_mid_iteration():
+    import copy
+
+    p, opt, s = setup()
+    backward_scaled(p, s)
+    s.unscale_(opt)
+    copy.deepcopy(s)
+
+
 def transformer_fast_path():
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
     enc = torch.nn.TransformerEncoder(layer, 2).eval()
@@ -109,6 +124,10 @@ def transformer_fast_path():
      "a matrix multiply got two dtypes"),
     (lambda: F.linear(torch.ones(2, 3, dtype=torch.bfloat16), torch.ones(4, 3)), "a matrix multiply got two dtypes"),
     (lambda: torch.tensor(1.0).backward(), "the loss has no graph"),
+    (new_scale_with_grad, "update(new_scale) with a tensor it refuses"),
+    (lambda: torch.amp.GradScaler("cpu").load_state_dict({}), "loading an empty GradScaler state"),
+    (pickle_mid_iteration, "pickling GradScaler mid-iteration"),
+    (lambda: torch.amp.GradScaler("cpu").scale(1.0), "scaler.scale() got something that is not a tensor"),
 ])
 def test_real_errors_are_explained(make, title):
     exc = raised(make)
