@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: lab test bench clean
+.PHONY: lab test bench clean browser-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,13 +25,20 @@ $(VENV)/.test-installed: requirements-dev.txt $(VENV)/.lab-installed
 lab: $(VENV)/.lab-installed
 	$(BIN)/jupyter lab --ip 127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/00_start_here.ipynb
 
-test: $(VENV)/.test-installed
+# Debian's Chromium for the real-browser tests (tests/browser): installed when missing, as root.
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+test: $(VENV)/.test-installed browser-deps
 	$(BIN)/python -m pytest -q tests
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) notebooks
 
-bench: $(VENV)/.lab-installed
+bench: $(VENV)/.test-installed
 	$(BIN)/python bench/bench_census.py
 	$(BIN)/python bench/bench_scaling.py
+	$(BIN)/python bench/bench_scaler_lab.py
+	$(BIN)/python bench/bench_live.py
 
 clean:
 	rm -rf $(VENV)

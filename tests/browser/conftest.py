@@ -1,0 +1,115 @@
+"""Real-browser tests: JupyterLab in headless Chromium (Debian's), driven by Playwright.
+
+Without Chromium the tests skip with the reason, except under CI=true, where a missing browser
+is a failure. JupyterLab runs on a free loopback port with a token, on a copy of the notebooks
+(the UI never writes into the repository), with its own temporary settings.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parents[2]
+OUTPUT = ROOT / "tests" / "browser" / "output"  # screenshots, kept as CI artifacts
+TOKEN = "ampviz-browser-test"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _missing_browser() -> str | None:
+    if not os.path.exists(CHROMIUM):
+        return f"Chromium not found at {CHROMIUM} (apt-get install chromium)"
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed"
+    return None
+
+
+@pytest.fixture(scope="session")
+def browser():
+    why = _missing_browser()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser tests cannot run under CI: {why}")
+        pytest.skip(why)
+    from playwright.sync_api import sync_playwright
+
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        yield b
+        b.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def lab(browser):
+    """A JupyterLab server on a copy of the notebooks; yields its base URL."""
+    port = _free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="ampviz-lab-"))
+    root = tmp / "notebooks"
+    shutil.copytree(ROOT / "notebooks", root)
+    env = dict(os.environ)
+    for name in ("JUPYTER_CONFIG_DIR", "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR",
+                 "JUPYTER_RUNTIME_DIR"):
+        env[name] = str(tmp / name.lower())
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip", "127.0.0.1", f"--port={port}",
+           "--port-retries=0", f"--IdentityProvider.token={TOKEN}", "--LabApp.extension_manager=readonly",
+           f"--ServerApp.root_dir={root}"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    log = open(tmp / "lab.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError((tmp / "lab.log").read_text())
+                time.sleep(0.5)
+        else:
+            raise RuntimeError("JupyterLab did not start within 60 s")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def open_and_run(browser, lab, notebook: str):
+    """A page with ``notebook`` opened in JupyterLab and every cell run; returns the page."""
+    page = browser.new_page(viewport={"width": 1300, "height": 1000})
+    page.goto(f"{lab}/lab/tree/{notebook}?reset&token={TOKEN}")
+    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=90_000)
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    return page
+
+
+def outputs_without_tracebacks(page) -> list:
+    """Texts of rendered error/stderr outputs (should be empty)."""
+    return page.evaluate("""() => Array.from(document.querySelectorAll(
+        '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"], .jp-OutputArea-output.jp-mod-error'
+    )).map(e => e.innerText.slice(0, 300))""")

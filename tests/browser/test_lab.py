@@ -1,0 +1,54 @@
+"""The course in JupyterLab, as a learner uses it: run a notebook, move its controls, look."""
+
+import re
+
+from conftest import OUTPUT, open_and_run, outputs_without_tracebacks
+
+# the scale curve's data as plotly holds it (base64 arrays stay encoded): a string to compare
+SCALE_Y = """() => { const gd = document.querySelector('.ampviz-scaler-lab .js-plotly-plot');
+    return gd && gd.data && gd.data[0] ? JSON.stringify(gd.data[0].y) : null; }"""
+
+
+def test_scaling_lab_sliders_change_the_scale_curve(browser, lab):
+    page = open_and_run(browser, lab, "04_scaling_lab.ipynb")
+    lab_widget = page.locator(".ampviz-scaler-lab").first
+    lab_widget.locator(".js-plotly-plot").wait_for(timeout=120_000)
+    lab_widget.scroll_into_view_if_needed()
+    page.wait_for_function(f"() => {{ const y = ({SCALE_Y})(); return y && y.length > 2; }}", timeout=60_000)
+    before = page.evaluate(SCALE_Y)
+    lab_widget.screenshot(path=str(OUTPUT / "scaling_lab_start.png"))
+    for cls, presses in (("ampviz-scaler-backoff", 5), ("ampviz-scaler-growth", 20)):
+        handle = lab_widget.locator(f".{cls} .noUi-handle").first
+        handle.focus()
+        for _ in range(presses):
+            handle.press("ArrowRight")
+    page.wait_for_function(f"(prev) => {{ const y = ({SCALE_Y})(); return y && y !== prev; }}",
+                           arg=before, timeout=30_000)
+    after = page.evaluate(SCALE_Y)
+    assert after != before
+    readout = lab_widget.locator(".ampviz-scaler-readout").inner_text()
+    assert "your settings" in readout
+    lab_widget.screenshot(path=str(OUTPUT / "scaling_lab_moved.png"))
+    assert outputs_without_tracebacks(page) == []
+    page.close()
+
+
+def test_format_explorer_bit_toggle(browser, lab):
+    page = open_and_run(browser, lab, "01_fp16_range.ipynb")
+    explorer = page.locator(".ampviz-format-explorer").first
+    explorer.wait_for(timeout=120_000)
+    explorer.scroll_into_view_if_needed()
+    readout = explorer.locator(".ampviz-format-readout")
+    page.wait_for_function("() => document.querySelector('.ampviz-format-explorer .ampviz-format-readout')"
+                           " && document.querySelector('.ampviz-format-explorer .ampviz-format-readout').innerText.includes('65504')",
+                           timeout=60_000)
+    explorer.screenshot(path=str(OUTPUT / "format_explorer_65519.png"))
+    explorer.locator(".ampviz-bit-0").first.click()  # the last mantissa bit: 0x7BFF -> 0x7BFE
+    page.wait_for_function("() => document.querySelector('.ampviz-format-explorer .ampviz-format-readout')"
+                           ".innerText.includes('65472')", timeout=30_000)
+    text = readout.inner_text()
+    assert re.search(r"stored\s+65472\.0", text), text
+    assert "0x7BFE" in explorer.locator(".ampviz-bits-readout").inner_text()
+    explorer.screenshot(path=str(OUTPUT / "format_explorer_bit0.png"))
+    assert outputs_without_tracebacks(page) == []
+    page.close()
