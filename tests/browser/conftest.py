@@ -5,6 +5,7 @@ is a failure. JupyterLab runs on a free loopback port with a token, on a copy of
 (the UI never writes into the repository), with its own temporary settings.
 """
 
+import contextlib
 import os
 import shutil
 import socket
@@ -46,7 +47,7 @@ def browser():
 
     OUTPUT.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        b = launch(p)
         yield b
         b.close()
 
@@ -57,13 +58,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def lab(browser):
-    """A JupyterLab server on a copy of the notebooks; yields its base URL."""
+@contextlib.contextmanager
+def jupyter_lab(notebook_dir: Path):
+    """A JupyterLab server on a copy of ``notebook_dir``; yields its base URL."""
     port = _free_port()
     tmp = Path(tempfile.mkdtemp(prefix="ampviz-lab-"))
     root = tmp / "notebooks"
-    shutil.copytree(ROOT / "notebooks", root)
+    shutil.copytree(notebook_dir, root)
     env = dict(os.environ)
     for name in ("JUPYTER_CONFIG_DIR", "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR",
                  "JUPYTER_RUNTIME_DIR"):
@@ -96,6 +97,18 @@ def lab(browser):
             proc.kill()
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def launch(playwright):
+    """Debian's Chromium, headless, with the flags this machine needs."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+
+
+@pytest.fixture(scope="session")
+def lab(browser):
+    """JupyterLab on a copy of the course's notebooks."""
+    with jupyter_lab(ROOT / "notebooks") as url:
+        yield url
 
 
 def open_and_run(browser, lab, notebook: str):

@@ -44,8 +44,11 @@ def test_format_explorer_bit_toggle(browser, lab):
                            timeout=60_000)
     explorer.screenshot(path=str(OUTPUT / "format_explorer_65519.png"))
     explorer.locator(".ampviz-bit-0").first.click()  # the last mantissa bit: 0x7BFF -> 0x7BFE
+    # wait for the new bit pattern (65472 alone would also match the old readout's neighbour)
+    page.wait_for_function("() => document.querySelector('.ampviz-format-explorer .ampviz-bits-readout')"
+                           ".innerText.includes('0x7BFE')", timeout=30_000)
     page.wait_for_function("() => document.querySelector('.ampviz-format-explorer .ampviz-format-readout')"
-                           ".innerText.includes('65472')", timeout=30_000)
+                           ".innerText.includes('(2 - 2^-9)')", timeout=30_000)
     text = readout.inner_text()
     assert re.search(r"stored\s+65472\.0", text), text
     assert "0x7BFE" in explorer.locator(".ampviz-bits-readout").inner_text()
