@@ -39,6 +39,7 @@ bench: $(VENV)/.test-installed
 	$(BIN)/python bench/bench_scaling.py
 	$(BIN)/python bench/bench_scaler_lab.py
 	$(BIN)/python bench/bench_live.py
+	$(BIN)/python bench/bench_browser.py
 
 clean:
 	rm -rf $(VENV)
