@@ -48,7 +48,6 @@ import json
 import math
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -57,6 +56,7 @@ import torch
 from torch import nn
 
 from ampviz.census import CensusResult, census
+from ampviz.training import MLP  # the course's MLP, shared with notebook 02's gradients
 from ampviz.formats import get_format
 
 __all__ = [
@@ -238,19 +238,6 @@ def describe_device(device=None) -> str:
 
 
 # ------------------------------------------------------------------ models and data
-class MLP(nn.Sequential):
-    """``depth`` Linear layers (fc1 ... fcN) with ReLU between them."""
-
-    def __init__(self, features=32, width=64, depth=6, classes=10):
-        layers, d = OrderedDict(), features
-        for i in range(1, depth):
-            layers[f"fc{i}"] = nn.Linear(d, width)
-            layers[f"relu{i}"] = nn.ReLU()
-            d = width
-        layers[f"fc{depth}"] = nn.Linear(d, classes)
-        super().__init__(layers)
-
-
 class SequenceClassifier(nn.Module):
     """Embedding + position embedding -> TransformerEncoder with a padding mask -> masked mean -> Linear."""
 

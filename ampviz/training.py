@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "MLP",
     "Problem",
     "build_problem",
     "layer_gradients",
@@ -39,6 +40,19 @@ __all__ = [
     "torch_add",
     "torch_accumulate",
 ]
+
+
+class MLP(nn.Sequential):
+    """``depth`` Linear layers (fc1 ... fcN) with ReLU between them, torch's default initialisation."""
+
+    def __init__(self, features=32, width=64, depth=6, classes=10):
+        layers, d = OrderedDict(), features
+        for i in range(1, depth):
+            layers[f"fc{i}"] = nn.Linear(d, width)
+            layers[f"relu{i}"] = nn.ReLU()
+            d = width
+        layers[f"fc{depth}"] = nn.Linear(d, classes)
+        super().__init__(layers)
 
 
 @dataclass
@@ -65,13 +79,7 @@ def build_problem(seed: int = 0, *, depth: int = 12, width: int = 64, features: 
         raise ValueError("depth, width, features and batch must be >= 1, classes >= 2")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        layers, d = OrderedDict(), features
-        for i in range(1, depth):
-            layers[f"fc{i}"] = nn.Linear(d, width)
-            layers[f"relu{i}"] = nn.ReLU()
-            d = width
-        layers[f"fc{depth}"] = nn.Linear(d, classes)
-        model = nn.Sequential(layers)
+        model = MLP(features, width, depth, classes)
     gen = torch.Generator().manual_seed(seed + 1)
     inputs = torch.randn(batch, features, generator=gen)
     teacher = torch.randn(features, classes, generator=gen)
