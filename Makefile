@@ -1,4 +1,5 @@
-# ampviz: `make lab` opens the course, `make test` runs the whole test suite.
+# ampviz: `make lab` opens the course, `make explorer` the explorer app, `make test` runs the whole
+# test suite.
 # Both create and fill a local virtual environment (.venv) first.
 
 PYTHON ?= python3
@@ -6,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: lab test bench clean browser-deps
+.PHONY: lab explorer test bench clean browser-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,15 @@ $(VENV)/.test-installed: requirements-dev.txt $(VENV)/.lab-installed
 # Bound to 127.0.0.1 with token authentication (JupyterLab's default); --allow-root only for root.
 lab: $(VENV)/.lab-installed
 	$(BIN)/jupyter lab --ip 127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/00_start_here.ipynb
+
+# The explorer app as a page of its own (Voila: outputs only, no code), on 127.0.0.1 with a fresh
+# token. Voila masks the token in its own log, so the link with it is printed here first.
+EXPLORER_PORT ?= 8866
+explorer: $(VENV)/.lab-installed
+	@token=$$($(BIN)/python -c "import secrets; print(secrets.token_hex(16))"); \
+	echo "The explorer app: http://127.0.0.1:$(EXPLORER_PORT)/?token=$$token"; \
+	$(BIN)/voila --Voila.ip=127.0.0.1 --port=$(EXPLORER_PORT) --Voila.port_retries=0 \
+		--token=$$token notebooks/explorer.ipynb
 
 # Debian's Chromium for the real-browser tests (tests/browser): installed when missing, as root.
 browser-deps:

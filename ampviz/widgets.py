@@ -47,7 +47,7 @@ from ampviz.plots import (
     plot_value,
 )
 
-__all__ = ["FormatExplorer", "LiveTrainer", "RangeExplorer", "ScalerLab", "parse_number", "running_trainers"]
+__all__ = ["ExplorerApp", "FormatExplorer", "LiveTrainer", "RangeExplorer", "ScalerLab", "parse_number", "running_trainers"]
 
 #: Light tints of ``FIELD_COLORS`` for bits that are 0.
 _FIELD_TINTS = {"sign": "#F3DDE9", "exponent": "#DDEFFA", "mantissa": "#FAEBCC"}
@@ -769,7 +769,9 @@ class LiveTrainer(_Explorer):
         self.stop_button.on_click(self._on_stop)
 
         self._figure_key = None
-        self.figure_box = W.Box()
+        # an Output, not a Box: a FigureWidget view made inside a Box keeps plotly's default 700 px
+        # width in Voila; displayed into an Output it takes the page's width
+        self.figure_box = W.Output()
         self.figure_box.add_class("ampviz-live-figure")
         self._new_figure([m for m in live.MODES if m in modes], int(steps))
         self.ui = W.VBox([
@@ -984,6 +986,74 @@ class LiveTrainer(_Explorer):
         fig = go.FigureWidget(plot_live({m: [] for m in modes}, steps=steps))
         self._heat_mode = fig.layout.meta["heat_mode"]
         old, self.figure, self._figure_key = self.figure, fig, key
-        self.figure_box.children = (fig,)
+        with self.figure_box:
+            clear_output(wait=True)
+            display(fig)
         if old is not None:
             old.close()
+
+
+# ----- the explorer app: every explorer on one page -----
+class ExplorerApp:
+    """The four explorers on one page, a tab each: the explorer app (``notebooks/explorer.ipynb``,
+    served as a page by Voila with ``make explorer``).
+
+    Tabs: ``formats`` (a ``FormatExplorer``), ``ranges`` (a ``RangeExplorer`` over ``gradients``),
+    ``scaling`` (a ``ScalerLab`` of ``steps`` steps, your settings against two other frameworks'
+    scalers, its lost share measured on the same ``gradients``) and ``training`` (a
+    ``LiveTrainer``; ``live=False`` leaves it out). ``gradients`` default to the weight
+    gradients of the course's seeded 12-layer MLP (``ampviz.training.model_gradients``, as in
+    notebook 02).
+
+    A figure drawn while its tab is hidden has no width to size itself to, so selecting a tab
+    draws its figure again (``refresh_tab``); the live training figure, a streaming FigureWidget,
+    keeps plotly's default width of 700 px instead. ``tabs`` is the ``ipywidgets.Tab``; ``explorers``
+    lists the explorers in tab order.
+    """
+
+    TITLES = ("Formats", "Ranges", "Loss scaling", "Live training")
+    INTRO = ("<i>Formats</i>: click bits or type a number and see what fp16, bf16, fp8 or tf32 store. "
+             "<i>Ranges</i>: slide the loss scale and watch real gradients leave the underflow band. "
+             "<i>Loss scaling</i>: a dynamic loss scaler on a million steps, against other frameworks'. "
+             "<i>Live training</i>: train a small model in several precisions at once and steer its scaler.")
+
+    def __init__(self, *, gradients=None, steps=1_000_000, live=True, seed=0,
+                 overlay=("DeepSpeed ZeRO", "Megatron")):
+        if gradients is None:
+            from ampviz.training import model_gradients  # torch: only when the app needs real gradients
+            gradients = model_gradients(seed=seed)
+        self.gradients = np.asarray(gradients, dtype=np.float32)
+        self.formats = FormatExplorer("fp16", value=0.1)
+        self.ranges = RangeExplorer(self.gradients, fmt="fp16", log2_scale=0)
+        self.scaling = ScalerLab(steps=steps, scenario="spikes", strength=0.5, gradients=self.gradients,
+                                 seed=seed, overlay=overlay)
+        self.training = LiveTrainer(modes=("fp32", "fp16", "fp16+scaler"), steps=300, seed=seed) if live else None
+        self.explorers = [e for e in (self.formats, self.ranges, self.scaling, self.training) if e is not None]
+        titles = list(self.TITLES[:len(self.explorers)])
+        self.tabs = W.Tab(children=[e.ui for e in self.explorers], titles=titles)
+        self.tabs.add_class("ampviz-explorer-tabs")
+        self.tabs.observe(self._on_tab, names="selected_index")
+        self.intro = W.HTML(value=self.INTRO)
+        self.intro.add_class("ampviz-explorer-intro")
+        self.ui = W.VBox([self.intro, self.tabs])
+        self.ui.add_class("ampviz-explorer-app")
+
+    def refresh_tab(self, index: int | None = None) -> None:
+        """Draw the figure of tab ``index`` (default: the selected one) again, now that it has a width."""
+        index = self.tabs.selected_index if index is None else index
+        if index is None or not 0 <= index < len(self.explorers):
+            return
+        explorer = self.explorers[index]
+        # LiveTrainer streams into a FigureWidget, which is not redrawn: its view keeps the width
+        # it got when first shown (plotly's 700 px when that happened in a hidden tab)
+        if not isinstance(explorer, LiveTrainer) and explorer.figure is not None:
+            explorer._draw(explorer.figure)
+
+    def _on_tab(self, change) -> None:
+        try:
+            self.refresh_tab(change["new"])
+        except Exception as exc:  # shown in that explorer's message line, never a traceback
+            self.explorers[change["new"]]._show_error(exc)
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.ui._repr_mimebundle_(**kwargs)

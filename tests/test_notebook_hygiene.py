@@ -85,7 +85,7 @@ def test_there_are_notebooks():
     for expected in ("00_start_here.ipynb", "01_fp16_range.ipynb", "02_loss_scaling.ipynb",
                      "03_gradscaler_internals.ipynb", "04_scaling_lab.ipynb", "05_live_training.ipynb",
                      "06_lightning_manual_backward.ipynb", "07_lightning_autocast_cache.ipynb",
-                     "08_lightning_transformer_eval.ipynb"):
+                     "08_lightning_transformer_eval.ipynb", "explorer.ipynb"):
         assert expected in names
 
 
@@ -103,8 +103,10 @@ def test_notebook_is_stripped(path):
     assert not strip_tool.strip_file(path, check_only=True)
 
 
-@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name[:2] not in ("00",)],
-                         ids=[p.name for p in NOTEBOOKS if p.name[:2] not in ("00",)])
+LESSONS = [p for p in NOTEBOOKS if p.name[:2].isdigit() and p.name[:2] != "00"]  # not the map, not the app
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.name for p in LESSONS])
 def test_lesson_anatomy(path):
     """H1 title first, a setup cell, "Try it" and "Check yourself" sections, checked outputs."""
     nb = json.loads(path.read_text(encoding="utf-8"))
@@ -120,6 +122,17 @@ def test_lesson_anatomy(path):
     assert imports_later == [], "imports belong in the one setup cell"
     assert any(strip_tool.is_checked(c) for c in code)
     assert any("assert " in _source(c) for c in code)
+
+
+def test_explorer_app_is_a_title_and_one_call():
+    """The explorer app (served by Voila, code hidden) has no lesson logic: an H1, one code cell
+    that builds ``ExplorerApp`` as its last expression."""
+    nb = json.loads((NOTEBOOK_DIR / "explorer.ipynb").read_text(encoding="utf-8"))
+    kinds = [c["cell_type"] for c in nb["cells"]]
+    assert kinds == ["markdown", "code"]
+    assert _source(nb["cells"][0]).startswith("# ")
+    lines = [line for line in _source(nb["cells"][1]).splitlines() if line and not line.startswith("#")]
+    assert lines == ["from ampviz.widgets import ExplorerApp", "ExplorerApp()"]
 
 
 # ----- the rules above can fail -----

@@ -8,6 +8,7 @@ except those of cells marked ``# NBVAL_CHECK_OUTPUT`` (see ``tools/strip_noteboo
 
     python tools/build_notebooks.py              # all notebooks
     python tools/build_notebooks.py 01 02        # those whose name starts with 01 or 02
+    python tools/build_notebooks.py explorer     # the explorer app (not a lesson)
     python tools/build_notebooks.py --no-execute # write unexecuted notebooks only
 
 A cell that raises stops the build; anything a cell writes to stderr (a warning, say) is reported
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
     parser.add_argument("prefixes", nargs="*", help="build only notebooks whose name starts so")
     parser.add_argument("--no-execute", action="store_true")
     args = parser.parse_args(argv)
-    sources = sorted(p for p in SOURCES.glob("[0-9]*.py"))
+    sources = sorted(p for p in SOURCES.glob("*.py") if not p.name.startswith("_"))
     if args.prefixes:
         sources = [p for p in sources if any(p.stem.startswith(x) for x in args.prefixes)]
     if not sources:

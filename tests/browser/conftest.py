@@ -1,4 +1,4 @@
-"""Real-browser tests: JupyterLab in headless Chromium (Debian's), driven by Playwright.
+"""Real-browser tests: JupyterLab and Voila in headless Chromium (Debian's), driven by Playwright.
 
 Without Chromium the tests skip with the reason, except under CI=true, where a missing browser
 is a failure. JupyterLab runs on a free loopback port with a token, on a copy of the notebooks
@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -78,25 +79,59 @@ def jupyter_lab(notebook_dir: Path):
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    raise RuntimeError((tmp / "lab.log").read_text())
-                time.sleep(0.5)
-        else:
-            raise RuntimeError("JupyterLab did not start within 60 s")
+        _wait_for(f"{url}/api/status?token={TOKEN}", proc, tmp / "lab.log", "JupyterLab")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop(proc)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def voila(notebook: Path):
+    """Voila serving a copy of ``notebook`` as a page, on a free loopback port with a token;
+    yields the page's URL (token included)."""
+    port = _free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="ampviz-voila-"))
+    shutil.copy(notebook, tmp / notebook.name)
+    env = dict(os.environ)
+    for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR"):
+        env[name] = str(tmp / name.lower())
+    cmd = [sys.executable, "-m", "voila", "--no-browser", "--Voila.ip=127.0.0.1", f"--port={port}",
+           "--Voila.port_retries=0", f"--token={TOKEN}", str(tmp / notebook.name)]
+    log = open(tmp / "voila.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for(f"{url}/voila/static/", proc, tmp / "voila.log", "Voila")
+        yield f"{url}/?token={TOKEN}"
+    finally:
+        _stop(proc)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _wait_for(url: str, proc, log: Path, what: str) -> None:
+    """Until the server answers ``url`` (any HTTP status counts: it is up)."""
+    for _ in range(120):
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(log.read_text())
+            time.sleep(0.5)
+    raise RuntimeError(f"{what} did not start within 60 s")
+
+
+def _stop(proc) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def launch(playwright):

@@ -1,0 +1,104 @@
+"""The explorer app as a standalone page (Voila), as a learner uses it: no code on the page, a tab
+per explorer, every control answering in the browser."""
+
+import re
+
+import pytest
+
+from conftest import OUTPUT, ROOT, outputs_without_tracebacks, voila
+
+SCALE_Y = """() => { const gd = document.querySelector('.ampviz-scaler-lab .js-plotly-plot');
+    return gd && gd.data && gd.data[0] ? JSON.stringify(gd.data[0].y) : null; }"""
+LIVE_POINTS = """() => { const gd = document.querySelector('.ampviz-live-figure .js-plotly-plot');
+    return gd && gd.data ? gd.data.map(t => (t.x && t.x.length) || 0).reduce((a, b) => a + b, 0) : 0; }"""
+
+
+@pytest.fixture(scope="module")
+def page(browser):
+    with voila(ROOT / "notebooks" / "explorer.ipynb") as url:
+        p = browser.new_page(viewport={"width": 1300, "height": 1000})
+        p.goto(url)
+        p.locator(".ampviz-explorer-app").wait_for(timeout=120_000)
+        p.locator(".ampviz-format-explorer .js-plotly-plot").wait_for(timeout=60_000)
+        yield p
+        p.close()
+
+
+def _tab(page, name):
+    page.get_by_role("tab", name=name).click()
+
+
+def test_the_page_shows_the_app_and_no_code(page):
+    assert page.get_by_role("tab").all_inner_texts() == ["Formats", "Ranges", "Loss scaling", "Live training"]
+    assert page.locator(".jp-CodeCell .jp-InputArea, .jp-CodeMirrorEditor, .cm-editor").count() == 0
+    text = page.locator("body").inner_text()
+    assert "ampviz explorer" in text and "ExplorerApp" not in text and "import" not in text
+    page.screenshot(path=str(OUTPUT / "voila_formats.png"))
+
+
+def test_format_tab_bit_toggle(page):
+    _tab(page, "Formats")
+    explorer = page.locator(".ampviz-format-explorer")
+    assert "0x2E66" in explorer.locator(".ampviz-bits-readout").inner_text()  # 0.1 in fp16
+    explorer.locator(".ampviz-bit-0").first.click()  # the last mantissa bit: 0x2E66 -> 0x2E67
+    page.wait_for_function("() => document.querySelector('.ampviz-format-explorer .ampviz-bits-readout')"
+                           ".innerText.includes('0x2E67')", timeout=30_000)
+    page.wait_for_function("() => document.querySelector('.ampviz-format-explorer .ampviz-format-readout')"
+                           ".innerText.includes('0.10003662109375')", timeout=30_000)
+    assert re.search(r"stored\s+0\.10003662109375", explorer.locator(".ampviz-format-readout").inner_text())
+    explorer.screenshot(path=str(OUTPUT / "voila_format_bit0.png"))
+
+
+def test_range_tab_scale_slider(page):
+    _tab(page, "Ranges")
+    explorer = page.locator(".ampviz-range-explorer")
+    explorer.locator(".js-plotly-plot").wait_for(timeout=30_000)
+    assert "underflow 3.9%" in explorer.locator(".ampviz-census-readout").inner_text()  # notebook 02's share
+    handle = explorer.locator(".ampviz-scale-slider .noUi-handle").first
+    handle.focus()
+    for _ in range(10):
+        handle.press("ArrowRight")
+    page.wait_for_function("() => document.querySelector('.ampviz-range-explorer .ampviz-scale-label')"
+                           ".innerText.includes('2^10')", timeout=30_000)
+    page.wait_for_function("() => !document.querySelector('.ampviz-range-explorer .ampviz-census-readout')"
+                           ".innerText.includes('underflow 3.9%')", timeout=30_000)
+    explorer.screenshot(path=str(OUTPUT / "voila_ranges_2^10.png"))
+
+
+def test_scaling_tab_sliders_change_the_scale_curve(page):
+    _tab(page, "Loss scaling")
+    lab = page.locator(".ampviz-scaler-lab")
+    page.wait_for_function(f"() => {{ const y = ({SCALE_Y})(); return y && y.length > 2; }}", timeout=60_000)
+    before = page.evaluate(SCALE_Y)
+    assert "1,000,000 steps" in lab.locator(".gtitle").first.text_content()
+    lab.screenshot(path=str(OUTPUT / "voila_scaling_start.png"))
+    for cls, presses in (("ampviz-scaler-backoff", 5), ("ampviz-scaler-growth", 20)):
+        handle = lab.locator(f".{cls} .noUi-handle").first
+        handle.focus()
+        for _ in range(presses):
+            handle.press("ArrowRight")
+    page.wait_for_function(f"(prev) => {{ const y = ({SCALE_Y})(); return y && y !== prev; }}",
+                           arg=before, timeout=30_000)
+    assert page.evaluate(SCALE_Y) != before
+    page.wait_for_function("() => document.querySelector('.ampviz-scaler-growth .widget-readout')"
+                           ".innerText.trim() === '2.020'", timeout=30_000)
+    lab.screenshot(path=str(OUTPUT / "voila_scaling_moved.png"))
+
+
+def test_live_tab_trains_and_draws(page):
+    _tab(page, "Live training")
+    trainer = page.locator(".ampviz-live-trainer")
+    trainer.locator(".js-plotly-plot").wait_for(timeout=30_000)
+    assert page.evaluate(LIVE_POINTS) == 0
+    trainer.locator(".ampviz-live-start").click()
+    page.wait_for_function("() => document.querySelector('.ampviz-live-status').innerText.includes('done')",
+                           timeout=120_000)
+    page.wait_for_function(f"() => ({LIVE_POINTS})() > 0", timeout=60_000)
+    assert re.search(r"900 / 900 steps", trainer.locator(".ampviz-live-status").inner_text())
+    trainer.screenshot(path=str(OUTPUT / "voila_live_done.png"))
+
+
+def test_no_output_shows_a_traceback(page):
+    assert outputs_without_tracebacks(page) == []
+    text = page.locator("body").inner_text()
+    assert "Traceback" not in text and "internal error" not in text and "⚠" not in text
