@@ -999,8 +999,9 @@ class ExplorerApp:
     served as a page by Voila with ``make explorer``).
 
     Tabs: ``formats`` (a ``FormatExplorer``), ``ranges`` (a ``RangeExplorer`` over ``gradients``),
-    ``scaling`` (a ``ScalerLab`` of ``steps`` steps, your settings against two other frameworks'
-    scalers, its lost share measured on the same ``gradients``) and ``training`` (a
+    ``scaling`` (a ``ScalerLab`` of ``steps`` steps, its lost share measured on the same
+    ``gradients``; ``overlay`` names other frameworks' scalers to draw from the start, none by
+    default, since each one adds tens of milliseconds to every slider move at a million steps) and ``training`` (a
     ``LiveTrainer``; ``live=False`` leaves it out). ``gradients`` default to the weight
     gradients of the course's seeded 12-layer MLP (``ampviz.training.model_gradients``, as in
     notebook 02).
@@ -1014,11 +1015,10 @@ class ExplorerApp:
     TITLES = ("Formats", "Ranges", "Loss scaling", "Live training")
     INTRO = ("<i>Formats</i>: click bits or type a number and see what fp16, bf16, fp8 or tf32 store. "
              "<i>Ranges</i>: slide the loss scale and watch real gradients leave the underflow band. "
-             "<i>Loss scaling</i>: a dynamic loss scaler on a million steps, against other frameworks'. "
+             "<i>Loss scaling</i>: a dynamic loss scaler on a million steps; compare it with other frameworks'. "
              "<i>Live training</i>: train a small model in several precisions at once and steer its scaler.")
 
-    def __init__(self, *, gradients=None, steps=1_000_000, live=True, seed=0,
-                 overlay=("DeepSpeed ZeRO", "Megatron")):
+    def __init__(self, *, gradients=None, steps=1_000_000, live=True, seed=0, overlay=()):
         if gradients is None:
             from ampviz.training import model_gradients  # torch: only when the app needs real gradients
             gradients = model_gradients(seed=seed)
