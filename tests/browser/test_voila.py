@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import OUTPUT, ROOT, outputs_without_tracebacks, voila
+from conftest import OUTPUT, ROOT, TOKEN, outputs_without_tracebacks, voila
 
 SCALE_Y = """() => { const gd = document.querySelector('.ampviz-scaler-lab .js-plotly-plot');
     return gd && gd.data && gd.data[0] ? JSON.stringify(gd.data[0].y) : null; }"""
@@ -102,3 +102,14 @@ def test_no_output_shows_a_traceback(page):
     assert outputs_without_tracebacks(page) == []
     text = page.locator("body").inner_text()
     assert "Traceback" not in text and "internal error" not in text and "⚠" not in text
+
+
+def test_the_app_also_renders_inside_jupyter_server(browser, lab):
+    """Binder's explorer link opens ``voila/render/...`` on the Jupyter server (Voila's server
+    extension), not a Voila server of its own: the same page must come up there."""
+    p = browser.new_page(viewport={"width": 1300, "height": 1000})
+    p.goto(f"{lab}/voila/render/explorer.ipynb?token={TOKEN}")
+    p.locator(".ampviz-explorer-app .ampviz-format-explorer .js-plotly-plot").wait_for(timeout=120_000)
+    assert p.get_by_role("tab").all_inner_texts() == ["Formats", "Ranges", "Loss scaling", "Live training"]
+    assert outputs_without_tracebacks(p) == []
+    p.close()
