@@ -95,7 +95,7 @@ KNOWN = [
     _rule(["AssertionError"], r"The (growth|backoff) factor must be",
           "invalid GradScaler factor",
           "growth_factor must be above 1 and backoff_factor below 1.",
-          "E.g. growth_factor=2.0, backoff_factor=0.5 (torch's defaults).", "notebook 04"),
+          "E.g. growth_factor=2.0, backoff_factor=0.5 (torch's defaults).", _NB03),
     _rule(["AssertionError"], r"new_scale should be a float or a 1-element",
           "update(new_scale) with a tensor it refuses",
           "update(new_scale) takes a Python float, or a one-element tensor on the scaler's device type "

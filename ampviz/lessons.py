@@ -10,7 +10,8 @@ The notebooks show their results through these functions so that they hold no lo
   stops learning when it is stored in a low-precision format (and why AMP keeps fp32 master weights);
 * ``largest_safe_scale``, ``census_table``, ``layer_table``: choosing a static loss scale and
   seeing what it does;
-* ``check`` and the ``check_*`` questions: exercise checkers that answer with one fixed line.
+* ``check`` and the ``check_*`` questions: exercise checkers that answer with one fixed line
+  (the *Check yourself* cells of every notebook; the expected answer lives here, not in the cell).
 
 Arithmetic in a format is modelled as IEEE arithmetic is defined: the exact result of the operation
 on the stored operands, rounded once into the format. torch computes a float16 or bfloat16 addition
@@ -46,12 +47,24 @@ __all__ = [
     "trace_table",
     "Check",
     "check",
+    "check_cast",
     "check_smallest_subnormal",
     "check_fp16_cast_65520",
     "check_bf16_lost_ratio",
     "check_lost_share",
     "check_safe_scale",
     "check_overflow_action",
+    "check_scale_direction",
+    "check_hysteresis_skips",
+    "check_log_verdict",
+    "check_mode_without_loss",
+    "check_fp16_lost_ratio",
+    "check_low_scale",
+    "check_nested_autocast",
+    "check_layer_without_grad",
+    "check_cache_call",
+    "check_left_padding_crash",
+    "check_local_fix",
 ]
 
 
@@ -396,6 +409,29 @@ def check(answer, expected, *, tol: float = 0.0, hint: str = "", accept=None) ->
     return Check("wrong", "✗ not quite" + (f": {hint}" if hint else ""))
 
 
+def _text_is(*accepted):
+    """An ``accept`` function: the answer is one of ``accepted`` (case, spaces and quotes ignored)."""
+    def accept(answer) -> bool:
+        return isinstance(answer, str) and answer.strip().strip("'\"").strip().casefold() in accepted
+    return accept
+
+
+def _yes_no(expected: bool):
+    """An ``accept`` function for a yes/no question: "yes"/"no" (any case) or True/False."""
+    def accept(answer) -> bool:
+        if isinstance(answer, bool):
+            return answer is expected
+        return _text_is("yes" if expected else "no")(answer)
+    return accept
+
+
+# ----- 00 and 01: formats and casts -----
+def check_cast(answer, value, fmt="fp16") -> Check:
+    """Q: what ``value`` becomes when it is cast to ``fmt`` (the stored value, exactly)."""
+    return check(answer, get_format(fmt).quantize(float(value)),
+                 hint="type the value into the explorer's box and read the value it stores")
+
+
 def check_smallest_subnormal(answer) -> Check:
     """Q: the smallest positive value fp16 can store."""
     return check(answer, get_format("fp16").smallest_subnormal,
@@ -415,6 +451,7 @@ def check_bf16_lost_ratio(answer) -> Check:
                  hint="bf16 keeps 7 mantissa bits; count one more for rounding")
 
 
+# ----- 02: loss scaling -----
 def check_lost_share(answer, values, fmt="fp16") -> Check:
     """Q: the share (0 to 1) of all ``values`` that fmt flushes to zero at scale 1, within 0.01."""
     c = census(values, fmt, 1.0)
@@ -432,3 +469,85 @@ def check_overflow_action(answer) -> Check:
     """Q: what GradScaler does with a step whose gradients contain inf: "skip" (and lower the scale)."""
     return check(answer, "skip", accept=lambda a: isinstance(a, str) and "skip" in a.casefold(),
                  hint="applying an inf gradient would turn the weights into inf or NaN")
+
+
+# ----- 04: dynamic loss scalers -----
+def check_scale_direction(answer) -> Check:
+    """Q: torch's rule (growth_interval 2000), an overflow every 500 steps: does the scale go
+    "up" or "down"?"""
+    return check(answer, "down", accept=_text_is("down"),
+                 hint="growth needs growth_interval clean steps in a row")
+
+
+def check_hysteresis_skips(answer) -> Check:
+    """Q: how many overflows in a row Megatron's default scaler skips without backing off."""
+    from ampviz.scaling import PRESETS
+
+    return check(answer, PRESETS["Megatron"].hysteresis - 1, hint="the budget is spent before the backoff")
+
+
+def check_log_verdict(answer, scales) -> Check:
+    """Q: ``ampviz.scalelog.diagnose``'s verdict on the scales a log reports after each overflow:
+    "sawtooth", "ratchet" or "collapse"."""
+    from ampviz.scalelog import diagnose
+
+    verdict = diagnose(scales).verdict
+    return check(answer, verdict, accept=_text_is(verdict),
+                 hint="compare the first and the last quarter of the messages")
+
+
+# ----- 05: live training -----
+def check_mode_without_loss(answer) -> Check:
+    """Q: which mode lost no gradient to underflow at step 0, "fp16" or "fp16+scaler"."""
+    return check(answer, "fp16+scaler", accept=_text_is("fp16+scaler", "fp16 + scaler"),
+                 hint="which mode multiplied the loss before the backward pass?")
+
+
+def check_fp16_lost_ratio(answer) -> Check:
+    """Q: how many times larger than an update an fp16 weight of 1.0 must be for the update to vanish."""
+    return check(answer, 1.0 / largest_lost_update(1.0, "fp16"),
+                 hint="fp16 keeps 10 mantissa bits; count one more for rounding")
+
+
+def check_low_scale(answer, diagnosis) -> Check:
+    """Q: the low end of the initial loss scale range that ``ampviz.doctor.examine`` recommends
+    (``diagnosis.scale_range[0]``; "none" when it recommends no range)."""
+    if diagnosis.scale_range is None:
+        return check(answer, "none", hint="read the diagnosis's summary: does it recommend a range?")
+    return check(answer, diagnosis.scale_range[0], hint="the smallest power of two that loses < 0.1%")
+
+
+# ----- 07: the autocast weight cache -----
+def check_nested_autocast(answer) -> Check:
+    """Q: under the legacy cache rule, inside Lightning <= 2.5's autocast, does wrapping the grad
+    pass in its own ``torch.autocast`` give every parameter its gradient? ("no")"""
+    return check(answer, "no", accept=_yes_no(False),
+                 hint="when is the cache cleared: at every autocast exit, or only at one?")
+
+
+def check_layer_without_grad(answer) -> Check:
+    """Q: under the legacy rule, Linear -> LayerNorm: which layer's weight keeps ``.grad = None``."""
+    return check(answer, "linear", accept=_text_is("linear", "nn.linear", "the linear layer"),
+                 hint="which op reused a cast made under no_grad?")
+
+
+def check_cache_call(answer) -> Check:
+    """Q: a torch function to call between the two passes that makes the legacy rule harmless
+    (``torch.clear_autocast_cache``)."""
+    return check(answer, "torch.clear_autocast_cache",
+                 accept=lambda a: isinstance(a, str) and "clear_autocast_cache" in a,
+                 hint="the function torch.autocast itself calls when the outermost autocast exits")
+
+
+# ----- 08: TransformerEncoder under bf16-mixed -----
+def check_left_padding_crash(answer) -> Check:
+    """Q: eval + no_grad under CPU bf16 autocast, with a LEFT-padded mask: does the encoder crash? ("no")"""
+    return check(answer, "no", accept=_yes_no(False),
+                 hint="the nested-tensor fast path needs right padding; look at section 2")
+
+
+def check_local_fix(answer) -> Check:
+    """Q: which fix keeps bf16-mixed training and changes nothing outside one module: "nested"
+    (``enable_nested_tensor=False``), "fastpath" or "bf16-true"."""
+    return check(answer, "nested", accept=_text_is("nested", "enable_nested_tensor=false"),
+                 hint="one of them is a global switch, one changes the weights' dtype")

@@ -246,6 +246,43 @@ def test_question_checkers():
         assert c.status == "wrong" and not any(ch.isdigit() for ch in str(c).split(":")[0])
 
 
+
+def test_later_question_checkers():
+    assert L.check_cast(65504, 65519) and L.check_cast(np.inf, 65520) and not L.check_cast(65519, 65519)
+    assert L.check_cast(256, 257, "bf16") and not L.check_cast(257, 257, "bf16")
+    assert L.check_scale_direction(" Down ") and not L.check_scale_direction("up")
+    assert L.check_hysteresis_skips(1) and not L.check_hysteresis_skips(2)
+    ratchet = [1024.0, 1024.0, 512.0, 256.0, 256.0, 128.0, 64.0, 32.0]
+    assert L.check_log_verdict("ratchet", ratchet) and not L.check_log_verdict("sawtooth", ratchet)
+    assert L.check_log_verdict("'sawtooth'", [1024.0] * 8)
+    assert L.check_mode_without_loss("fp16+scaler") and not L.check_mode_without_loss("fp16")
+    assert L.check_fp16_lost_ratio(2048) and not L.check_fp16_lost_ratio(1024)
+
+    class Diagnosis:
+        scale_range = (2.0**7, 2.0**20)
+    assert L.check_low_scale(128, Diagnosis()) and not L.check_low_scale(2**16, Diagnosis())
+    Diagnosis.scale_range = None
+    assert L.check_low_scale("none", Diagnosis()) and not L.check_low_scale(128, Diagnosis())
+    for yes_no in (L.check_nested_autocast, L.check_left_padding_crash):
+        assert yes_no("no") and yes_no("No") and yes_no(False)
+        assert not yes_no("yes") and not yes_no(True) and not yes_no(0)
+    assert L.check_layer_without_grad("Linear") and not L.check_layer_without_grad("layernorm")
+    assert L.check_cache_call("torch.clear_autocast_cache()") and not L.check_cache_call("torch.cuda.empty_cache()")
+    assert L.check_local_fix("nested") and L.check_local_fix("enable_nested_tensor=False")
+    assert not L.check_local_fix("fastpath") and not L.check_local_fix("bf16-true")
+
+
+@pytest.mark.parametrize("name", [n for n in L.__all__ if n.startswith("check_")])
+def test_every_checker_answers_none_with_not_answered(name):
+    """Each checker takes ``answer`` first and says "not answered yet" to None, whatever it needs."""
+    extra = {"check_lost_share": (np.ones(3, np.float32),), "check_safe_scale": (np.ones(3, np.float32),),
+             "check_cast": (1.0,), "check_log_verdict": ([1.0] * 4,),
+             "check_low_scale": (type("D", (), {"scale_range": (1.0, 2.0)})(),)}
+    c = getattr(L, name)(None, *extra.get(name, ()))
+    assert c.status == "unanswered" and str(c).startswith("not answered yet")
+    wrong = getattr(L, name)("certainly not this", *extra.get(name, ()))
+    assert wrong.status == "wrong" and str(wrong).startswith("✗ not quite: ")
+
 def test_trace_table():
     from ampviz.lessons import trace_table
     from ampviz.scaling import DynamicScaler, TorchGradScaler, simulate

@@ -23,6 +23,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from queue import Empty
 
 import nbformat
 from nbclient import NotebookClient
@@ -72,13 +73,40 @@ def make_notebook(name: str, cells) -> nbformat.NotebookNode:
     return nb
 
 
+class SlicedPollClient(NotebookClient):
+    """nbclient, with the shell channel polled in slices of one second.
+
+    With widget output, a cell's execute reply can arrive without waking the asyncio poll that
+    waits for it (jupyter/nbclient#312); pyzmq then finds it only when that poll times out, after
+    the whole cell timeout (300 s), and the run goes on as if nothing happened. Polling in slices
+    bounds such a stall to a second.
+    """
+
+    async def async_start_new_kernel_client(self):
+        kc = await super().async_start_new_kernel_client()
+        get_msg = kc.shell_channel.get_msg
+
+        async def sliced_get_msg(timeout=None):
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = 1.0 if deadline is None else min(1.0, max(deadline - time.monotonic(), 0.0))
+                try:
+                    return await get_msg(timeout=left)
+                except Empty:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise
+
+        kc.shell_channel.get_msg = sliced_get_msg
+        return kc
+
+
 def execute(nb: nbformat.NotebookNode, timeout: int = 300) -> nbformat.NotebookNode:
     env_path = os.path.dirname(sys.executable)
     os.environ["PATH"] = env_path + os.pathsep + os.environ.get("PATH", "")  # kernel = this env
     # store_widget_state=False would be the natural choice, but nbclient 0.11 then fails with a
     # KeyError when an ipywidgets.Output captures a display (every explorer does). The state it
     # stores is removed again by strip() (metadata.widgets), so nothing of it is committed.
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
+    client = SlicedPollClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
                             record_timing=False, resources={"metadata": {"path": str(NOTEBOOKS)}})
     client.execute()
     return nb

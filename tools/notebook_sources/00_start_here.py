@@ -10,7 +10,7 @@ CELLS = [
     loss scaling keeps small gradients alive.
 
     In this notebook you will be able to:
-    - find your way around the course: what each notebook teaches and which ones are ready,
+    - find your way around the course: what each notebook teaches, and where its exercises are,
     - run cells and use the interactive explorers in JupyterLab (and fix one that does not show),
     - see what *your* machine measures for fp16 and bf16, rather than what a datasheet promises.
     """),
@@ -19,7 +19,7 @@ CELLS = [
     import torch
 
     from ampviz import env
-    from ampviz.lessons import cast_table
+    from ampviz.lessons import cast_table, check_cast
     from ampviz.plots import plot_format_ranges
     from ampviz.widgets import FormatExplorer
 
@@ -29,19 +29,23 @@ CELLS = [
     md("""
     ## The course map
 
-    | # | notebook | what you will learn | status |
-    |---|---|---|---|
-    | 00 | start here | this page: the map, how to use the widgets, your environment | **available** |
-    | 01 | fp16 range | the bits of fp16, bf16 and fp8: ranges, subnormals, rounding, and why a weight stops learning in fp16 | **available** |
-    | 02 | loss scaling | real gradients that fp16 flushes to zero, and how a static loss scale shifts them back into range | **available** |
-    | 03 | GradScaler internals | the real `torch.amp.GradScaler` call by call: its float32 scale, `unscale_`, skipped steps, backoff and growth, every error message, clipping and skipped-step checks, and a bit-exact simulator | **available** |
-    | 04 | scaling lab | the sawtooth, the ratchet and the collapse: a dozen frameworks' loss scalers side by side on the same gradient streams, with a live lab | **available** |
-    | 05 | live AMP training | one seeded model trained in fp32, fp16 with and without a scaler, bf16 and pure fp16: where gradients vanish, why weights freeze, the measured speed, a live trainer and a gradient check-up for your own model | **available** |
-    | 06 | Lightning pitfall 1 | `loss.backward()` instead of `self.manual_backward(loss)` under fp16 AMP, and why `precision="16-mixed"` on a CPU hides it (it silently becomes `bf16-mixed`, with no scaler) | **available** |
-    | 07 | Lightning pitfall 2 | a `no_grad` pass and then a grad pass inside one autocast: cached casts without gradients on older versions, and why the pinned versions are safe | **available** |
-    | 08 | Lightning pitfall 3 | `nn.TransformerEncoder` under `bf16-mixed` that trains, then crashes in the first validation (the fast path with a padding mask) | **available** |
+    | notebook | what you will learn |
+    |---|---|
+    | 00 · Start here (this page) | the map, how to use the widgets, your environment |
+    | [01 · The fp16 range: bits, subnormals, rounding](01_fp16_range.ipynb) | the bits of fp16, bf16 and fp8: ranges, subnormals, rounding, and why a weight stops learning in fp16 |
+    | [02 · Loss scaling: keeping small gradients alive in fp16](02_loss_scaling.ipynb) | real gradients that fp16 flushes to zero, and how a static loss scale shifts them back into range |
+    | [03 · GradScaler internals: the real scaler, call by call](03_gradscaler_internals.ipynb) | the real `torch.amp.GradScaler` call by call: its float32 scale, `unscale_`, skipped steps, backoff and growth, every error message, clipping and skipped-step checks, and a bit-exact simulator |
+    | [04 · The scaling lab: dynamic loss scalers under pressure](04_scaling_lab.ipynb) | the sawtooth, the ratchet and the collapse: a dozen frameworks' loss scalers side by side on the same gradient streams, with a live lab |
+    | [05 · Live training: fp16, a scaler, bf16 and pure half weights](05_live_training.ipynb) | one seeded model trained in fp32, fp16 with and without a scaler, bf16 and pure fp16: where gradients vanish, why weights freeze, the measured speed, a live trainer and a gradient check-up for your own model |
+    | [06 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`](06_lightning_manual_backward.ipynb) | the wrong backward call under fp16 AMP: the `_scale is None` error, its silent variant, and why `precision="16-mixed"` on a CPU hides it (it silently becomes `bf16-mixed`, with no scaler) |
+    | [07 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad](07_lightning_autocast_cache.ipynb) | cached casts without gradients on older versions, why the pinned versions are safe, and a fix that works everywhere |
+    | [08 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation](08_lightning_transformer_eval.ipynb) | `nn.TransformerEncoder` under `bf16-mixed`: the exact conditions of the crash (the fast path with a padding mask), the old and new messages, and fixes checked against fp32 |
 
     Work through 01 and 02 in order: 02 uses the vocabulary of 01 (subnormal, underflow, overflow).
+    Each lesson's exercises are at its end: **Check yourself** (questions a cell checks for you),
+    then the summary and **open exercises** to explore on your own.
+    The four explorers (formats, ranges, scaling lab, live trainer) also share one page: the
+    explorer app (`explorer.ipynb`; `make explorer` serves it as a page with Voila).
     """),
     md("""
     ## Using the notebooks in JupyterLab
@@ -104,17 +108,35 @@ CELLS = [
     plot_format_ranges()
     """),
     md("""
+    ## Check yourself
+
+    Every lesson ends with questions like this one. Set `answer` and run the cell: it answers with
+    one line, ✓ or ✗ with a hint (or "not answered yet"), and never shows the expected value.
+    """),
+    code("""
+    # Type 65519 into the explorer above: what does fp16 store for it? (a number)
+    answer = None
+    check_cast(answer, 65519, "fp16")
+    """),
+    md("""
     ## Summary
 
-    - All nine notebooks, 00 to 08, follow the same layout: a setup cell, short steps,
-      an explorer under *Try it*, and *Check yourself* at the end.
+    - All nine notebooks, 00 to 08, follow the same layout: a setup cell, short steps, a *Try it*
+      section (an explorer, or a cell to change and re-run), and at the end *Check yourself*,
+      a summary and open exercises.
     - Explorers redraw on every change; if one shows an error instead of controls, re-run its cell.
     - What fp16 and bf16 cost or save on your hardware is measured, not assumed.
 
-    **Next:** open `01_fp16_range.ipynb`.
+    **Next:** open [01 · The fp16 range: bits, subnormals, rounding](01_fp16_range.ipynb).
 
     **Open exercises**
     1. Run `env.check()` again. Which of its numbers change from run to run, and why?
     2. In the explorer, find the smallest positive number fp16 can store by clicking bits.
     """),
 ]
+
+# The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
+# (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
+SOLUTIONS = {
+    "fp16 store for it": ("65504", "65519"),
+}

@@ -218,7 +218,8 @@ CELLS = [
       anything 2048× smaller (bf16: 256×). AMP keeps fp32 master weights so small updates add up.
     - fp8 E4M3 saturates at 448; E5M2 overflows to inf from 61440.
 
-    **Next:** `02_loss_scaling.ipynb` puts real gradients into this picture.
+    **Next:** [02 · Loss scaling: keeping small gradients alive in fp16](02_loss_scaling.ipynb) puts real
+    gradients into this picture.
 
     **Open exercises**
     1. What is the largest integer *n* such that every integer from 0 to *n* is exact in fp16?
@@ -231,3 +232,12 @@ CELLS = [
        ratio not 2048?
     """),
 ]
+
+
+# The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
+# (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
+SOLUTIONS = {
+    "smallest positive number fp16": ("2**-24", "2**-14"),
+    "What does 65520.0 become": ("float('inf')", "65504"),
+    "A bf16 weight is 1.0": ("256", "2048"),
+}

@@ -208,14 +208,15 @@ CELLS = [
     md("""
     ## Summary
 
-    - fp16 flushes gradients below 2^-24 to zero (3.90% of this model's gradients) and keeps those
-      below 2^-14 only as subnormals (another 40.95%); layers far from the loss suffer most.
+    - fp16 flushes gradients of 2^-25 and below to zero (3.90% of this model's gradients) and keeps
+      those below 2^-14 only as subnormals (another 40.95%); layers far from the loss suffer most.
     - Multiplying the loss by S = 2^k multiplies every gradient by exactly 2^k, moving the whole
       histogram k binades to the right; the optimizer unscales in fp32.
     - A static S must satisfy S × max|g| < 65504; here S = 2^20 loses nothing. One step further,
       3 gradients become inf and the step must be skipped.
 
-    **Next:** notebook 03 takes `torch.amp.GradScaler` apart: how it finds S on its own.
+    **Next:** [03 · GradScaler internals: the real scaler, call by call](03_gradscaler_internals.ipynb)
+    takes `torch.amp.GradScaler` apart: how it finds S on its own.
 
     **Open exercises**
     1. `census_table(g, "bf16")`: how many gradients does bf16 lose at scale 1? Why?
@@ -227,3 +228,12 @@ CELLS = [
        scale per layer (not one per model) help, and what would it cost?
     """),
 ]
+
+
+# The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
+# (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
+SOLUTIONS = {
+    "what share of ALL the gradients": ("0.039", "0.077"),  # wrong: the share of the nonzero ones
+    "largest power-of-two loss scale": ("2**20", "2**21"),
+    "What does it do with that step": ('"skip"', '"clip"'),
+}

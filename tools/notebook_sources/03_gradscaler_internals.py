@@ -338,7 +338,8 @@ CELLS = [
       disables itself. Skipped first steps make the scheduler warn.
     - `simulate(TorchGradScaler(...))` matches the real scaler step for step.
 
-    **Next:** notebook 04 puts a dozen frameworks' loss scalers side by side, in a live lab.
+    **Next:** [04 · The scaling lab: dynamic loss scalers under pressure](04_scaling_lab.ipynb) puts a
+    dozen frameworks' loss scalers side by side, in a live lab.
 
     **Open exercises**
     1. In *Try it*, set `backoff_factor=0.9` and `pattern = "x" * 2000`. Where does the scale stop,
@@ -352,3 +353,13 @@ CELLS = [
        gradients are small?
     """),
 ]
+
+
+# The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
+# (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
+SOLUTIONS = {
+    "what is the growth tracker": ("0", "3"),
+    "take the default scale 2^16 to exactly 0": ("166", "165"),
+    "Which test tells you": ('"b"', '"a"'),
+    "what gradient norm does the optimizer apply": ("2**-16", "1"),
+}

@@ -17,7 +17,7 @@ CELLS = [
     import numpy as np
 
     from ampviz import synth
-    from ampviz.lessons import check, trace_table
+    from ampviz.lessons import check_hysteresis_skips, check_log_verdict, check_scale_direction, trace_table
     from ampviz.plots import plot_scale_trace
     from ampviz.scalelog import diagnose, read_log, write_log
     from ampviz.scaling import PRESETS, ApexHysteresisScaler, TorchGradScaler, simulate
@@ -183,18 +183,17 @@ CELLS = [
     code("""
     # growth_interval is 2000 and an overflow comes every 500 steps. Does torch's scale go "up" or "down"?
     answer = None
-    check(answer, "down", hint="growth needs growth_interval clean steps in a row")
+    check_scale_direction(answer)
     """),
     code("""
     # Megatron's default hysteresis is 2. How many overflows in a row does it skip WITHOUT backing off?
     answer = None
-    check(answer, PRESETS["Megatron"].hysteresis - 1, hint="the budget is spent before the backoff")
+    check_hysteresis_skips(answer)
     """),
     code("""
     # A log reports these scales after each overflow. Verdict: "sawtooth", "ratchet" or "collapse"?
     answer = None
-    check(answer, diagnose([1024.0, 1024.0, 512.0, 256.0, 256.0, 128.0, 64.0, 32.0]).verdict,
-          hint="compare the first and the last quarter of the messages")
+    check_log_verdict(answer, [1024.0, 1024.0, 512.0, 256.0, 256.0, 128.0, 64.0, 32.0])
     """),
     md("""
     The lesson's claims, checked:
@@ -223,8 +222,9 @@ CELLS = [
       starting scale and rounding; the same stream can be harmless in one and fatal in another.
     - Read a log by the scale after each message: stable means fine, falling means find the cause.
 
-    **Next:** notebook 05 trains a real model in fp16 with and without a scaler, in bf16 and in
-    pure fp16, and examines your own model's gradients.
+    **Next:** [05 · Live training: fp16, a scaler, bf16 and pure half weights](05_live_training.ipynb)
+    trains a real model in fp16 with and without a scaler, in bf16 and in pure fp16, and examines
+    your own model's gradients.
 
     **Open exercises**
     1. In section 2, which `growth_interval` lets torch's scale hold steady against a spike every
@@ -237,3 +237,12 @@ CELLS = [
        bursts stream and diagnose it.
     """),
 ]
+
+
+# The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
+# (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
+SOLUTIONS = {
+    'go "up" or "down"': ('"down"', '"up"'),
+    "Megatron's default hysteresis": ("1", "2"),
+    "A log reports these scales": ('"ratchet"', '"sawtooth"'),
+}

@@ -19,7 +19,7 @@ CELLS = [
 
     from ampviz.census import census
     from ampviz.doctor import examine, lost_table, make_mlp, moved_share, moved_table, speed_table, train_modes
-    from ampviz.lessons import check, largest_lost_update
+    from ampviz.lessons import check_fp16_lost_ratio, check_low_scale, check_mode_without_loss
     from ampviz.live import build_task, describe_device
     from ampviz.plots import plot_live
     from ampviz.widgets import LiveTrainer
@@ -51,9 +51,9 @@ CELLS = [
     md("""
     ## 2. Where gradients vanish without a scaler
 
-    Under fp16 autocast the backward pass runs in fp16, so a gradient below 2^-25 reaches `.grad` as
-    an exact 0. `lost_table` counts, per layer, the gradients that end as 0 beyond the exact zeros of
-    the fp32 run (dead ReLU units). The fp32 column says what fp16 *would* lose.
+    Under fp16 autocast the backward pass runs in fp16, so a gradient of 2^-25 or less reaches
+    `.grad` as an exact 0. `lost_table` counts, per layer, the gradients that end as 0 beyond the
+    exact zeros of the fp32 run (dead ReLU units). The fp32 column says what fp16 *would* lose.
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -160,17 +160,17 @@ CELLS = [
     code("""
     # Which mode lost no gradient to underflow at step 0: "fp16" or "fp16+scaler"?
     answer = None
-    check(answer, "fp16+scaler", hint="which mode multiplied the loss before the backward pass?")
+    check_mode_without_loss(answer)
     """),
     code("""
-    # In fp16, how many times larger than an update must a weight be for the update to be lost?
+    # An fp16 weight is 1.0. How many times larger than an update must it be for the update to be lost?
     answer = None
-    check(answer, 1.0 / largest_lost_update(1.0, "fp16"), hint="10 mantissa bits, plus one for rounding")
+    check_fp16_lost_ratio(answer)
     """),
     code("""
     # examine() recommends a range of initial scales. What is its LOW end for this model (a number)?
     answer = None
-    check(answer, diagnosis.scale_range[0], hint="the smallest power of two that loses < 0.1%")
+    check_low_scale(answer, diagnosis)
     """),
     md("""
     The lesson's claims for this seeded run, checked:
@@ -204,7 +204,8 @@ CELLS = [
     - Speed depends on the hardware: read it off the speed table on yours, never assume it.
     - `examine(model, batch)` recommends an initial loss scale range, or tells you to use bf16.
 
-    **Next:** notebooks 06 to 08 take the three PyTorch Lightning AMP pitfalls apart.
+    **Next:** notebooks 06 to 08 take the three PyTorch Lightning AMP pitfalls apart, starting with
+    [06 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`](06_lightning_manual_backward.ipynb).
 
     **Open exercises**
     1. Train with `train_modes(("fp32", "fp16"), depth=6, steps=100, census_every=25)`. Does fp16
@@ -215,3 +216,12 @@ CELLS = [
     4. Scale the first layer's weights of a model by 10^4 and examine it again. Why is bf16 now safer?
     """),
 ]
+
+
+# The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
+# (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
+SOLUTIONS = {
+    "lost no gradient to underflow at step 0": ('"fp16+scaler"', '"fp16"'),
+    "An fp16 weight is 1.0": ("2048", "1024"),
+    "What is its LOW end": ("2**7", "2**16"),
+}

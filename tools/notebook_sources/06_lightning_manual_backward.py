@@ -241,6 +241,9 @@ CELLS = [
     - Lightning calls `scaler.update()` after every `opt.step()`: with N optimizers, one
       overflowing iteration divides the scale by 2^N.
 
+    **Next:**
+    [07 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad](07_lightning_autocast_cache.ipynb).
+
     **Open exercises**
     1. In *Try it*, run `"loss.backward"` with `precision="bf16-mixed"` instead of `fp16=True`.
        Why is this code correct there, and what would break it?
@@ -251,3 +254,12 @@ CELLS = [
        gradients it clips scaled or not? (Hint: where does the plugin call `unscale_`?)
     """),
 ]
+
+
+# The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
+# (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
+SOLUTIONS = {
+    "what is trainer.precision": ('"bf16-mixed"', '"16-mixed"'),
+    "which call makes the scaler scale the loss": ('"self.manual_backward(loss)"', '"loss.backward()"'),
+    "Four optimizers, scale 65536": ("4096", "32768"),
+}

@@ -19,7 +19,7 @@ CELLS = [
     code("""
     import torch
 
-    from ampviz.lessons import check
+    from ampviz.lessons import check_cache_call, check_layer_without_grad, check_nested_autocast
     from ampviz.pitfalls.autocast_cache import (SimulatedLegacyAutocastCache, fix_table, make_model,
                                                 real_lightning, real_plain, simulated_lightning,
                                                 simulated_plain, summary, which_world, world)
@@ -172,19 +172,17 @@ CELLS = [
     # Legacy rule, inside Lightning <= 2.5's autocast: does wrapping the grad pass in its own
     # torch.autocast(...) give every parameter its gradient? Answer "yes" or "no".
     answer = None
-    check(answer, "no", hint="when is the cache cleared: at every autocast exit, or only at one?")
+    check_nested_autocast(answer)
     """),
     code("""
     # Legacy rule, Linear -> LayerNorm: which layer's weight keeps .grad = None? "linear" or "layernorm"
     answer = None
-    check(answer, "linear", hint="which op reused a cast made under no_grad?")
+    check_layer_without_grad(answer)
     """),
     code("""
     # Name a torch function to call between the two passes that makes the legacy rule harmless.
     answer = None
-    check(answer, "torch.clear_autocast_cache",
-          accept=lambda a: isinstance(a, str) and "clear_autocast_cache" in a,
-          hint="the function torch.autocast itself calls when the outermost autocast exits")
+    check_cache_call(answer)
     """),
     md("""
     The lesson's claims, checked:
@@ -218,6 +216,9 @@ CELLS = [
       extra pass. `cache_enabled=False` or `torch.clear_autocast_cache()` also work; re-entering
       autocast works only at the top level.
 
+    **Next:**
+    [08 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation](08_lightning_transformer_eval.ipynb).
+
     **Open exercises**
     1. In *Try it*, put the grad pass first and the `no_grad` pass second. How many casts are reused
        from the cache, and do all parameters get a gradient? Why is this order safe?
@@ -229,3 +230,12 @@ CELLS = [
        real legacy cache affect on the GPU, and how would you extend the simulation to `F.conv2d`?
     """),
 ]
+
+
+# The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
+# (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
+SOLUTIONS = {
+    "wrapping the grad pass": ('"no"', '"yes"'),
+    "which layer's weight keeps .grad = None": ('"linear"', '"layernorm"'),
+    "Name a torch function": ('"torch.clear_autocast_cache()"', '"torch.cuda.empty_cache()"'),
+}

@@ -17,7 +17,7 @@ CELLS = [
     code("""
     import torch
 
-    from ampviz.lessons import check
+    from ampviz.lessons import check_left_padding_crash, check_local_fix
     from ampviz.pitfalls import versions
     from ampviz.pitfalls.transformer_eval import (condition_table, crash, encoder_call, fix_runs,
                                                   fix_table, old_message)
@@ -122,8 +122,8 @@ CELLS = [
     Notice:
     - Every fix validates. None of the bf16 ones gives *exactly* fp32's loss: training under bf16
       autocast already moved the weights a little differently. The three bf16-mixed fixes stay within
-      1e-3 of fp32; `bf16-true` is further off, because its weights themselves are bf16 (8 bits of
-      mantissa), and their updates are rounded to bf16 too.
+      1e-3 of fp32; `bf16-true` is further off, because its weights themselves are bf16 (7 mantissa
+      bits), and their updates are rounded to bf16 too.
     - `32-true` and `bf16-true` avoid the crash by dropping autocast, so they change all of training,
       not just validation.
     - The two targeted fixes change only the encoder's path and keep bf16-mixed everywhere else:
@@ -163,16 +163,18 @@ CELLS = [
     # Under precision="bf16-mixed" on the CPU, does this crash?  model.eval(); with torch.no_grad(): model(x, pad)
     # but with a left-padded mask. Answer "yes" or "no".
     answer = None
-    check(answer, "no", hint="the nested-tensor fast path needs right padding; look at section 2")
+    check_left_padding_crash(answer)
     """),
     code("""
     # Which of the fixes keeps bf16-mixed training and changes nothing outside one module?
     # Answer "nested" (enable_nested_tensor=False), "fastpath" (set_fastpath_enabled(False)) or "bf16-true".
     answer = None
-    check(answer, "nested", hint="one of them is a global switch, one changes the weights' dtype")
+    check_local_fix(answer)
+    """),
+    md("""
+    The lesson's claims, checked on this machine's torch and lightning:
     """),
     code("""
-    # The claims of this lesson, on this machine
     assert crash().message == "expected scalar type Float but found BFloat16"
     assert encoder_call(train=True).error_type is None and encoder_call(grad="enabled").error_type is None
     assert encoder_call(nested=False).error_type is None and encoder_call(fastpath=False).error_type is None
@@ -182,6 +184,7 @@ CELLS = [
     assert all(abs(out.loss - ref) < 1e-3 for name, out in runs.items() if "bf16-true" not in name)
     assert abs(runs['precision="bf16-true"'].loss - ref) < 2e-2
     assert torch.backends.mha.get_fastpath_enabled()  # the global switch was restored
+    print("all claims hold")
     """),
     md("""
     ## Summary
@@ -195,8 +198,10 @@ CELLS = [
       `torch.backends.mha.set_fastpath_enabled(False)`, restored afterwards); `bf16-true`, `32-true` and
       an fp32 island also work but change more. Expect a validation loss close to fp32's, not equal.
 
-    ## Exercises
+    **Next:** that was the last lesson. The map of the whole course is in
+    [Start here: mixed-precision training, made visible](00_start_here.ipynb).
 
+    **Open exercises**
     1. Call `crash("bf16-mixed", stage="validate")` and find, in `details["val_context"]`, the one
        difference from validation during `fit`. Why does it not matter for this bug?
     2. Remove the masked pooling from `EncoderClassifier.forward` (mean over all positions) and compare
@@ -205,3 +210,11 @@ CELLS = [
        off but *without* `h.float()`: which op fails, and why did the model in this lesson not need the cast?
     """),
 ]
+
+
+# The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
+# (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
+SOLUTIONS = {
+    "with a left-padded mask": ('"no"', '"yes"'),
+    "changes nothing outside one module": ('"nested"', '"fastpath"'),
+}

@@ -1,0 +1,214 @@
+"""Every lesson ends with exercises whose checkers work, and 00_start_here links every lesson.
+
+An exercise cell is a code cell with the line ``answer = None`` followed by a checker call, which
+answers with one fixed line. Each notebook source (``tools/notebook_sources/0N_*.py``) defines
+``SOLUTIONS``: for each exercise cell, found by a phrase that only that cell contains, a correct
+answer and a plausible wrong one, as source text.
+
+``test_checkers_answer_three_ways`` builds the notebook from its source with two copies of each
+exercise cell inserted after it (``answer = <wrong>``, ``answer = <right>``), executes it once in
+a fresh kernel of this environment, and reads the three lines: "not answered yet", "✗ not quite"
+and "✓ correct".
+"""
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = ROOT / "notebooks"
+SOURCES = sorted((ROOT / "tools" / "notebook_sources").glob("0[0-9]_*.py"))
+UNANSWERED = "answer = None"
+EXPECTED = {"unanswered": "not answered yet", "wrong": "✗ not quite", "right": "✓ correct"}
+LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
+
+
+def _load_builder():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "tools" / "build_notebooks.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+
+
+builder = _load_builder()  # executes with its SlicedPollClient (no stall on widget output)
+
+
+def _source(path: Path):
+    sys.path.insert(0, str(ROOT / "tools"))  # a source imports md() and code() from build_notebooks
+    try:
+        return builder.load_source(path)
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+
+
+def exercise_cells(cells) -> list[int]:
+    """Indices (in CELLS) of the code cells that set ``answer = None``."""
+    return [i for i, (kind, text) in enumerate(cells)
+            if kind == "code" and any(line.strip() == UNANSWERED for line in text.splitlines())]
+
+
+def solution_keys(cells, solutions) -> dict[int, str]:
+    """Each exercise cell's SOLUTIONS key; AssertionError listing every exercise without exactly
+    one solution, every solution that matches no exercise or several, and malformed entries."""
+    assert isinstance(solutions, dict), "the source defines no SOLUTIONS dict"
+    exercises = exercise_cells(cells)
+    problems = [] if exercises else ["no exercise cell (a code cell with `answer = None`)"]
+    keys = {}
+    for i in exercises:
+        found = [k for k in solutions if k in cells[i][1]]
+        if len(found) == 1:
+            keys[i] = found[0]
+        else:
+            first = cells[i][1].splitlines()[0]
+            problems.append(f"cell {i} ({first!r}): {len(found)} SOLUTIONS keys match, expected 1")
+    for key, answers in solutions.items():
+        hits = [i for i in exercises if key in cells[i][1]]
+        if len(hits) != 1:
+            problems.append(f"SOLUTIONS[{key!r}] matches {len(hits)} exercise cells, expected 1")
+        if not (isinstance(answers, tuple) and len(answers) == 2 and all(isinstance(a, str) for a in answers)):
+            problems.append(f"SOLUTIONS[{key!r}] is not a (right, wrong) pair of source texts")
+            continue
+        for answer in answers:
+            try:
+                compile(answer, key, "eval")
+            except SyntaxError:
+                problems.append(f"SOLUTIONS[{key!r}]: {answer!r} is not an expression")
+    assert not problems, "\n".join(problems)
+    return keys
+
+
+def answered(text: str, answer: str) -> str:
+    """An exercise cell's source with ``answer = None`` replaced by ``answer = <answer>``."""
+    return "\n".join(f"answer = {answer}" if line.strip() == UNANSWERED else line for line in text.splitlines())
+
+
+def with_answers(module):
+    """(CELLS with a wrong and a right copy after each exercise, [(cell index, key, status)])."""
+    keys = solution_keys(module.CELLS, module.SOLUTIONS)
+    cells, expect = [], []
+    for i, (kind, text) in enumerate(module.CELLS):
+        cells.append((kind, text))
+        if i in keys:
+            right, wrong = module.SOLUTIONS[keys[i]]
+            expect.append((len(cells) - 1, keys[i], "unanswered"))
+            for answer, status in ((wrong, "wrong"), (right, "right")):
+                cells.append(("code", answered(text, answer)))
+                expect.append((len(cells) - 1, keys[i], status))
+    return cells, expect
+
+
+def printed(cell) -> str:
+    """Everything a cell showed as text: streams (stderr too) and text/plain results."""
+    out = []
+    for o in cell.outputs:
+        if o.output_type == "stream":
+            out.append(o.text)
+        elif o.output_type in ("execute_result", "display_data"):
+            out.append(o.data.get("text/plain", ""))
+        elif o.output_type == "error":
+            out.append(f"{o.ename}: {o.evalue}")
+    return "".join(out)
+
+
+# ----- every exercise has a solution (fast: no kernel) -----
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_every_exercise_has_a_solution(path):
+    module = _source(path)
+    solution_keys(module.CELLS, getattr(module, "SOLUTIONS", None))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_lesson_ends_with_exercises(path):
+    """Check yourself, then Summary, then open exercises in the last cell."""
+    cells = _source(path).CELLS
+    headings = [line for kind, text in cells if kind == "markdown" for line in text.splitlines()
+                if line.startswith("## ")]
+    assert headings[-2:] == ["## Check yourself", "## Summary"], headings[-3:]
+    last_kind, last = cells[-1]
+    assert last_kind == "markdown" and last.startswith("## Summary") and "**Open exercises**\n1. " in last
+    check_at = next(i for i, (kind, text) in enumerate(cells) if text.startswith("## Check yourself"))
+    assert all(check_at < i for i in exercise_cells(cells)), "an exercise cell before Check yourself"
+
+
+def test_missing_solutions_are_found():
+    cells = [("markdown", "## Check yourself"),
+             ("code", "# The first question?\nanswer = None\ncheck_first(answer)"),
+             ("code", "# The second question?\nanswer = None\ncheck_second(answer)"),
+             ("code", "x = 1  # answer = None in a comment is no exercise")]
+    assert exercise_cells(cells) == [1, 2]
+    assert solution_keys(cells, {"first": ("1", "2"), "second": ("'b'", "'a'")}) == {1: "first", 2: "second"}
+    with pytest.raises(AssertionError, match=r"cell 2 \('# The second question\?'\): 0 SOLUTIONS keys match"):
+        solution_keys(cells, {"first": ("1", "2")})
+    with pytest.raises(AssertionError, match=r"SOLUTIONS\['question'\] matches 2 exercise cells"):
+        solution_keys(cells, {"question": ("1", "2"), "second": ("1", "2")})
+    with pytest.raises(AssertionError, match="not a \\(right, wrong\\) pair"):
+        solution_keys(cells, {"first": ("1",), "second": ("1", "2")})
+    with pytest.raises(AssertionError, match="is not an expression"):
+        solution_keys(cells, {"first": ("answer = 1", "2"), "second": ("1", "2")})
+    with pytest.raises(AssertionError, match="no SOLUTIONS"):
+        solution_keys(cells, None)
+    with pytest.raises(AssertionError, match="no exercise cell"):
+        solution_keys(cells[3:], {})
+    assert answered(cells[1][1], "2**-24") == "# The first question?\nanswer = 2**-24\ncheck_first(answer)"
+
+
+# ----- every checker answers three ways (one kernel per notebook) -----
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_checkers_answer_three_ways(path):
+    module = _source(path)
+    cells, expect = with_answers(module)
+    nb = builder.execute(builder.make_notebook(path.stem, cells))
+    wrong = []
+    for index, key, status in expect:
+        text = printed(nb.cells[index])
+        ok = text.count("\n") <= 1 and (text.strip() == EXPECTED["right"] if status == "right"
+                                         else text.startswith(EXPECTED[status]))
+        if not ok:
+            wrong.append(f"{key!r} answered {status}: printed {text!r}")
+    assert not wrong, "\n".join(wrong)
+    assert [s for _, _, s in expect].count("right") == len(module.SOLUTIONS)
+
+
+# ----- 00 links every lesson; no link points nowhere -----
+def _markdown(path: Path) -> str:
+    nb = nbformat.read(path, as_version=4)
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+
+
+def _title(path: Path) -> str:
+    """A notebook's H1 title, without the "# "."""
+    return nbformat.read(path, as_version=4).cells[0].source.splitlines()[0].removeprefix("# ")
+
+
+def test_start_here_links_every_lesson():
+    """The course map links every lesson notebook there is, by its title ("01 · The fp16 range: ...")."""
+    text = _markdown(NOTEBOOK_DIR / "00_start_here.ipynb")
+    lessons = sorted(p.name for p in NOTEBOOK_DIR.glob("0[1-9]*.ipynb"))
+    assert len(lessons) >= 8
+    titled = {target for label, target in LINK.findall(text)
+              if target in lessons and label == _title(NOTEBOOK_DIR / target)}
+    assert [name for name in lessons if name not in titled] == []
+    assert "Check yourself" in text and "open exercises" in text  # where each lesson's exercises are
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOK_DIR.glob("0*.ipynb")), ids=lambda p: p.name)
+def test_notebook_links_resolve(path):
+    """Every relative link leads to a file; a link to a lesson carries that lesson's title."""
+    broken, mislabelled = [], []
+    for label, target in LINK.findall(_markdown(path)):
+        if target.startswith(("http://", "https://", "#")):
+            continue
+        file = path.parent / target.split("#")[0]
+        if not file.exists():
+            broken.append(target)
+        elif re.fullmatch(r"\d\d_\w+\.ipynb", target) and label != _title(file):
+            mislabelled.append((label, _title(file)))
+    assert broken == [] and mislabelled == []
