@@ -112,3 +112,16 @@ def test_tables_and_checks(fp32):
 def test_bad_backward_mode():
     with pytest.raises(ValueError, match="backward must be one of"):
         mb.run_manual("backward()")
+
+
+def test_versions_reads_lightning_without_importing_it():
+    """The pitfall notebooks' setup cell prints versions(); importing lightning there would cost
+    seconds before the first output."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from ampviz.pitfalls import versions; v = versions(); "
+            "assert 'lightning' not in sys.modules, 'imported'; "
+            "import lightning, torch; assert v == {'torch': torch.__version__, 'lightning': lightning.__version__}, v")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

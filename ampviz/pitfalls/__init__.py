@@ -90,12 +90,12 @@ def quiet_trainer(**kwargs):
 
 def versions() -> dict:
     """The installed torch and lightning versions (the lessons say which world the learner is in)."""
+    from importlib import metadata
+
     import torch
 
-    try:
-        import lightning
-
-        lightning_version = lightning.__version__
-    except ImportError:
+    try:  # from the installed metadata: importing lightning would cost seconds of a setup cell
+        lightning_version = metadata.version("lightning")
+    except metadata.PackageNotFoundError:
         lightning_version = None
     return {"torch": torch.__version__, "lightning": lightning_version}
