@@ -103,6 +103,18 @@ def _shows_errors(callback):
     return wrapper
 
 
+def _show_in(output: W.Output, obj) -> None:
+    """Show ``obj`` in ``output`` instead of what it showed. Outside IPython (a script, a test, a
+    benchmark) there is nothing to show it in, and ``display`` would print the whole figure."""
+    from IPython import get_ipython
+
+    if get_ipython() is None:
+        return
+    with output:
+        clear_output(wait=True)
+        display(obj)
+
+
 class _Explorer:
     """What every explorer shares: a root widget ``ui``, a message line, a figure output."""
 
@@ -130,12 +142,10 @@ class _Explorer:
     def _draw(self, fig) -> None:
         """Keep ``fig`` as ``.figure`` and show it in the output, replacing the previous one."""
         self.figure = fig
-        with self.output:
-            clear_output(wait=True)
-            try:
-                display(fig)
-            except Exception as exc:  # an exception inside `with output` would print a traceback
-                self._show_error(exc)
+        try:
+            _show_in(self.output, fig)
+        except Exception as exc:  # an exception inside `with output` would print a traceback
+            self._show_error(exc)
 
     def _repr_mimebundle_(self, **kwargs):
         return self.ui._repr_mimebundle_(**kwargs)
@@ -986,9 +996,7 @@ class LiveTrainer(_Explorer):
         fig = go.FigureWidget(plot_live({m: [] for m in modes}, steps=steps))
         self._heat_mode = fig.layout.meta["heat_mode"]
         old, self.figure, self._figure_key = self.figure, fig, key
-        with self.figure_box:
-            clear_output(wait=True)
-            display(fig)
+        _show_in(self.figure_box, fig)
         if old is not None:
             old.close()
 
@@ -1004,7 +1012,8 @@ class ExplorerApp:
     default, since each one adds tens of milliseconds to every slider move at a million steps) and ``training`` (a
     ``LiveTrainer``; ``live=False`` leaves it out). ``gradients`` default to the weight
     gradients of the course's seeded 12-layer MLP (``ampviz.training.model_gradients``, as in
-    notebook 02).
+    notebook 02). With either of those, the app sets torch to one intra-op thread, as the
+    notebooks' setup cells do.
 
     A figure drawn while its tab is hidden has no width to size itself to, so selecting a tab
     draws its figure again (``refresh_tab``); the live training figure, a streaming FigureWidget,
@@ -1019,6 +1028,14 @@ class ExplorerApp:
              "<i>Live training</i>: train a small model in several precisions at once and steer its scaler.")
 
     def __init__(self, *, gradients=None, steps=1_000_000, live=True, seed=0, overlay=()):
+        if live or gradients is None:
+            import torch
+
+            # the app's kernel is its own: one intra-op thread, as in the notebooks' setup cells.
+            # The tiny models train several times faster so on a small machine (JupyterLab on 2
+            # cores: 45 steps/s with torch's default 2 threads, 220 with 1), and the gradients
+            # are notebook 02's to the bit (a float sum depends on the thread count)
+            torch.set_num_threads(1)
         if gradients is None:
             from ampviz.training import model_gradients  # torch: only when the app needs real gradients
             gradients = model_gradients(seed=seed)

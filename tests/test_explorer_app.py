@@ -64,6 +64,9 @@ def test_the_default_app_uses_the_course_model_and_a_million_steps():
     try:
         assert app.tabs.titles == ("Formats", "Ranges", "Loss scaling", "Live training")
         assert isinstance(app.training, LiveTrainer) and not app.training.running
+        import torch
+
+        assert torch.get_num_threads() == 1
         assert np.array_equal(app.gradients, model_gradients(seed=0))
         assert app.scaling.steps == 1_000_000 and len(app.scaling.traces[0].scale) == 1_000_000
         assert [t.policy.name for t in app.scaling.traces] == ["your settings"]
