@@ -20,9 +20,8 @@ import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "browser"))
 import conftest  # noqa: E402  (the browser tests' JupyterLab and Chromium set-up)
+from conftest import SCALE_Y  # noqa: E402
 
-SCALE_Y = """() => { const gd = document.querySelector('.ampviz-scaler-lab .js-plotly-plot');
-    return gd && gd.data && gd.data[0] ? JSON.stringify(gd.data[0].y) : null; }"""
 MOVES = 20
 
 
@@ -45,11 +44,10 @@ BASELINE_Y = """() => { const gd = document.querySelector('.bench-baseline-figur
     return gd && gd.data && gd.data[0] ? JSON.stringify(gd.data[0].y) : null; }"""
 
 
-def measure(page, slider=".ampviz-scaler-backoff", curve=SCALE_Y) -> list:
+def measure(page, slider="ampviz-scaler-backoff", curve=SCALE_Y) -> list:
     """Milliseconds from each key press on ``slider`` to the ``curve`` in the page holding new data."""
     page.wait_for_function(f"() => {{ const y = ({curve})(); return y && y.length > 2; }}", timeout=60_000)
-    handle = page.locator(f"{slider} .noUi-handle").first
-    handle.focus()
+    handle = conftest.press_slider(page, slider, 0)
     times = []
     for k in range(MOVES):
         before = page.evaluate(curve)
@@ -88,20 +86,20 @@ def main():
             page.locator(".ampviz-scaler-lab .js-plotly-plot").wait_for(timeout=120_000)
             page.locator(".bench-baseline-figure .js-plotly-plot").wait_for(timeout=120_000)
             times = measure(page)
-            baseline = measure(page, ".bench-baseline-slider", BASELINE_Y)
+            baseline = measure(page, "bench-baseline-slider", BASELINE_Y)
             report("JupyterLab", times, baseline)
             page.close()
         with conftest.voila(notebooks / "latency.ipynb") as url:
             page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            page.goto(url)
+            page.goto(url, timeout=conftest.VOILA_LOAD_MS)
             page.locator(".bench-baseline-figure .js-plotly-plot").wait_for(timeout=120_000)
             times = measure(page)
-            baseline = measure(page, ".bench-baseline-slider", BASELINE_Y)
+            baseline = measure(page, "bench-baseline-slider", BASELINE_Y)
             report("Voila (the same notebook)", times, baseline)
             page.close()
         with conftest.voila(conftest.ROOT / "notebooks" / "explorer.ipynb") as url:
             page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            page.goto(url)
+            page.goto(url, timeout=conftest.VOILA_LOAD_MS)
             page.get_by_role("tab", name="Loss scaling").click()
             page.locator(".ampviz-scaler-lab .js-plotly-plot").wait_for(timeout=120_000)
             report("the explorer app (Voila)", measure(page))

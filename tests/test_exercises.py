@@ -11,7 +11,6 @@ a fresh kernel of this environment, and reads the three lines: "not answered yet
 and "✓ correct".
 """
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -27,26 +26,8 @@ EXPECTED = {"unanswered": "not answered yet", "wrong": "✗ not quite", "right":
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
 
 
-def _load_builder():
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "tools" / "build_notebooks.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
-
-
-builder = _load_builder()  # executes with its SlicedPollClient (no stall on widget output)
-
-
-def _source(path: Path):
-    sys.path.insert(0, str(ROOT / "tools"))  # a source imports md() and code() from build_notebooks
-    try:
-        return builder.load_source(path)
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools"))  # the builder, imported as the notebook sources import it
+import build_notebooks as builder  # noqa: E402  (executes with its SlicedPollClient: no stall on widget output)
 
 
 def exercise_cells(cells) -> list[int]:
@@ -121,14 +102,14 @@ def printed(cell) -> str:
 # ----- every exercise has a solution (fast: no kernel) -----
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
 def test_every_exercise_has_a_solution(path):
-    module = _source(path)
+    module = builder.load_source(path)
     solution_keys(module.CELLS, getattr(module, "SOLUTIONS", None))
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
 def test_lesson_ends_with_exercises(path):
     """Check yourself, then Summary, then open exercises in the last cell."""
-    cells = _source(path).CELLS
+    cells = builder.load_source(path).CELLS
     headings = [line for kind, text in cells if kind == "markdown" for line in text.splitlines()
                 if line.startswith("## ")]
     assert headings[-2:] == ["## Check yourself", "## Summary"], headings[-3:]
@@ -163,7 +144,7 @@ def test_missing_solutions_are_found():
 # ----- every checker answers three ways (one kernel per notebook) -----
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
 def test_checkers_answer_three_ways(path):
-    module = _source(path)
+    module = builder.load_source(path)
     cells, expect = with_answers(module)
     nb = builder.execute(builder.make_notebook(path.stem, cells))
     wrong = []

@@ -5,7 +5,6 @@ those need an output and an execution count, or nbval cannot compare them); no e
 stderr, no plotly or widget outputs in checked cells; no widget state; under 1 MB.
 """
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -23,14 +22,9 @@ FORBIDDEN_IN_CHECKED = ("application/vnd.plotly.v1+json", "application/vnd.jupyt
                         "application/vnd.jupyter.widget-state+json")
 
 
-def _load_strip_tool():
-    spec = importlib.util.spec_from_file_location("strip_notebook", ROOT / "tools" / "strip_notebook.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-strip_tool = _load_strip_tool()
+sys.path.insert(0, str(ROOT / "tools"))  # the repository's tools, imported as the scripts import each other
+import build_notebooks as builder  # noqa: E402
+import strip_notebook as strip_tool  # noqa: E402
 
 
 def _source(cell) -> str:
@@ -198,22 +192,10 @@ def test_import_ampviz_loads_no_heavy_packages():
     assert result.returncode == 0, result.stderr
 
 
-def _load_builder():
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "tools" / "build_notebooks.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
-
-
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_matches_its_source(path):
     """Each notebook is built from tools/notebook_sources: an edit to one without rebuilding the
     other would leave the committed lesson out of date."""
-    builder = _load_builder()
     source = ROOT / "tools" / "notebook_sources" / f"{path.stem}.py"
     assert source.exists(), f"{path.name} has no source in tools/notebook_sources"
     built = builder.make_notebook(path.stem, builder.load_source(source).CELLS)

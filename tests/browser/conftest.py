@@ -23,6 +23,9 @@ CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "tests" / "browser" / "output"  # screenshots, kept as CI artifacts
 TOKEN = "ampviz-browser-test"
+# Voila answers a page only once the notebook has run (the explorer app: ~10 s on an idle 2-core
+# machine), so loading one may take far longer than Playwright's default 30 s under load.
+VOILA_LOAD_MS = 180_000
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -51,6 +54,21 @@ def browser():
         b = launch(p)
         yield b
         b.close()
+
+
+# The ScalerLab's scale curve as plotly holds it (base64 arrays stay encoded): a string to compare.
+SCALE_Y = """() => { const gd = document.querySelector('.ampviz-scaler-lab .js-plotly-plot');
+    return gd && gd.data && gd.data[0] ? JSON.stringify(gd.data[0].y) : null; }"""
+
+
+def press_slider(scope, slider_class: str, times: int, key: str = "ArrowRight"):
+    """Move the slider with CSS class ``slider_class`` inside ``scope`` by ``times`` key presses
+    (the keyboard works on ipywidgets' sliders in JupyterLab 4 and Voila); returns its handle."""
+    handle = scope.locator(f".{slider_class} .noUi-handle").first
+    handle.focus()
+    for _ in range(times):
+        handle.press(key)
+    return handle
 
 
 def _free_port() -> int:

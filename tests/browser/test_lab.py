@@ -2,11 +2,8 @@
 
 import re
 
-from conftest import OUTPUT, open_and_run, outputs_without_tracebacks
+from conftest import OUTPUT, SCALE_Y, open_and_run, outputs_without_tracebacks, press_slider
 
-# the scale curve's data as plotly holds it (base64 arrays stay encoded): a string to compare
-SCALE_Y = """() => { const gd = document.querySelector('.ampviz-scaler-lab .js-plotly-plot');
-    return gd && gd.data && gd.data[0] ? JSON.stringify(gd.data[0].y) : null; }"""
 
 
 def test_scaling_lab_sliders_change_the_scale_curve(browser, lab):
@@ -17,11 +14,8 @@ def test_scaling_lab_sliders_change_the_scale_curve(browser, lab):
     page.wait_for_function(f"() => {{ const y = ({SCALE_Y})(); return y && y.length > 2; }}", timeout=60_000)
     before = page.evaluate(SCALE_Y)
     lab_widget.screenshot(path=str(OUTPUT / "scaling_lab_start.png"))
-    for cls, presses in (("ampviz-scaler-backoff", 5), ("ampviz-scaler-growth", 20)):
-        handle = lab_widget.locator(f".{cls} .noUi-handle").first
-        handle.focus()
-        for _ in range(presses):
-            handle.press("ArrowRight")
+    press_slider(lab_widget, "ampviz-scaler-backoff", 5)
+    press_slider(lab_widget, "ampviz-scaler-growth", 20)
     page.wait_for_function(f"(prev) => {{ const y = ({SCALE_Y})(); return y && y !== prev; }}",
                            arg=before, timeout=30_000)
     after = page.evaluate(SCALE_Y)

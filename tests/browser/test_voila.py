@@ -5,10 +5,9 @@ import re
 
 import pytest
 
-from conftest import OUTPUT, ROOT, TOKEN, outputs_without_tracebacks, voila
+from conftest import (OUTPUT, ROOT, SCALE_Y, TOKEN, VOILA_LOAD_MS, outputs_without_tracebacks, press_slider,
+                      voila)
 
-SCALE_Y = """() => { const gd = document.querySelector('.ampviz-scaler-lab .js-plotly-plot');
-    return gd && gd.data && gd.data[0] ? JSON.stringify(gd.data[0].y) : null; }"""
 LIVE_POINTS = """() => { const gd = document.querySelector('.ampviz-live-figure .js-plotly-plot');
     return gd && gd.data ? gd.data.map(t => (t.x && t.x.length) || 0).reduce((a, b) => a + b, 0) : 0; }"""
 
@@ -17,7 +16,7 @@ LIVE_POINTS = """() => { const gd = document.querySelector('.ampviz-live-figure 
 def page(browser):
     with voila(ROOT / "notebooks" / "explorer.ipynb") as url:
         p = browser.new_page(viewport={"width": 1300, "height": 1000})
-        p.goto(url)
+        p.goto(url, timeout=VOILA_LOAD_MS)
         p.locator(".ampviz-explorer-app").wait_for(timeout=120_000)
         p.locator(".ampviz-format-explorer .js-plotly-plot").wait_for(timeout=60_000)
         yield p
@@ -54,10 +53,7 @@ def test_range_tab_scale_slider(page):
     explorer = page.locator(".ampviz-range-explorer")
     explorer.locator(".js-plotly-plot").wait_for(timeout=30_000)
     assert "underflow 3.9%" in explorer.locator(".ampviz-census-readout").inner_text()  # notebook 02's share
-    handle = explorer.locator(".ampviz-scale-slider .noUi-handle").first
-    handle.focus()
-    for _ in range(10):
-        handle.press("ArrowRight")
+    press_slider(explorer, "ampviz-scale-slider", 10)
     page.wait_for_function("() => document.querySelector('.ampviz-range-explorer .ampviz-scale-label')"
                            ".innerText.includes('2^10')", timeout=30_000)
     page.wait_for_function("() => !document.querySelector('.ampviz-range-explorer .ampviz-census-readout')"
@@ -72,11 +68,8 @@ def test_scaling_tab_sliders_change_the_scale_curve(page):
     before = page.evaluate(SCALE_Y)
     assert "1,000,000 steps" in lab.locator(".gtitle").first.text_content()
     lab.screenshot(path=str(OUTPUT / "voila_scaling_start.png"))
-    for cls, presses in (("ampviz-scaler-backoff", 5), ("ampviz-scaler-growth", 20)):
-        handle = lab.locator(f".{cls} .noUi-handle").first
-        handle.focus()
-        for _ in range(presses):
-            handle.press("ArrowRight")
+    press_slider(lab, "ampviz-scaler-backoff", 5)
+    press_slider(lab, "ampviz-scaler-growth", 20)
     page.wait_for_function(f"(prev) => {{ const y = ({SCALE_Y})(); return y && y !== prev; }}",
                            arg=before, timeout=30_000)
     assert page.evaluate(SCALE_Y) != before
@@ -108,7 +101,7 @@ def test_the_app_also_renders_inside_jupyter_server(browser, lab):
     """Binder's explorer link opens ``voila/render/...`` on the Jupyter server (Voila's server
     extension), not a Voila server of its own: the same page must come up there."""
     p = browser.new_page(viewport={"width": 1300, "height": 1000})
-    p.goto(f"{lab}/voila/render/explorer.ipynb?token={TOKEN}")
+    p.goto(f"{lab}/voila/render/explorer.ipynb?token={TOKEN}", timeout=VOILA_LOAD_MS)
     p.locator(".ampviz-explorer-app .ampviz-format-explorer .js-plotly-plot").wait_for(timeout=120_000)
     assert p.get_by_role("tab").all_inner_texts() == ["Formats", "Ranges", "Loss scaling", "Live training"]
     assert outputs_without_tracebacks(p) == []
