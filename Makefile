@@ -27,7 +27,8 @@ lab: $(VENV)/.lab-installed
 	$(BIN)/jupyter lab --ip 127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/00_start_here.ipynb
 
 # The explorer app as a page of its own (Voila: outputs only, no code), on 127.0.0.1 with a fresh
-# token. Voila masks the token in its own log, so the link with it is printed here first.
+# token. Voila masks the token in its own log, so the link with it is printed here first. Voila reads
+# voila.json from this directory: it shuts down the kernel of a page that was closed or reloaded.
 EXPLORER_PORT ?= 8866
 explorer: $(VENV)/.lab-installed
 	@token=$$($(BIN)/python -c "import secrets; print(secrets.token_hex(16))"); \

@@ -44,11 +44,12 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import json
 import math
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,8 @@ __all__ = [
     "train_steps",
     "run_training",
     "load_run",
+    "failure_sentence",
+    "NonFiniteLoss",
 ]
 
 MODES = ("fp32", "fp16", "fp16+scaler", "bf16", "half")
@@ -146,14 +149,17 @@ class StepRecord:
     """One training step.
 
     ``scale``: the loss scale this step used (None without a scaler); ``skipped``: the scaler
-    skipped the optimizer step (found by comparing ``get_scale()`` before and after ``update()``:
-    only a backoff lowers it); ``grad_norm``: the L2 norm of the true (unscaled) gradients, inf or
+    skipped the optimizer step (``unscale_`` found an inf or NaN in the gradients: its
+    ``found_inf``, which ``scaler.step`` reads to decide); ``grad_norm``: the L2 norm of the true (unscaled) gradients, inf or
     NaN when they overflowed; ``step_time``: seconds for data transfer, forward, backward and the
     optimizer step (the census is not counted); ``growth_tracker`` (after the update) and the three
     scaler settings in effect at this step (None without a scaler); ``param_census`` (by parameter
     name) and ``act_census`` (by watched module name): ``CensusResult`` of ``gradient × scale`` in
     ``census_fmt``, every ``census_every`` steps, else None. ``error``: set on the last record of a run
-    that stopped on an exception (its other fields may then be NaN or None).
+    that stopped on an exception, one sentence that says what happened (``failure_sentence``, e.g.
+    "fp16 overflowed at step 4: the model's fp16 output went past 65504, so the loss is inf ...");
+    its other fields may then be NaN or None. A scale of 0 (a collapsed scaler) is recorded like
+    any other: its census counts every finite gradient as "zero" (all lost).
     """
 
     step: int
@@ -402,7 +408,7 @@ def _steps(config, control, device, task, watch):
                             names, acts, take_census, step)
             yield rec
     except Exception as e:  # noqa: BLE001 - a run ends with a record, never by raising into the caller
-        yield StepRecord(step=step, error=f"{type(e).__name__}: {e}")
+        yield StepRecord(step=step, error=failure_sentence(mode, e, step, config.learning_rate))
     finally:
         acts.remove()
 
@@ -421,10 +427,13 @@ def _one_step(config, model, optimizer, scaler, task, device, autocast_dtype, na
     autocast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
                 else contextlib.nullcontext())
     with autocast:
-        loss = nn.functional.cross_entropy(model(*inputs), targets)
+        output = model(*inputs)
+        loss = nn.functional.cross_entropy(output, targets)
     loss_value = loss.item()
     if not math.isfinite(loss_value) and scaler is None:
-        raise FloatingPointError(f"the loss is {loss_value} at step {step} in mode {config.mode!r}")
+        where = ("the model's fp16 output" if output.dtype == torch.float16 and not bool(torch.isfinite(output).all())
+                 else "the fp16 loss" if loss.dtype == torch.float16 and math.isinf(loss_value) else None)
+        raise NonFiniteLoss(loss_value, step, config.mode, where)
     if scaler is not None:
         scaled = scaler.scale(loss)
         scale = scaler.get_scale()
@@ -439,10 +448,13 @@ def _one_step(config, model, optimizer, scaler, task, device, autocast_dtype, na
         torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])).item() if grads else 0.0
     rec = StepRecord(step=step, loss=loss_value, grad_norm=grad_norm)
     if scaler is not None:
+        # skipped exactly when unscale_ found an inf or NaN, as scaler.step decides (also at a
+        # scale of 0, where the backoff leaves the scale unchanged)
+        found = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        rec.skipped = bool(sum(float(v) for v in found.values()))
         scaler.step(optimizer)
         scaler.update()
-        after = scaler.get_scale()
-        rec.scale, rec.skipped = scale, after < scale
+        rec.scale = scale
         rec.growth_tracker = int(scaler.state_dict()["_growth_tracker"])
         rec.growth_factor = scaler.get_growth_factor()
         rec.backoff_factor = scaler.get_backoff_factor()
@@ -457,15 +469,61 @@ def _one_step(config, model, optimizer, scaler, task, device, autocast_dtype, na
         for name, p in zip(names, model.parameters()):
             g = torch.zeros_like(p) if p.grad is None else p.grad
             true_grads[name] = g.detach().float().reshape(-1).cpu().numpy()
-        rec.param_census = {n: census(g, config.census_fmt, scale) for n, g in true_grads.items()}
+        rec.param_census = {n: _census_at(g, config.census_fmt, scale) for n, g in true_grads.items()}
         s32 = np.float32(scale)
-        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            rec.act_census = {n: census(acts.grads[n] / s32, config.census_fmt, scale)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+            rec.act_census = {n: _census_at(acts.grads[n] / s32 if scale else acts.grads[n],
+                                            config.census_fmt, scale)
                               for n in acts.names if n in acts.grads}
         if config.keep_grads:
             rec.grads = true_grads
     acts.grads = {}
     return rec
+
+
+def _census_at(values, fmt, scale) -> CensusResult:
+    """``census(values, fmt, scale)``, also at the scale 0 a collapsed scaler reaches: there
+    ``gradient × 0`` is 0 for every finite gradient (counted as "zero": everything is lost) and
+    NaN for an infinite or NaN one, as torch's multiply-then-cast gives."""
+    if scale != 0:
+        return census(values, fmt, scale)
+    v = np.asarray(values, dtype=np.float32)
+    with np.errstate(invalid="ignore"):
+        return replace(census(v * np.float32(0.0), fmt, 1.0), scale=0.0)
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The loss of a step without a loss scaler is inf or NaN. ``overflowed``: where an fp16
+    value went past fp16's largest value, 65504 ("the model's fp16 output" when the output held
+    inf or NaN, "the fp16 loss" when the loss itself, computed in fp16, is inf), else None."""
+
+    def __init__(self, value: float, step: int, mode: str, overflowed: str | None = None):
+        super().__init__(f"the loss is {value} at step {step} in mode {mode!r}")
+        self.value, self.step, self.mode, self.overflowed = value, step, mode, overflowed
+
+
+def failure_sentence(mode: str, exc: BaseException, step: int, lr: float | None = None) -> str:
+    """What ended a run, in one sentence a learner can act on (the exception's type and first
+    line follow in brackets where the sentence is not enough)."""
+    try:
+        text = str(exc).strip()
+    except Exception:  # noqa: BLE001 - an exception whose message cannot be made
+        text = ""
+    text = text.splitlines()[0] if text else ""
+    if isinstance(exc, NonFiniteLoss):
+        if exc.overflowed:
+            return (f"{mode} overflowed at step {step}: {exc.overflowed} went past 65504, so "
+                    f"the loss is {exc.value} (lower the learning rate, or use bf16, whose range "
+                    "reaches 3.4e38)")
+        return (f"{mode} diverged at step {step}: the loss is {exc.value} "
+                "(training diverged: try a smaller learning rate)")
+    if "cannot be converted to type c10::Half" in text and mode == "half":
+        shown = f" {lr:g}" if lr is not None else ""
+        return (f"half stopped at step {step}: the learning rate{shown} does not fit in fp16 (largest "
+                "65504), so SGD cannot apply it to fp16 weights; choose a smaller learning rate")
+    if isinstance(exc, MemoryError) or "out of memory" in text.lower():
+        return f"{mode} stopped at step {step}: out of memory (choose a smaller batch or model)"
+    return f"{mode} stopped at step {step}: {type(exc).__name__}: {text}"
 
 
 # ------------------------------------------------------------------ runs: collect, save, load
@@ -528,14 +586,47 @@ _CSV_MAGIC = "# ampviz run "
 @dataclass
 class Run:
     """The records of one run, with its config and device line; ``run["loss"]`` is a column
-    (numpy float array, None as NaN; census columns as lists)."""
+    (numpy float array, None as NaN; census columns as lists).
+
+    ``max_records`` bounds the memory of a long run (a live widget's): when more records than that
+    are held, the run keeps every ``stride``-th step (``stride`` doubles each time), the skipped
+    steps more densely (every ``stride // 8``-th), the failed step and the last one, and drops the
+    others. ``steps_recorded`` and ``skipped_recorded`` count every step appended, kept or not.
+    ``None`` (the default) keeps every record.
+    """
 
     config: TrainConfig
     records: list = field(default_factory=list)
     device: str = ""
+    max_records: int | None = None
+    stride: int = 1
+    steps_recorded: int = 0
+    skipped_recorded: int = 0
+
+    def __post_init__(self):
+        if self.max_records is not None and (isinstance(self.max_records, bool)
+                                             or not isinstance(self.max_records, int) or self.max_records < 16):
+            raise ValueError(f"max_records must be None or an integer >= 16, got {self.max_records!r}")
+        if not self.steps_recorded and self.records:
+            self.steps_recorded = len(self.records)
+            self.skipped_recorded = sum(bool(r.skipped) for r in self.records)
 
     def append(self, rec: StepRecord) -> None:
         self.records.append(rec)
+        self.steps_recorded += 1
+        self.skipped_recorded += bool(rec.skipped)
+        if self.max_records is not None and len(self.records) > self.max_records:
+            self._thin()
+
+    def _thin(self) -> None:
+        """Double the stride until at most half of ``max_records`` records are kept."""
+        recs, last = self.records, self.records[-1]
+        while len(recs) > self.max_records // 2:
+            self.stride *= 2
+            s, s_skip = self.stride, max(self.stride // 8, 1)
+            recs = [r for r in recs if r.step % s == 0 or r.error is not None or r is last
+                    or (r.skipped and r.step % s_skip == 0)]
+        self.records = recs
 
     def __len__(self) -> int:
         return len(self.records)
@@ -583,14 +674,43 @@ class Run:
 
     @classmethod
     def from_csv(cls, path) -> "Run":
+        """Read a CSV written by ``to_csv`` or saved row by row by ``run_training``. A last row cut
+        off (the kernel died while writing it) is dropped: every complete row is kept."""
         with open(path, newline="") as f:
-            first = f.readline()
-            if not first.startswith(_CSV_MAGIC):
-                raise ValueError(f"{path} is not an ampviz run (its first line should start with {_CSV_MAGIC!r})")
+            text = f.read()
+        first, sep, rest = text.partition("\n")
+        if not first.startswith(_CSV_MAGIC):
+            raise ValueError(f"{path} is not an ampviz run (its first line should start with {_CSV_MAGIC!r})")
+        if not sep:
+            raise ValueError(f"{path} ends inside its first line: the run's settings were never written "
+                             "completely, and no step was recorded")
+        try:
             head = json.loads(first[len(_CSV_MAGIC):])
-            rows = list(csv.DictReader(f))
-        records = [StepRecord(**{k: _parse_cell(k, row.get(k, "")) for k in _CSV_COLUMNS}) for row in rows]
-        return cls(config=_config_from_dict(head["config"]), device=head.get("device", ""), records=records)
+            config = _config_from_dict(head["config"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: the run's settings on its first line cannot be read ({e})") from None
+        try:
+            rows = list(csv.reader(io.StringIO(rest, newline="")))
+        except csv.Error as e:
+            raise ValueError(f"{path} is not a readable ampviz run ({e})") from None
+        if rest and not rest.endswith("\n"):
+            rows = rows[:-1]  # the row in progress when the file was cut
+        if rows:  # (a header line cut short was dropped above: no step had been written yet)
+            columns, rows = rows[0], rows[1:]
+            unknown = [c for c in columns if c not in _CSV_COLUMNS]
+            if unknown:
+                raise ValueError(f"{path}: unknown column {unknown[0]!r}; is it an ampviz run?")
+            records = []
+            for n, row in enumerate(rows, start=3):
+                if len(row) != len(columns):
+                    raise ValueError(f"{path}, line {n}: {len(row)} fields where the header has {len(columns)}")
+                cells = dict(zip(columns, row))
+                try:
+                    records.append(StepRecord(**{k: _parse_cell(k, cells.get(k, "")) for k in _CSV_COLUMNS}))
+                except (ValueError, KeyError, TypeError) as e:
+                    raise ValueError(f"{path}, line {n}: cannot read this step ({e})") from None
+            return cls(config=config, device=head.get("device", ""), records=records)
+        return cls(config=config, device=head.get("device", ""), records=[])
 
 
 def _config_from_dict(d: dict) -> TrainConfig:

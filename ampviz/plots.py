@@ -674,6 +674,25 @@ def _records_of(run) -> list:
     return list(getattr(run, "records", run) or ())
 
 
+def _loss_note(ok: list, loss: np.ndarray, recs: list) -> str:
+    """What the loss line cannot show: the steps whose loss is inf or NaN (not drawn), and a run
+    that ended on an error."""
+    notes = []
+    bad = np.flatnonzero(~np.isfinite(loss))
+    if bad.size:
+        notes.append(f"{'all' if bad.size == loss.size else f'{bad.size:,}'} not finite, from step "
+                     f"{ok[int(bad[0])].step:,}")
+    if recs and recs[-1].error is not None:
+        notes.append(f"stopped at step {recs[-1].step:,}")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def _skipped_count(run, skipped: list) -> int:
+    """Skipped steps of a run: all of them, also those a long ``live.Run`` no longer keeps."""
+    count = getattr(run, "skipped_recorded", None)
+    return len(skipped) if count is None else max(int(count), len(skipped))
+
+
 def _mode_color(mode: str, k: int) -> str:
     return _LIVE_MODE_COLORS.get(mode, TRACE_COLORS[k % len(TRACE_COLORS)])
 
@@ -710,9 +729,10 @@ def live_traces(runs_by_mode: dict, *, heat_mode=None) -> list:
     data = []
     for k, (mode, recs) in enumerate(snap.items()):
         ok = [r for r in recs if r.error is None]
+        loss = np.array([r.loss for r in ok], dtype=np.float64)
         data.append({
             "type": "scatter", "mode": "lines", "x": np.array([r.step for r in ok], dtype=np.int64),
-            "y": np.array([r.loss for r in ok], dtype=np.float64), "name": f"{mode} loss",
+            "y": loss, "name": f"{mode} loss" + _loss_note(ok, loss, recs),
             "legendgroup": mode, "line": {"color": _mode_color(mode, k), "width": 1.5},
             "xaxis": "x", "yaxis": "y", "meta": {"mode": mode, "kind": "loss"},
         })
@@ -732,7 +752,7 @@ def live_traces(runs_by_mode: dict, *, heat_mode=None) -> list:
         data.append({
             "type": "scatter", "mode": "markers", "x": np.array([r.step for r in skipped], dtype=np.int64),
             "y": _log2_scale(np.array([r.scale for r in skipped], dtype=np.float64)),
-            "name": f"{mode}: {len(skipped):,} skipped", "legendgroup": mode,
+            "name": f"{mode}: {_skipped_count(runs_by_mode[mode], skipped):,} skipped", "legendgroup": mode,
             "marker": {"symbol": "x", "size": 8, "color": color},
             "xaxis": "x2", "yaxis": "y2", "meta": {"mode": mode, "kind": "skipped"},
         })

@@ -27,6 +27,7 @@ import ipywidgets as W
 from IPython.display import clear_output, display
 
 from ampviz import scaling, synth
+from ampviz.figureview import FigureView
 from ampviz.census import Profile, census, profile, underflow_fractions
 from ampviz.formats import CATEGORIES, FORMATS, get_format
 import plotly.graph_objects as go
@@ -63,7 +64,11 @@ def parse_number(text) -> float:
         raise ValueError("type a number, e.g. 0.1, 1e-8, 65519, 2^-24, inf or nan")
     m = _POW2.match(s)
     if m:
-        k = int(m.group(2))
+        digits = m.group(2).lstrip("+-").lstrip("0")
+        negative_k = m.group(2).startswith("-")
+        # far beyond any float: no need to read the whole (possibly huge) exponent
+        k = int(digits or "0") if len(digits) <= 6 else 10**7
+        k = -k if negative_k else k
         try:
             v = math.ldexp(1.0, k)
         except OverflowError:
@@ -73,9 +78,14 @@ def parse_number(text) -> float:
         return float(s)
     except ValueError:
         raise ValueError(
-            f"could not read {s!r} as a number: type a decimal such as 0.1, 1e-8 or 65519, "
+            f"could not read {_shown(s)} as a number: type a decimal such as 0.1, 1e-8 or 65519, "
             "a power of two such as 2^-24, or inf / nan"
         ) from None
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """``text`` quoted for a message, cut to ``limit`` characters."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"… ({len(text):,} characters)"
 
 
 def _parse_bits(text) -> int:
@@ -86,7 +96,25 @@ def _parse_bits(text) -> int:
     try:
         return int(s, 0) if s[:2].lower() in ("0x", "0b", "0o") else int(s, 16)
     except ValueError:
-        raise ValueError(f"could not read {str(text).strip()!r} as a bit pattern: type hex such as 0x3C00") from None
+        raise ValueError(f"could not read {_shown(str(text).strip())} as a bit pattern: type hex such as 0x3C00") from None
+
+
+def _whole(name: str, value, lo: int, hi: int | None = None) -> int:
+    """``value`` as an int in [lo, hi], or ValueError/TypeError saying what to pass."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) and not (
+            isinstance(value, (float, np.floating)) and float(value).is_integer()):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    v = int(value)
+    if v < lo or (hi is not None and v > hi):
+        raise ValueError(f"{name} must be between {lo:,} and {hi:,}, got {v:,}" if hi is not None
+                         else f"{name} must be at least {lo:,}, got {v:,}")
+    return v
+
+
+def _real(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    return float(value)
 
 
 def _shows_errors(callback):
@@ -442,6 +470,8 @@ class RangeExplorer(_Explorer):
     """
 
     FORMAT_CHOICES = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
+    #: log2 of the scales a census can take: every power of two that float32 holds
+    LOG2_LIMITS = (-149, 127)
 
     def __init__(self, values, fmt="fp16", log2_scale=0, log2_scale_range=(-16, 32)):
         self._init_common()
@@ -454,7 +484,17 @@ class RangeExplorer(_Explorer):
         bins = census(self.profile, name, 1.0).log2_bins
         self._bin_extent = (int(bins.min()), int(bins.max())) if len(bins) else None
 
-        lo, hi = min(log2_scale_range[0], int(log2_scale)), max(log2_scale_range[1], int(log2_scale))
+        log2_scale = _whole("log2_scale", log2_scale, *self.LOG2_LIMITS)
+        try:
+            lo_given, hi_given = log2_scale_range
+        except (TypeError, ValueError):
+            raise TypeError(f"log2_scale_range must be two whole numbers (lowest, highest), got "
+                            f"{log2_scale_range!r}") from None
+        lo_given = _whole("log2_scale_range[0]", lo_given, *self.LOG2_LIMITS)
+        hi_given = _whole("log2_scale_range[1]", hi_given, *self.LOG2_LIMITS)
+        if lo_given > hi_given:
+            raise ValueError(f"log2_scale_range must be (lowest, highest), got {log2_scale_range!r}")
+        lo, hi = min(lo_given, log2_scale), max(hi_given, log2_scale)
         self.scale_slider = W.IntSlider(
             value=int(log2_scale), min=lo, max=hi, step=1, description="log2 scale",
             layout=W.Layout(width="420px"),
@@ -541,8 +581,8 @@ class ScalerLab(_Explorer):
                  init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
                  overlay=()):
         self._init_common()
-        self.steps = int(steps)
-        self.seed = int(seed)
+        self.steps = _whole("steps", steps, 1, 10**8)
+        self.seed = _whole("seed", seed, 0)
         self._streams: dict = {}
         self._lost_cache: dict = {}
         self.traces: list = []
@@ -553,15 +593,34 @@ class ScalerLab(_Explorer):
         g = np.abs(np.asarray(gradients, dtype=np.float32).ravel())
         self._grad_shape = g / g.max() if g.size and g.max() > 0 else g
 
+        log2_init = self._log2_init(init_scale)
+        growth_factor, backoff_factor = _real("growth_factor", growth_factor), _real("backoff_factor", backoff_factor)
+        growth_interval = _whole("growth_interval", growth_interval, 0, 10**7)
+        strength = _real("strength", strength)
+        if not 0 <= strength <= 1:
+            raise ValueError(f"strength must be between 0 and 1, got {strength!r}")
+        if scenario not in synth.SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario!r}; choose one of {', '.join(synth.SCENARIOS)}")
+        unknown = [name for name in overlay if name not in scaling.PRESETS or name == "torch"] \
+            if not isinstance(overlay, str) else [overlay]
+        if unknown:
+            raise ValueError(f"cannot compare with {unknown[0]!r}; choose from "
+                             f"{', '.join(n for n in scaling.PRESETS if n != 'torch')}")
+        for name, v in (("growth_factor", growth_factor), ("backoff_factor", backoff_factor)):
+            if not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
         style = {"description_width": "110px"}
         wide = W.Layout(width="420px")
-        self.init_slider = W.IntSlider(value=int(round(math.log2(init_scale))), min=-10, max=40,
+        self.init_slider = W.IntSlider(value=log2_init, min=-10, max=40,
                                        description="log2 init_scale", style=style, layout=wide)
-        self.growth_slider = W.FloatSlider(value=growth_factor, min=1.0, max=4.0, step=0.001,
-                                           readout_format=".3f", description="growth_factor",
+        # a growth factor beyond the slider's 4.0 (torch accepts any above 1) widens it: shown as given
+        self.growth_slider = W.FloatSlider(value=growth_factor, min=min(1.0, growth_factor),
+                                           max=max(4.0, growth_factor), step=0.001,
+                                           readout_format=".4g", description="growth_factor",
                                            style=style, layout=wide)
-        self.backoff_slider = W.FloatSlider(value=backoff_factor, min=0.0, max=1.0, step=0.005,
-                                            readout_format=".3f", description="backoff_factor",
+        self.backoff_slider = W.FloatSlider(value=backoff_factor, min=min(0.0, backoff_factor),
+                                            max=max(1.0, backoff_factor), step=0.005,
+                                            readout_format=".4g", description="backoff_factor",
                                             style=style, layout=wide)
         self.interval_input = W.BoundedIntText(value=growth_interval, min=0, max=10**7,
                                                description="growth_interval", style=style)
@@ -570,7 +629,7 @@ class ScalerLab(_Explorer):
         self.strength_slider = W.FloatSlider(value=strength, min=0.0, max=1.0, step=0.05,
                                              description="strength", style=style, layout=wide)
         others = [name for name in scaling.PRESETS if name != "torch"]
-        self.overlay = W.SelectMultiple(options=others, value=tuple(overlay), rows=min(6, max(len(others), 1)),
+        self.overlay = W.SelectMultiple(options=others, value=tuple(overlay) if not isinstance(overlay, str) else (overlay,), rows=min(6, max(len(others), 1)),
                                         description="compare with", style=style)
         for w, cls in ((self.init_slider, "init"), (self.growth_slider, "growth"),
                        (self.backoff_slider, "backoff"), (self.interval_input, "interval"),
@@ -589,6 +648,17 @@ class ScalerLab(_Explorer):
         ])
         self.ui.add_class("ampviz-scaler-lab")
         self.update()
+
+    @staticmethod
+    def _log2_init(init_scale) -> int:
+        """log2 of ``init_scale``: the slider moves in powers of two from 2^-10 to 2^40."""
+        x = _real("init_scale", init_scale)
+        if x > 0 and math.isfinite(x):
+            m, e = math.frexp(x)
+            if m == 0.5 and -10 <= e - 1 <= 40:
+                return e - 1
+        raise ValueError(f"init_scale must be a power of two from 2^-10 to 2^40 (the slider moves in "
+                         f"powers of two), got {init_scale!r}")
 
     # ----- read the controls -----
     def policy(self) -> "scaling.DynamicScaler":
@@ -674,19 +744,45 @@ class ScalerLab(_Explorer):
 
 # ----- live training -----
 _REGISTRY_LOCK = threading.Lock()
-_RUNNING: set = set()  # the LiveTrainers whose training thread is alive (at most one)
+_RUNNING: set = set()  # the LiveTrainers whose current run has a live thread
+# Held by the one thread that trains: a run started while an older one still finishes its step
+# waits here ("waiting for the previous run to end") instead of training beside it.
+_TRAINING = threading.Lock()
 
 
 def running_trainers() -> list:
-    """The ``LiveTrainer``s whose training thread is running now (at most one)."""
+    """The ``LiveTrainer``s whose training thread is running now (at most one trains; a run just
+    started may still wait for an older one to finish its step)."""
     with _REGISTRY_LOCK:
         return list(_RUNNING)
 
 
 def _stop_running(timeout: float = 5.0) -> None:
-    """Stop every running trainer and wait for its thread (a new run never overlaps an old one)."""
+    """Ask every running trainer to stop, and wait up to ``timeout`` s for their threads. A run
+    that is still inside a long step ends after it; a new run waits for it (``_TRAINING``)."""
     for trainer in running_trainers():
         trainer.stop(wait=True, timeout=timeout)
+
+
+class _LiveRun:
+    """One press of Start: its runs, controls, events and thread. The thread writes only into its
+    own ``_LiveRun``, so a run that ends late can never write into the next one."""
+
+    def __init__(self, runs: dict, controls: dict, total: int):
+        self.runs, self.controls, self.total = runs, controls, total
+        self.stop_event = threading.Event()
+        self.resume = threading.Event()
+        self.resume.set()
+        self.held = threading.Event()  # set while the thread waits in a pause
+        self.waiting = False  # waiting for an older run's thread to end
+        self.errors: list = []
+        self.active_time = 0.0
+        self.thread: threading.Thread | None = None
+        self.ended = False  # the thread has finished its work (it may still draw a last time)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive() and not self.ended
 
 
 class LiveTrainer(_Explorer):
@@ -702,45 +798,74 @@ class LiveTrainer(_Explorer):
     step); ``progress`` with ``status`` (steps done and steps per second), ``device_line``
     (``live.describe_device``) and the message line.
 
-    The figure (``figure``, a ``go.FigureWidget`` built from ``plot_live`` of empty runs, so every
-    trace exists from the start) is redrawn from the records at most once per ``redraw_interval``
-    seconds, in one ``batch_update``. All widget writes of a run happen in ``_refresh`` and
-    ``_sync_controls`` (in the training thread while it runs).
+    The figure (``figure``, a ``FigureView`` built from ``plot_live`` of empty runs) is redrawn
+    from the records at most once per ``redraw_interval`` seconds. Its state is the whole figure,
+    so a page reloaded (or shown in Voila) draws the run as it is. A long run stays cheap: each
+    mode's ``live.Run`` keeps at most ``max_records`` records (thinned evenly, skipped steps kept
+    more densely; ``live.Run.max_records``), so memory and the cost of a redraw do not grow with
+    the run. All widget writes of a run happen in ``_refresh`` and ``_sync_controls``.
 
     Only one training runs at a time: constructing or starting a LiveTrainer stops any other
-    running one first (re-running a notebook cell never leaves an old training behind).
+    running one first; if that one is inside a long step, the new run waits for it to end
+    (the status says so) and never trains beside it.
 
     State: ``runs`` (mode -> ``live.Run``, growing while the thread runs), ``running``, ``paused``,
-    ``thread``, ``error`` (a mode that failed, e.g. a NaN loss, or an internal error), ``figure``.
+    ``thread``, ``error`` (what ended a mode, in a sentence, e.g. "fp16 overflowed at step 12: the
+    loss is inf", or an internal error), ``figure``.
     Methods ``start()``, ``pause()``, ``resume()``, ``stop(wait=True)``, ``wait(timeout)``.
     """
 
+    GROWTH_RANGE = (1.01, 4.0)
+    BACKOFF_RANGE = (0.05, 0.95)
+
     def __init__(self, modes=("fp32", "fp16", "fp16+scaler"), model="mlp", steps=300, lr=None, *,
                  growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, init_scale=2.0**16,
-                 census_every=10, seed=0, batch_size=64, device=None, redraw_interval=0.1):
+                 census_every=10, seed=0, batch_size=64, device=None, redraw_interval=0.1,
+                 max_records=4000):
         from ampviz import live  # torch: imported when a trainer is made, not with ampviz.widgets
 
         self._live = live
-        _stop_running()
-        self._init_common()
+        if isinstance(modes, str):
+            modes = (modes,)
+        try:
+            modes = tuple(modes)
+        except TypeError:
+            raise TypeError(f"modes must be a mode or a list of modes from {', '.join(live.MODES)}, "
+                            f"got {modes!r}") from None
         unknown = [m for m in modes if m not in live.MODES]
         if unknown:
             raise ValueError(f"unknown mode {unknown[0]!r}; choose from {', '.join(live.MODES)}")
-        self.init_scale = float(init_scale)
-        self.census_every = int(census_every)
-        self.seed, self.batch_size, self.device = int(seed), int(batch_size), device
-        self.redraw_interval = float(redraw_interval)
+        if model not in live.MODELS:
+            raise ValueError(f"unknown model {model!r}; choose one of {', '.join(live.MODELS)}")
+        steps = _whole("steps", steps, 1, 10**7)
+        if lr is not None:
+            lr = _real("lr", lr)
+            if not (math.isfinite(lr) and lr > 0):
+                raise ValueError(f"lr must be a positive number (or None for the model's default), got {lr!r}")
+        growth_factor = _real("growth_factor", growth_factor)
+        backoff_factor = _real("backoff_factor", backoff_factor)
+        growth_interval = _whole("growth_interval", growth_interval, 1)
+        live._check_scaler_settings(growth_factor, backoff_factor, growth_interval)
+        if not math.isfinite(growth_factor):
+            raise ValueError(f"growth_factor must be a finite number above 1, got {growth_factor!r}")
+        init_scale = _real("init_scale", init_scale)
+        if not (math.isfinite(init_scale) and init_scale >= 0):
+            raise ValueError(f"init_scale must be a finite number >= 0, got {init_scale!r}")
+        self.census_every = _whole("census_every", census_every, 0)
+        self.seed, self.batch_size = _whole("seed", seed, 0), _whole("batch_size", batch_size, 1, 65536)
+        self.redraw_interval = _real("redraw_interval", redraw_interval)
+        if not (math.isfinite(self.redraw_interval) and self.redraw_interval >= 0):
+            raise ValueError(f"redraw_interval must be a number of seconds >= 0, got {redraw_interval!r}")
+        self.max_records = None if max_records is None else _whole("max_records", max_records, 16)
+        self.init_scale = init_scale
+        self.device = None if device is None else str(live.resolve_device(device))
+        device_text = live.describe_device(device)  # a bad device name fails here, before anything starts
+
+        _stop_running()
+        self._init_common()
         self.runs: dict = {}
-        self.running = False
-        self.thread: threading.Thread | None = None
-        self._controls: dict = {}
-        self._errors: list = []
-        self._stop_event = threading.Event()
-        self._resume = threading.Event()
-        self._resume.set()
-        self._held = threading.Event()  # set while the thread waits in a pause
-        self._active_time = 0.0
-        self._total = 0
+        self._run: _LiveRun | None = None
+        self._ui_lock = threading.RLock()  # a late thread's last refresh never overwrites the next run's
 
         style = {"description_width": "110px"}
         wide = W.Layout(width="380px")
@@ -751,21 +876,26 @@ class LiveTrainer(_Explorer):
             box.add_class("ampviz-live-mode")
             box.add_class(f"ampviz-live-mode-{m.replace('+', '-')}")
         self.model_dropdown = W.Dropdown(options=list(live.MODELS), value=model, description="model", style=style)
-        default_lr = live.TrainConfig(model=model).learning_rate if lr is None else float(lr)
+        default_lr = live.TrainConfig(model=model).learning_rate if lr is None else lr
         self.lr_input = W.FloatText(value=default_lr, description="learning rate", style=style)
-        self.steps_input = W.BoundedIntText(value=int(steps), min=1, max=10**7, description="steps", style=style)
-        self.growth_slider = W.FloatSlider(value=growth_factor, min=1.01, max=4.0, step=0.01,
+        self.steps_input = W.BoundedIntText(value=steps, min=1, max=10**7, description="steps", style=style)
+        # the sliders' ranges reach every valid value given: shown as given, never moved silently
+        g_lo, g_hi = self.GROWTH_RANGE
+        b_lo, b_hi = self.BACKOFF_RANGE
+        self.growth_slider = W.FloatSlider(value=growth_factor, min=min(g_lo, growth_factor),
+                                           max=max(g_hi, growth_factor), step=0.01, readout_format=".3g",
                                            description="growth_factor", style=style, layout=wide)
-        self.backoff_slider = W.FloatSlider(value=backoff_factor, min=0.05, max=0.95, step=0.05,
+        self.backoff_slider = W.FloatSlider(value=backoff_factor, min=min(b_lo, backoff_factor),
+                                            max=max(b_hi, backoff_factor), step=0.05, readout_format=".3g",
                                             description="backoff_factor", style=style, layout=wide)
-        self.interval_slider = W.IntSlider(value=growth_interval, min=1, max=max(5000, int(growth_interval)),
+        self.interval_slider = W.IntSlider(value=growth_interval, min=1, max=max(5000, growth_interval),
                                            description="growth_interval", style=style, layout=wide)
         self.start_button = W.Button(description="Start", button_style="success", icon="play")
         self.pause_button = W.Button(description="Pause", icon="pause")
         self.stop_button = W.Button(description="Stop", button_style="danger", icon="stop")
         self.progress = W.IntProgress(value=0, min=0, max=1, description="progress", style=style)
         self.status = W.HTML(value="not started")
-        self.device_line = W.HTML(value=f"device: {html.escape(live.describe_device(device))}")
+        self.device_line = W.HTML(value=f"device: {html.escape(device_text)}")
         for w, cls in ((self.model_dropdown, "model"), (self.lr_input, "lr"), (self.steps_input, "steps"),
                        (self.growth_slider, "growth"), (self.backoff_slider, "backoff"),
                        (self.interval_slider, "interval"), (self.start_button, "start"),
@@ -779,11 +909,9 @@ class LiveTrainer(_Explorer):
         self.stop_button.on_click(self._on_stop)
 
         self._figure_key = None
-        # an Output, not a Box: a FigureWidget view made inside a Box keeps plotly's default 700 px
-        # width in Voila; displayed into an Output it takes the page's width
-        self.figure_box = W.Output()
+        self.figure_box = W.Box(layout=W.Layout(width="100%"))
         self.figure_box.add_class("ampviz-live-figure")
-        self._new_figure([m for m in live.MODES if m in modes], int(steps))
+        self._new_figure([m for m in live.MODES if m in modes], steps)
         self.ui = W.VBox([
             W.HBox(list(self.mode_checks.values()), layout=W.Layout(flex_flow="row wrap")),
             W.HBox([W.VBox([self.model_dropdown, self.lr_input, self.steps_input]),
@@ -803,8 +931,21 @@ class LiveTrainer(_Explorer):
         return [m for m, box in self.mode_checks.items() if box.value]
 
     @property
+    def running(self) -> bool:
+        """The current run's thread is alive (training, paused, or waiting for an older run)."""
+        return self._run is not None and self._run.alive
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return None if self._run is None else self._run.thread
+
+    @property
     def paused(self) -> bool:
-        return self.running and not self._resume.is_set()
+        return self.running and not self._run.resume.is_set()
+
+    @property
+    def _held(self) -> threading.Event:
+        return self._run.held
 
     def scaler_settings(self) -> dict:
         return {"growth_factor": float(self.growth_slider.value),
@@ -819,7 +960,10 @@ class LiveTrainer(_Explorer):
         lr = float(self.lr_input.value)
         if not (math.isfinite(lr) and lr > 0):
             raise ValueError(f"the learning rate must be a positive number, got {lr:g}")
-        return [self._live.TrainConfig(model=self.model_dropdown.value, mode=m, steps=int(self.steps_input.value),
+        steps = int(self.steps_input.value)
+        if not 1 <= steps <= 10**7:
+            raise ValueError(f"steps must be between 1 and 10,000,000, got {steps:,}")
+        return [self._live.TrainConfig(model=self.model_dropdown.value, mode=m, steps=steps,
                                        lr=lr, batch_size=self.batch_size, seed=self.seed, device=self.device,
                                        census_every=self.census_every, init_scale=self.init_scale,
                                        **self.scaler_settings())
@@ -827,58 +971,67 @@ class LiveTrainer(_Explorer):
 
     # ----- actions -----
     def start(self) -> None:
-        """Start training the selected modes in a background thread (stopping any running training first)."""
-        configs = self.configs()
-        _stop_running()
-        self.stop(wait=True)
+        """Start training the selected modes in a background thread (any running training is
+        stopped first; if it is inside a long step, this run waits for it to end)."""
+        try:
+            configs = self.configs()
+        except (ValueError, TypeError):
+            if not self.running:  # the status line must not go on describing an earlier run
+                self.status.value = "not started: see the message above"
+            raise
+        _stop_running(timeout=1.0)
         live = self._live
         device_text = live.describe_device(self.device)
-        self.runs = {c.mode: live.Run(config=c, device=device_text) for c in configs}
-        self._controls = {c.mode: live.ScalerControl() for c in configs}
-        gens = {c.mode: live.train_steps(c, self._controls[c.mode]) for c in configs}
-        self._errors = []
-        self._clear_error()
-        self._stop_event.clear()
-        self._resume.set()
-        self._held.clear()
-        self._active_time = 0.0
-        self._total = sum(c.steps for c in configs)
-        self.progress.max, self.progress.value = max(self._total, 1), 0
-        self._new_figure([c.mode for c in configs], max(c.steps for c in configs))
-        self._figure_key = None  # this figure now belongs to a run: the next start builds a fresh one
-        self.thread = threading.Thread(target=self._work, args=(gens,), name="ampviz-live-trainer", daemon=True)
+        total = sum(c.steps for c in configs)
+        run = _LiveRun({c.mode: live.Run(config=c, device=device_text, max_records=self.max_records)
+                        for c in configs},
+                       {c.mode: live.ScalerControl() for c in configs}, total)
+        gens = {c.mode: live.train_steps(c, run.controls[c.mode]) for c in configs}
+        run.thread = threading.Thread(target=self._work, args=(run, gens), name="ampviz-live-trainer",
+                                      daemon=True)
+        with self._ui_lock:
+            self._run, self.runs = run, run.runs
+            self._clear_error()
+            self.progress.max, self.progress.value = max(total, 1), 0
+            self._new_figure([c.mode for c in configs], max(c.steps for c in configs))
+            self._figure_key = None  # this figure now belongs to a run: the next start builds a fresh one
+            self.status.value = f"0 / {total:,} steps · starting"
         with _REGISTRY_LOCK:
             _RUNNING.add(self)
-        self.running = True
+        run.thread.start()
         self._sync_controls()
-        self.status.value = f"0 / {self._total:,} steps · starting"
-        self.thread.start()
 
     def pause(self, wait: bool = True, timeout: float = 2.0) -> None:
         """Hold the run between two steps (``wait``: until the thread holds)."""
-        if not self.running:
+        run = self._run
+        if run is None or not run.alive:
             return
-        self._resume.clear()
+        run.resume.clear()
         self._sync_controls()
-        if wait and threading.current_thread() is not self.thread:
+        if wait and threading.current_thread() is not run.thread:
             deadline = time.monotonic() + timeout
-            while self.running and not self._held.is_set() and time.monotonic() < deadline:
-                self._held.wait(0.01)
+            while run.alive and not run.held.is_set() and time.monotonic() < deadline:
+                run.held.wait(0.01)
 
     def resume(self) -> None:
         """Go on after ``pause()``."""
-        self._resume.set()
+        if self._run is not None:
+            self._run.resume.set()
         self._sync_controls()
 
     def stop(self, wait: bool = True, timeout: float = 5.0) -> bool:
-        """Ask the run to end before its next step; ``wait``: join the thread. True when it has ended."""
-        self._stop_event.set()
-        for control in self._controls.values():
+        """Ask the run to end before its next step; ``wait``: join the thread (at most ``timeout``
+        seconds). True when it has ended."""
+        run = self._run
+        if run is None:
+            return True
+        run.stop_event.set()
+        for control in run.controls.values():
             control.stop()
-        self._resume.set()
+        run.resume.set()
         if wait:
             return self.wait(timeout)
-        return not self.running
+        return not run.alive
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the training thread to end; True when it has."""
@@ -906,77 +1059,99 @@ class LiveTrainer(_Explorer):
     @_shows_errors
     def _on_scaler_setting(self, change):
         settings = self.scaler_settings()
-        for control in self._controls.values():
-            control.set(**settings)
+        if self._run is not None:
+            for control in self._run.controls.values():
+                control.set(**settings)
 
     # ----- the training thread -----
-    def _work(self, gens: dict) -> None:
+    def _work(self, run: _LiveRun, gens: dict) -> None:
         active = dict(gens)
-        last_draw = time.perf_counter()
         try:
-            while active and not self._stop_event.is_set():
-                if not self._resume.is_set():
-                    if not self._held.is_set():
-                        self._held.set()
-                        self._refresh()
-                    self._resume.wait(0.05)
-                    continue
-                self._held.clear()
-                t0 = time.perf_counter()
-                for mode, gen in list(active.items()):
-                    rec = next(gen, None)
-                    if rec is None:
-                        del active[mode]
-                        continue
-                    self.runs[mode].append(rec)
-                    if rec.error is not None:
-                        self._errors.append(f"{mode}: {rec.error}")
-                t1 = time.perf_counter()
-                self._active_time += t1 - t0
-                if t1 - last_draw >= self.redraw_interval:
-                    last_draw = t1
-                    self._refresh()
+            if not _TRAINING.acquire(blocking=False):
+                run.waiting = True
+                self._refresh(run)
+                while not _TRAINING.acquire(timeout=0.05):
+                    if run.stop_event.is_set():
+                        return
+                run.waiting = False
+            try:
+                self._train(run, active)
+            finally:
+                _TRAINING.release()
         except Exception as exc:  # a bug, not the learner's input: shown, never lost
-            self._errors.append(f"internal error ({type(exc).__name__}): {exc}")
+            run.errors.append(f"internal error ({type(exc).__name__}): {exc}")
         finally:
             for gen in gens.values():
                 gen.close()
-            self._held.clear()
+            run.held.clear()
+            run.waiting = False
+            run.ended = True
             with _REGISTRY_LOCK:
-                _RUNNING.discard(self)
-            self.running = False
-            self._refresh()
+                if self._run is run or not self.running:
+                    _RUNNING.discard(self)
+            self._refresh(run, ended=True)
 
-    def _refresh(self) -> None:
-        """Progress, status, message and figure from the records so far (never raises)."""
-        try:
-            done = sum(len(run) for run in self.runs.values())
-            rate = done / self._active_time if self._active_time > 0 else 0.0
-            if self.running:
-                state = "paused" if self.paused else "running"
-            else:
-                state = ("failed" if self._errors else
-                         "stopped" if self._stop_event.is_set() and done < self._total else "done")
-            self.progress.value = min(done, self.progress.max)
-            self.status.value = f"{done:,} / {self._total:,} steps · {rate:,.0f} steps/s · {state}"
-            if self._errors:
-                self.error = "; ".join(self._errors)
-                self.message.value = f'<span style="{_ERROR_STYLE}">⚠ {html.escape(self.error)}</span>'
-            self._sync_controls()
-            self._draw_live()
-        except Exception as exc:  # drawing must never end a run or escape the thread
-            self._show_error(exc)
+    def _train(self, run: _LiveRun, active: dict) -> None:
+        last_draw = time.perf_counter()
+        while active and not run.stop_event.is_set():
+            if not run.resume.is_set():
+                if not run.held.is_set():
+                    run.held.set()
+                    self._refresh(run)
+                run.resume.wait(0.05)
+                continue
+            run.held.clear()
+            t0 = time.perf_counter()
+            for mode, gen in list(active.items()):
+                rec = next(gen, None)
+                if rec is None:
+                    del active[mode]
+                    continue
+                run.runs[mode].append(rec)
+                if rec.error is not None:
+                    run.errors.append(rec.error)
+            t1 = time.perf_counter()
+            run.active_time += t1 - t0
+            if t1 - last_draw >= self.redraw_interval:
+                last_draw = t1
+                self._refresh(run)
+
+    def _state(self, run: _LiveRun, ended: bool) -> str:
+        if not ended:
+            return "waiting for the previous run to end" if run.waiting else (
+                "paused" if not run.resume.is_set() else "running")
+        done = sum(r.steps_recorded for r in run.runs.values())
+        return ("failed" if run.errors else
+                "stopped" if run.stop_event.is_set() and done < run.total else "done")
+
+    def _refresh(self, run: _LiveRun | None = None, ended: bool = False) -> None:
+        """Progress, status, message and figure from the records so far (never raises). Only the
+        current run draws: a run that ended late leaves the widgets to the newer one."""
+        run = self._run if run is None else run
+        if run is None:
+            return
+        with self._ui_lock:
+            if run is not self._run:
+                return
+            try:
+                done = sum(r.steps_recorded for r in run.runs.values())
+                rate = done / run.active_time if run.active_time > 0 else 0.0
+                self.progress.value = min(done, self.progress.max)
+                self.status.value = (f"{done:,} / {run.total:,} steps · {rate:,.0f} steps/s · "
+                                     f"{self._state(run, ended)}")
+                if run.errors:
+                    self.error = "; ".join(run.errors)
+                    self.message.value = f'<span style="{_ERROR_STYLE}">⚠ {html.escape(self.error)}</span>'
+                self._sync_controls()
+                self._draw_live()
+            except Exception as exc:  # drawing must never end a run or escape the thread
+                self._show_error(exc)
 
     def _draw_live(self) -> None:
-        fig = self.figure
         data = live_traces(self.runs, heat_mode=self._heat_mode)
-        if [d["meta"] for d in data] != [t.meta for t in fig.data]:
+        if [d["meta"] for d in data] != [t["meta"] for t in self.figure.data]:
             raise RuntimeError("the live figure's traces do not match the runs")
-        with fig.batch_update():
-            for trace, d in zip(fig.data, data):
-                for key in LIVE_DATA_KEYS:
-                    if key in d:
-                        trace[key] = d[key]
+        self.figure.set_data(data)
 
     def _sync_controls(self) -> None:
         running = self.running
@@ -989,14 +1164,16 @@ class LiveTrainer(_Explorer):
             w.disabled = running
 
     def _new_figure(self, modes: list, steps: int) -> None:
-        """A fresh FigureWidget from ``plot_live`` of empty runs (every trace present from the start)."""
+        """A fresh FigureView from ``plot_live`` of empty runs (every trace present from the start)."""
         key = (tuple(modes), int(steps))
         if key == self._figure_key and self.figure is not None:
             return
-        fig = go.FigureWidget(plot_live({m: [] for m in modes}, steps=steps))
+        fig = plot_live({m: [] for m in modes}, steps=steps)
         self._heat_mode = fig.layout.meta["heat_mode"]
-        old, self.figure, self._figure_key = self.figure, fig, key
-        _show_in(self.figure_box, fig)
+        view = FigureView(fig)
+        view.add_class("ampviz-live-plot")
+        old, self.figure, self._figure_key = self.figure, view, key
+        self.figure_box.children = (view,)
         if old is not None:
             old.close()
 

@@ -2,6 +2,7 @@
 pause, one training at a time, errors in the message line; the live figure from records."""
 
 import math
+import re
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ import pytest
 import ampviz.widgets as widgets
 from ampviz import live as L
 from ampviz.plots import live_traces, lost_shares, plot_live
+from ampviz.figureview import FigureView
 from ampviz.widgets import LiveTrainer, running_trainers
 
 LONG = 10**6  # steps of a run that a test stops itself
@@ -32,7 +34,9 @@ def wait_for(predicate, timeout=5.0):
 
 
 def traces(fig, kind, mode=None):
-    return [t for t in fig.data if t.meta["kind"] == kind and (mode is None or t.meta["mode"] == mode)]
+    """The traces of ``kind`` (and ``mode``) of a go.Figure or a FigureView (whose traces are dicts)."""
+    meta = (lambda t: t["meta"]) if isinstance(fig, FigureView) else (lambda t: t.meta)
+    return [t for t in fig.data if meta(t)["kind"] == kind and (mode is None or meta(t)["mode"] == mode)]
 
 
 @pytest.fixture(autouse=True)
@@ -125,11 +129,11 @@ def test_a_short_run_fills_the_records_and_the_figure():
     for mode, run in lt.runs.items():
         assert [r.step for r in run.records] == list(range(40))
         (loss,) = traces(lt.figure, "loss", mode)
-        np.testing.assert_array_equal(loss.y, run["loss"])
+        np.testing.assert_array_equal(loss["y"], run["loss"])
     ref = L.run_training(L.TrainConfig(mode="fp16+scaler", steps=40, census_every=10))
     np.testing.assert_array_equal(lt.runs["fp16+scaler"]["loss"], ref["loss"])  # modes side by side = alone
     (heat,) = traces(lt.figure, "heat")
-    assert heat.meta["mode"] == "fp16+scaler" and list(heat.x) == [0, 10, 20, 30]
+    assert heat["meta"]["mode"] == "fp16+scaler" and list(heat["x"]) == [0, 10, 20, 30]
     assert lt.progress.value == 80 and "80 / 80 steps" in lt.status.value and "done" in lt.status.value
     assert not trainer_threads() and not running_trainers()
     assert not lt.start_button.disabled and lt.stop_button.disabled
@@ -194,8 +198,9 @@ def test_a_failing_mode_shows_its_error_and_the_others_go_on():
     lt = LiveTrainer(modes=("fp32", "fp16+scaler"), lr=1e30, steps=20, census_every=0)
     lt.start()
     assert lt.wait(30)
-    assert lt.error.startswith("fp32: FloatingPointError: the loss is nan")
-    assert "FloatingPointError" in lt.message.value and "fp32" in lt.message.value
+    assert re.fullmatch(r"fp32 diverged at step \d+: the loss is nan \(training diverged: try a "
+                        r"smaller learning rate\)", lt.error)
+    assert "fp32 diverged" in lt.message.value
     assert lt.runs["fp32"].error is not None and len(lt.runs["fp16+scaler"]) == 20
     assert "failed" in lt.status.value
 
@@ -245,4 +250,120 @@ def test_redraws_are_throttled():
     gaps = np.diff(draws[:-1])  # the last draw is the final one, after the stop
     assert 3 <= len(draws) <= 8 and (gaps >= 0.1).all()
     (loss,) = traces(lt.figure, "loss")
-    assert len(loss.y) == len(lt.runs["fp32"])  # the final draw shows every record
+    assert len(loss["y"]) == len(lt.runs["fp32"])  # the final draw shows every record
+
+
+# ----- long runs, slow steps, collapsed scales, bad settings -----
+def test_one_run_at_a_time_whatever_the_step_time(monkeypatch):
+    """Stop + Start (and a new trainer, as when the cell is run again) while a step takes longer
+    than Start waits for it: the new run waits for the old thread, never trains beside it, and
+    the old run never writes into the new one."""
+    active, peak, lock = [0], [0], threading.Lock()
+    real = L._one_step
+
+    def slow_step(*args, **kwargs):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        try:
+            time.sleep(1.3)  # longer than start() waits for a stopping run (1 s)
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(L, "_one_step", slow_step)
+    lt = LiveTrainer(modes=("fp32",), steps=2, census_every=0, redraw_interval=0)
+    statuses = []
+    lt.status.observe(lambda change: statuses.append(change["new"]), names="value")
+    lt.start()
+    old_run = lt.runs["fp32"]
+    assert wait_for(lambda: active[0] == 1)
+    assert lt.stop(wait=True, timeout=0.05) is False  # still inside its step
+    lt.start()
+    assert lt.running and len(trainer_threads()) == 2  # the new thread waits for the old one
+    assert lt.wait(30)
+    assert peak[0] == 1
+    assert [r.step for r in lt.runs["fp32"].records] == [0, 1] and lt.runs["fp32"] is not old_run
+    assert len(old_run) <= 1
+    assert any("waiting for the previous run to end" in s for s in statuses)
+    assert "2 / 2 steps" in lt.status.value and "done" in lt.status.value
+    assert not lt.start_button.disabled
+
+    lt.start()  # the same again through a new trainer: the cell run again mid-step
+    assert wait_for(lambda: active[0] == 1)
+    b = LiveTrainer(modes=("fp32",), steps=1, census_every=0, redraw_interval=0)
+    b.start()
+    assert b.wait(30) and lt.wait(30)
+    assert peak[0] == 1 and [r.step for r in b.runs["fp32"].records] == [0]
+    assert not trainer_threads() and running_trainers() == []
+
+
+def test_a_collapsed_scale_trains_to_the_end_and_is_drawn():
+    lt = LiveTrainer(modes=("fp16+scaler",), steps=30, census_every=10, init_scale=0)
+    lt.start()
+    assert lt.wait(60) and lt.error is None
+    run = lt.runs["fp16+scaler"]
+    assert len(run) == 30 and (run["scale"] == 0).all()
+    (scale,) = traces(lt.figure, "scale")
+    assert len(scale["y"]) == 30 and np.isfinite(scale["y"]).all()  # drawn at the axis floor, not dropped
+    assert "30 / 30 steps" in lt.status.value and "done" in lt.status.value
+
+
+def test_failures_are_sentences_and_the_status_follows_the_last_action():
+    lt = LiveTrainer(modes=("half", "fp32"), steps=5, census_every=0, lr=1e5)
+    lt.start()
+    assert lt.wait(30)
+    assert lt.error.startswith("half stopped at step 0: the learning rate 100000 does not fit in fp16")
+    assert "c10::Half" not in lt.error and "failed" in lt.status.value
+    (loss,) = traces(lt.figure, "loss", "half")
+    assert "stopped at step 0" in loss["name"]  # the figure says why the line is short
+    lt.lr_input.value = -1.0
+    lt.start_button.click()
+    assert "learning rate" in lt.error and "failed" not in lt.status.value
+    assert lt.status.value == "not started: see the message above"
+
+
+def test_a_long_run_stays_bounded():
+    lt = LiveTrainer(modes=("fp32", "fp16+scaler"), steps=400, census_every=10, max_records=64,
+                     growth_interval=1, growth_factor=4.0, redraw_interval=0)
+    lt.start()
+    assert lt.wait(120) and lt.error is None
+    for mode, run in lt.runs.items():
+        assert len(run) <= 64 and run.steps_recorded == 400
+        (loss,) = traces(lt.figure, "loss", mode)
+        assert len(loss["y"]) == len(run)
+    run = lt.runs["fp16+scaler"]
+    assert run.skipped_recorded > 0
+    (marks,) = traces(lt.figure, "skipped")
+    assert marks["name"] == f"fp16+scaler: {run.skipped_recorded:,} skipped"  # every skip counted
+    assert "800 / 800 steps" in lt.status.value
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"growth_factor": 1.0}, "growth_factor must be > 1.0"),
+    ({"growth_factor": float("inf")}, "growth_factor must be a finite number"),
+    ({"backoff_factor": 1.0}, "backoff_factor must be between 0 and 1"),
+    ({"growth_interval": 0}, "growth_interval must be at least 1"),
+    ({"growth_interval": 2.5}, "growth_interval must be a whole number"),
+    ({"steps": 0}, "steps must be between 1 and 10,000,000"),
+    ({"steps": "many"}, "steps must be a whole number"),
+    ({"lr": -1}, "lr must be a positive number"),
+    ({"init_scale": -1.0}, "init_scale must be a finite number >= 0"),
+    ({"modes": ("fp64",)}, "unknown mode 'fp64'"),
+    ({"modes": 3}, "modes must be a mode or a list of modes"),
+    ({"model": "cnn"}, "unknown model 'cnn'"),
+    ({"census_every": -1}, "census_every must be at least 0"),
+])
+def test_settings_the_trainer_cannot_use_are_one_line_errors(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=re.escape(message)) as e:
+        LiveTrainer(**kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_settings_are_shown_as_given():
+    lt = LiveTrainer(modes="fp32", growth_factor=10.0, backoff_factor=0.99, growth_interval=20_000)
+    assert lt.modes == ["fp32"]
+    assert lt.growth_slider.value == 10.0 and lt.growth_slider.max >= 10.0
+    assert lt.backoff_slider.value == 0.99 and lt.interval_slider.value == 20_000
+    assert lt.scaler_settings() == {"growth_factor": 10.0, "backoff_factor": 0.99, "growth_interval": 20_000}

@@ -182,7 +182,8 @@ def test_nan_loss_ends_the_run_with_an_error_record():
     assert len(run) == 2 and run.records[0].error is None
     last = run.records[-1]
     assert last.step == 1 and math.isnan(last.loss)
-    assert run.error == last.error and last.error.startswith("FloatingPointError: the loss is nan at step 1")
+    assert run.error == last.error == ("fp32 diverged at step 1: the loss is nan (training diverged: try a "
+                                       "smaller learning rate)")
 
 
 def test_hooks_are_removed_at_the_end_on_error_and_on_close():
@@ -215,7 +216,8 @@ def test_hooks_are_removed_at_the_end_on_error_and_on_close():
 
     b = Boom()
     run = L.run_training(L.TrainConfig(steps=3, watch=["fc1"]), model=b)
-    assert run.error == "RuntimeError: out of memory (pretend)" and _all_hooks(b) == 0
+    assert run.error == "fp32 stopped at step 0: out of memory (choose a smaller batch or model)"
+    assert _all_hooks(b) == 0
 
 
 def _same(a: L.Run, b: L.Run):
@@ -240,7 +242,7 @@ def test_runs_round_trip_through_csv_and_json(tmp_path):
     for path in (broken.to_csv(tmp_path / "b.csv"), broken.to_json(tmp_path / "b.json")):
         back = L.load_run(path)
         _same(broken, back)
-        assert back.error.startswith("FloatingPointError")
+        assert back.error.startswith("fp32 diverged at step")
     (tmp_path / "x.csv").write_text("step,loss\n0,1.0\n")
     with pytest.raises(ValueError, match="not an ampviz run"):
         L.load_run(tmp_path / "x.csv")
@@ -289,3 +291,131 @@ def test_config_validation():
         with pytest.raises(ValueError):
             L.TrainConfig(**bad)
     assert L.TrainConfig().learning_rate == 0.05 and L.TrainConfig(lr=0.1).learning_rate == 0.1
+
+
+# ----- long runs and lost data -----
+def test_a_collapsed_scale_is_recorded_to_the_last_step():
+    """lr=1e10 drives the fp16+scaler run into overflow after overflow until its scale is 0; the
+    run goes on to its last step, and the census at scale 0 counts every gradient as lost, as
+    torch's multiply-then-cast gives (gradient × 0 is 0, inf × 0 NaN)."""
+    run = L.run_training(L.TrainConfig(mode="fp16+scaler", lr=1e10, steps=300, census_every=10))
+    assert len(run) == 300 and run.error is None
+    assert run["scale"][-1] == 0.0 and run["skipped"][-50:].all()
+    rec = run.records[-10]
+    assert rec.scale == 0.0 and rec.param_census is not None
+    for c in rec.param_census.values():
+        assert c.scale == 0.0 and c.counts["zero"] + c.counts["nan"] == c.total
+
+
+@pytest.mark.parametrize("values", [
+    np.array([1.0, -2.5e-8, 0.0, -0.0, 65504.0, 1e30], np.float32),
+    np.array([np.inf, -np.inf, np.nan, 3.0], np.float32),
+    np.random.default_rng(0).standard_normal(1000).astype(np.float32),
+])
+def test_census_at_scale_zero_is_torchs_multiply_then_cast(values):
+    got = L._census_at(values, "fp16", 0.0)
+    cast = (torch.from_numpy(values) * 0.0).to(torch.float16)
+    assert got.total == values.size and got.scale == 0.0
+    assert got.counts["zero"] == int((cast == 0).sum()) and got.counts["nan"] == int(cast.isnan().sum())
+    assert sum(got.counts.values()) == values.size
+    assert L._census_at(values, "fp16", 2.0**10) == census(values, "fp16", 2.0**10)
+
+
+def test_the_failure_sentences():
+    half = L.run_training(L.TrainConfig(mode="half", lr=1e5, steps=3, census_every=0))
+    assert half.error == ("half stopped at step 0: the learning rate 100000 does not fit in fp16 (largest "
+                          "65504), so SGD cannot apply it to fp16 weights; choose a smaller learning rate")
+    fp16 = L.run_training(L.TrainConfig(mode="fp16", lr=100, steps=10, census_every=0))
+    assert fp16.error.startswith(f"fp16 overflowed at step {len(fp16) - 1}: the model's fp16 output went "
+                                 "past 65504, so the loss is ")
+    fp32 = L.run_training(L.TrainConfig(mode="fp32", lr=100, steps=10, census_every=0))
+    assert fp32.error.startswith(f"fp32 diverged at step {len(fp32) - 1}: the loss is nan")
+
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no message")
+
+    assert L.failure_sentence("bf16", Unprintable(), 3) == "bf16 stopped at step 3: Unprintable: "
+    assert "\n" not in L.failure_sentence("fp32", ValueError("first\nsecond"), 0)
+
+
+def _row_ends(data: bytes, header_lines: int = 2) -> list:
+    """Offsets just past each complete step row of a run's CSV (rows end with \\r\\n)."""
+    ends, pos, seen = [], 0, 0
+    while True:
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            return ends
+        seen += 1
+        pos = nl + 1
+        if seen > header_lines:
+            ends.append(pos)
+
+
+def test_a_csv_cut_anywhere_loses_at_most_the_step_in_progress(tmp_path):
+    """The file ``run_training(save_to=...)`` writes, cut at every byte: every complete row is read
+    back exactly, the row in progress is dropped, and only a cut inside the first line (the
+    settings, before any step) gives an error, which says so."""
+    path = tmp_path / "live.csv"
+    run = L.run_training(L.TrainConfig(mode="fp16+scaler", steps=6, census_every=3, init_scale=2.0**30),
+                         save_to=path)
+    data = path.read_bytes()
+    ends = _row_ends(data)
+    assert len(ends) == 6 and ends[-1] == len(data)
+    first_line = data.index(b"\n")
+    cut_file = tmp_path / "cut.csv"
+    for cut in range(len(data) + 1):
+        cut_file.write_bytes(data[:cut])
+        if cut <= first_line:
+            with pytest.raises(ValueError, match="first line|not an ampviz run"):
+                L.load_run(cut_file)
+            continue
+        back = L.load_run(cut_file)
+        complete = sum(e <= cut for e in ends)
+        # a row whose \r\n was cut after the \r is complete in content but counted as in progress
+        assert len(back) in (complete, complete - 1) if cut < len(data) else len(back) == 6, cut
+        assert len(back) >= complete - (data[cut - 1:cut] == b"\r"), cut
+        _same(L.Run(run.config, run.records[:len(back)], run.device), back)
+
+
+def test_a_broken_row_in_the_middle_is_an_error_with_its_line(tmp_path):
+    path = tmp_path / "live.csv"
+    L.run_training(L.TrainConfig(mode="fp32", steps=3, census_every=0), save_to=path)
+    lines = path.read_text().split("\n")
+    lines[3] = lines[3].replace(",", ";", 2)
+    path.write_text("\n".join(lines))
+    with pytest.raises(ValueError, match="line 4"):
+        L.load_run(path)
+
+
+def _record(step, skipped=False, census=None):
+    return L.StepRecord(step=step, loss=1.0 / (step + 1), scale=2.0**16, skipped=skipped,
+                        param_census=census)
+
+
+def test_a_bounded_run_keeps_memory_and_the_shape_of_the_run():
+    run = L.Run(L.TrainConfig(), max_records=1000)
+    skipped_steps = set(range(0, 100_000, 37))
+    for step in range(100_000):
+        run.append(_record(step, skipped=step in skipped_steps))
+        assert len(run) <= 1000
+    assert run.steps_recorded == 100_000 and run.skipped_recorded == len(skipped_steps)
+    steps = [r.step for r in run.records]
+    assert steps == sorted(steps) and steps[0] == 0 and steps[-1] == 99_999
+    regular = [s for s in steps if s % run.stride == 0]
+    assert regular == list(range(0, 100_000, run.stride))  # evenly spaced
+    kept_skipped = [r.step for r in run.records if r.skipped]
+    assert len(kept_skipped) > len(regular) // 8  # skipped steps kept more densely than the others
+    unbounded = L.Run(L.TrainConfig())
+    for step in range(3000):
+        unbounded.append(_record(step))
+    assert len(unbounded) == 3000 and unbounded.stride == 1
+    with pytest.raises(ValueError, match="max_records"):
+        L.Run(L.TrainConfig(), max_records=3)
+
+
+def test_every_step_skipped_stays_bounded_too():
+    run = L.Run(L.TrainConfig(), max_records=200)
+    for step in range(50_000):
+        run.append(_record(step, skipped=True))
+    assert len(run) <= 200 and run.skipped_recorded == 50_000

@@ -299,8 +299,13 @@ def fix_runs() -> dict:
     return {fix: lightning_run(name=fix, **kwargs) for fix, kwargs in FIXES.items()}
 
 
-def fix_table(runs: dict | None = None) -> Table:
-    """The fixes' validation losses next to the fp32 reference (the first entry of ``FIXES``)."""
+def fix_table(runs: dict | None = None, *, exact: bool = False, tolerance: float = 1e-3) -> Table:
+    """The fixes' validation losses next to the fp32 reference (the first entry of ``FIXES``).
+
+    By default what the lesson needs, at a precision every CPU reproduces: each loss to two decimals
+    and whether it lies within ``tolerance`` of fp32's. ``exact=True``: the losses to six decimals
+    and their difference from fp32's (these differ from CPU to CPU in the fourth decimal, since
+    training sums in the order of the machine's vector units)."""
     runs = runs if runs is not None else fix_runs()
     ref = next(iter(runs.values())).loss
     rows = []
@@ -309,6 +314,11 @@ def fix_table(runs: dict | None = None) -> Table:
             rows.append((fix, "-", f"{out.error_type}: {out.message}", "-"))
             continue
         diff = out.loss - ref
-        rows.append((fix, out.details["weight_dtype"], f"{out.loss:.6f}",
-                     "identical" if diff == 0 else f"{diff:+.1e}"))
-    return Table(("fix", "weights", "validation loss", "vs fp32"), rows)
+        if exact:
+            rows.append((fix, out.details["weight_dtype"], f"{out.loss:.6f}",
+                         "identical" if diff == 0 else f"{diff:+.1e}"))
+        else:
+            rows.append((fix, out.details["weight_dtype"], f"{out.loss:.2f}",
+                         "yes" if abs(diff) <= tolerance else "no"))
+    last = "vs fp32" if exact else f"within {tolerance:g} of fp32"
+    return Table(("fix", "weights", "validation loss", last), rows)

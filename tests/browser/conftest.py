@@ -6,6 +6,7 @@ is a failure. JupyterLab runs on a free loopback port with a token, on a copy of
 """
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -110,12 +111,18 @@ def jupyter_lab(notebook_dir: Path):
 
 
 @contextlib.contextmanager
-def voila(notebook: Path):
-    """Voila serving a copy of ``notebook`` as a page, on a free loopback port with a token;
-    yields the page's URL (token included)."""
+def voila(notebook: Path, settings: dict | None = None, server: dict | None = None):
+    """Voila serving a copy of ``notebook`` as a page, on a free loopback port with a token, with
+    the project's ``voila.json`` (as ``make explorer`` runs it; ``settings`` replaces some of its
+    values: {section: {name: value}}); yields the page's URL (token included). ``server``, a dict,
+    receives the Voila process (``server["proc"]``)."""
     port = _free_port()
     tmp = Path(tempfile.mkdtemp(prefix="ampviz-voila-"))
     shutil.copy(notebook, tmp / notebook.name)
+    config = json.loads((ROOT / "voila.json").read_text())
+    for section, values in (settings or {}).items():
+        config.setdefault(section, {}).update(values)
+    (tmp / "voila.json").write_text(json.dumps(config))  # Voila reads voila.json from its working directory
     env = dict(os.environ)
     for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR"):
         env[name] = str(tmp / name.lower())
@@ -123,6 +130,8 @@ def voila(notebook: Path):
            "--Voila.port_retries=0", f"--token={TOKEN}", str(tmp / notebook.name)]
     log = open(tmp / "voila.log", "w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+    if server is not None:
+        server["proc"] = proc
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_for(f"{url}/voila/static/", proc, tmp / "voila.log", "Voila")
@@ -183,3 +192,19 @@ def outputs_without_tracebacks(page) -> list:
     return page.evaluate("""() => Array.from(document.querySelectorAll(
         '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"], .jp-OutputArea-output.jp-mod-error'
     )).map(e => e.innerText.slice(0, 300))""")
+
+
+def kernel_processes(parent_pid: int) -> list:
+    """PIDs of the ipykernel processes started by the server with ``parent_pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent_pid and b"ipykernel_launcher" in cmdline:
+            found.append(int(entry.name))
+    return found

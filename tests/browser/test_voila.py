@@ -1,15 +1,22 @@
 """The explorer app as a standalone page (Voila), as a learner uses it: no code on the page, a tab
 per explorer, every control answering in the browser."""
 
+import json
 import re
+import time
 
 import pytest
 
-from conftest import (OUTPUT, ROOT, SCALE_Y, TOKEN, VOILA_LOAD_MS, outputs_without_tracebacks, press_slider,
-                      voila)
+from conftest import (OUTPUT, ROOT, SCALE_Y, TOKEN, VOILA_LOAD_MS, kernel_processes, outputs_without_tracebacks,
+                      press_slider, voila)
 
 LIVE_POINTS = """() => { const gd = document.querySelector('.ampviz-live-figure .js-plotly-plot');
     return gd && gd.data ? gd.data.map(t => (t.x && t.x.length) || 0).reduce((a, b) => a + b, 0) : 0; }"""
+
+
+LOSS_POINTS = """() => { const gd = document.querySelector('.ampviz-live-figure .js-plotly-plot');
+    return gd && gd.data ? gd.data.filter(t => t.meta && t.meta.kind === 'loss').map(t => (t.y && t.y.length) || 0)
+                         : []; }"""
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +95,9 @@ def test_live_tab_trains_and_draws(page):
                            timeout=120_000)
     page.wait_for_function(f"() => ({LIVE_POINTS})() > 0", timeout=60_000)
     assert re.search(r"900 / 900 steps", trainer.locator(".ampviz-live-status").inner_text())
+    # every mode's loss curve holds all 300 steps: the figure shows the finished run, not a stale frame
+    page.wait_for_function(f"() => JSON.stringify(({LOSS_POINTS})()) === JSON.stringify([300, 300, 300])",
+                           timeout=60_000)
     trainer.screenshot(path=str(OUTPUT / "voila_live_done.png"))
 
 
@@ -106,3 +116,29 @@ def test_the_app_also_renders_inside_jupyter_server(browser, lab):
     assert p.get_by_role("tab").all_inner_texts() == ["Formats", "Ranges", "Loss scaling", "Live training"]
     assert outputs_without_tracebacks(p) == []
     p.close()
+
+
+def test_closed_pages_leave_no_kernel_behind(browser):
+    """Every page Voila serves starts a kernel (0.4-0.7 GB here). The project's voila.json has Voila
+    cull a kernel whose page is gone; here with shorter times, the same settings otherwise."""
+    config = json.loads((ROOT / "voila.json").read_text())["MappingKernelManager"]
+    assert config["cull_connected"] is False and 0 < config["cull_interval"] <= config["cull_idle_timeout"] <= 600
+    server = {}
+    fast = {"MappingKernelManager": {"cull_idle_timeout": 4, "cull_interval": 1}}
+    with voila(ROOT / "notebooks" / "explorer.ipynb", settings=fast, server=server) as url:
+        pid = server["proc"].pid
+        pages = []
+        for _ in range(2):  # a page, then a reload (a second page and kernel)
+            p = browser.new_page()
+            p.goto(url, timeout=VOILA_LOAD_MS)
+            p.locator(".ampviz-explorer-app").wait_for(timeout=120_000)
+            pages.append(p)
+        assert len(kernel_processes(pid)) == 2
+        time.sleep(8)  # twice the idle timeout: an open page's kernel is never culled
+        assert len(kernel_processes(pid)) == 2
+        for p in pages:
+            p.close()
+        deadline = time.monotonic() + 60
+        while kernel_processes(pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert kernel_processes(pid) == []

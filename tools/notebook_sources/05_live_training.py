@@ -42,7 +42,7 @@ CELLS = [
     trials = train_modes(("fp32", "fp16", "fp16+scaler", "bf16", "half"), steps=100, census_every=25,
                          census_fmt={"bf16": "bf16"})
     for mode, t in trials.items():
-        print(f"{mode:12} loss {t.run['loss'][0]:.4f} -> {t.run['loss'][-1]:.4f}  error: {t.run.error}")
+        print(f"{mode:12} loss {t.run['loss'][0]:.2f} -> {t.run['loss'][-1]:.2f}  error: {t.run.error}")
     """),
     md("""
     Notice: every mode runs on this CPU (autocast in fp16 works on the CPU in torch 2.13), and the
@@ -69,6 +69,13 @@ CELLS = [
     # NBVAL_CHECK_OUTPUT
     scaler_run = trials["fp16+scaler"].run
     print("scales used:", sorted(set(scaler_run["scale"].tolist())), "| skipped steps:", int(scaler_run["skipped"].sum()))
+    """),
+    md("""
+    75 steps later the pattern holds. After that many steps of fp16 arithmetic the exact shares
+    differ a little from one CPU to another (its vector units round sums in another order), so this
+    table's output is not checked; the claims it shows are, at the end of the notebook.
+    """),
+    code("""
     lost_table({m: trials[m] for m in ("fp32", "fp16", "fp16+scaler")}, step=75)
     """),
     md("""
@@ -94,14 +101,15 @@ CELLS = [
     weights (`fp16+scaler`) it adds it in fp32. Which weights moved at all in 100 steps?
     """),
     code("""
-    # NBVAL_CHECK_OUTPUT
     moved_table({m: trials[m] for m in ("fp32", "fp16+scaler", "half")})
     """),
     md("""
-    Notice: with fp32 master weights every weight of fc1 moved; in pure fp16 only 1% did. The
-    first layers' updates (learning rate × gradients around 10^-6) are far below 1/2048 of their
-    weights, so they are rounded away step after step: those layers are frozen. Only the last
-    layers, whose gradients are larger, learn; the loss curve hides this for a while.
+    Notice: with fp32 master weights practically every weight of fc1 moved (over 99.9%); in pure
+    fp16 only about 1% did. The first layers' updates (learning rate × gradients around 10^-6) are
+    far below 1/2048 of their weights, so they are rounded away step after step: those layers are
+    frozen. Only the last layers, whose gradients are larger, learn; the loss curve hides this for
+    a while. (After 100 steps of fp16 arithmetic the exact shares differ a little from one CPU to
+    another, so this table's output is not checked; its claims are, at the end of the notebook.)
     """),
     md("""
     ## 5. The truth about speed, on this machine
@@ -178,15 +186,16 @@ CELLS = [
     code("""
     runs = {m: t.run for m, t in trials.items()}
     assert all(r.error is None and len(r) == 100 for r in runs.values())
-    lost = {m: lost_table({"fp32": runs["fp32"], m: runs[m]}).column(m)[-1] for m in ("fp16", "fp16+scaler")}
-    assert float(lost["fp16"].rstrip("%")) > 1.0 and lost["fp16+scaler"] == "0.00%"  # the scaler saves them
+    for step in (0, 75):
+        lost = {m: lost_table({"fp32": runs["fp32"], m: runs[m]}, step=step).column(m)[-1] for m in ("fp16", "fp16+scaler")}
+        assert float(lost["fp16"].rstrip("%")) > 1.0 and lost["fp16+scaler"] == "0.00%"  # the scaler saves them
     assert set(runs["fp16+scaler"]["scale"].tolist()) == {65536.0} and not runs["fp16+scaler"]["skipped"].any()
     bf16_census = [c for r in runs["bf16"].records if r.param_census for c in r.param_census.values()]
     assert bf16_census and all(c.fmt.name == "bf16" and c.counts["underflow"] == 0 for c in bf16_census)
     fp32_grads = np.concatenate(list(examine(make_mlp(), build_task("mlp").batch()).grads.values()))
     assert census(fp32_grads, "bf16").counts["underflow"] == 0 < census(fp32_grads, "fp16").counts["underflow"]
     half, master = trials["half"], trials["fp16+scaler"]
-    assert moved_share(half, "fc1.weight") < 0.05 and moved_share(master, "fc1.weight") == 1.0  # frozen
+    assert moved_share(half, "fc1.weight") < 0.05 and moved_share(master, "fc1.weight") > 0.999  # frozen
     assert moved_share(half) < moved_share(master) / 4
     lo, hi = diagnosis.scale_range
     assert lo <= 2.0**16 <= hi and diagnosis.lost > 0.001 and not diagnosis.bf16_safer

@@ -1,0 +1,255 @@
+"""FigureView: a plotly figure as synced widget state, drawn in the browser with ``Plotly.react``.
+
+plotly's own ``go.FigureWidget`` syncs a figure only as it was *constructed*; every later change
+(``batch_update``, a trace's ``x`` assigned) travels as a one-shot message that a view must be
+there to receive. A view attached later (a page reload, a second view of the same output, a tab
+that was never shown, Voila loading the page) therefore shows the figure as it was built, or
+nothing. ``FigureView`` keeps the whole figure -- its traces (``data``), ``layout`` and
+``config`` -- as ordinary synced widget state, so every view, attached at any time, draws the
+current figure; numeric arrays travel as base64 of their bytes (exact, NaN kept as a gap; binary
+widget buffers are not used, since Voila's page drops them from a widget's first state).
+Updates assign ``data`` or ``layout``; the browser draws the newest state at its next animation
+frame, so when updates come faster than it can draw, the intermediate ones are skipped and the
+last one always wins.
+
+plotly.js itself (about 4.8 MB, from the plotly Python package) is sent once per browser page, on
+the first view's request, instead of with every widget.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import zlib
+from functools import lru_cache
+from pathlib import Path
+
+import anywidget
+import numpy as np
+import traitlets
+
+__all__ = ["FigureView", "pack"]
+
+# numpy dtypes that travel as they are; everything else numeric is converted (int64 -> float64:
+# JavaScript has no 64-bit integer typed array that plotly.js reads)
+_WIRE = {"float64": "f8", "float32": "f4", "int32": "i4", "int16": "i2", "int8": "i1",
+         "uint32": "u4", "uint16": "u2", "uint8": "u1"}
+
+
+def _pack_array(a: np.ndarray):
+    if a.dtype.kind in "OUS" or a.ndim > 2:
+        return _pack_value(a.tolist())
+    if a.dtype.kind == "b":
+        a = a.astype(np.uint8)
+    elif a.dtype.kind == "f" and a.dtype.name not in _WIRE:
+        a = a.astype(np.float64 if a.dtype.itemsize > 4 else np.float32)
+    elif a.dtype.kind in "iu" and a.dtype.name not in _WIRE:
+        a = a.astype(np.float64)
+    elif a.dtype.kind not in "fiu":
+        raise TypeError(f"cannot send an array of dtype {a.dtype} to a figure: use numbers or strings")
+    a = np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"), copy=False))
+    return {"ampviz_nd": _WIRE[a.dtype.name], "shape": list(a.shape),
+            "b64": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def _pack_value(v):
+    if isinstance(v, np.ndarray):
+        return _pack_array(v)
+    if isinstance(v, dict):
+        return {str(k): _pack_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        if v and all(isinstance(x, (float, int, np.floating, np.integer)) and not isinstance(x, bool)
+                     for x in v):
+            return _pack_array(np.asarray(v, dtype=np.float64))
+        return [_pack_value(x) for x in v]
+    if isinstance(v, np.generic):
+        return _pack_value(v.item())
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # JSON has no NaN or inf; plotly reads null as "no value"
+    return v
+
+
+def pack(value):
+    """``value`` (traces, a layout: dicts, lists, numpy arrays, numbers, strings) as widget state:
+    numeric arrays and lists become ``{"ampviz_nd": dtype, "shape": [...], "b64": base64 of the
+    little-endian bytes}`` (decoded into arrays in the browser), non-finite scalars None."""
+    return _pack_value(value)
+
+
+def _to_json(value, widget):
+    return pack(value)
+
+
+def _figure_parts(figure) -> tuple[list, dict]:
+    """``(data, layout)`` of a ``go.Figure`` or a dict ``{"data": [...], "layout": {...}}``."""
+    if hasattr(figure, "to_plotly_json"):
+        figure = figure.to_plotly_json()
+    if not isinstance(figure, dict):
+        raise TypeError(f"a figure must be a plotly Figure or a dict with data and layout, got {type(figure).__name__}")
+    data = figure.get("data", [])
+    layout = figure.get("layout", {})
+    if not isinstance(data, (list, tuple)) or not isinstance(layout, dict):
+        raise TypeError("a figure's data must be a list of traces and its layout a dict")
+    return list(data), dict(layout)
+
+
+@lru_cache(maxsize=1)
+def _plotly_js() -> bytes:
+    """plotly.js from the plotly package, deflated (the browser inflates it)."""
+    import plotly
+
+    path = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    return zlib.compress(path.read_bytes(), 6)
+
+
+_ESM = r"""
+const TYPES = {f8: Float64Array, f4: Float32Array, i4: Int32Array, i2: Int16Array, i1: Int8Array,
+               u4: Uint32Array, u2: Uint16Array, u1: Uint8Array};
+
+function decode(v) {
+  if (Array.isArray(v)) return v.map(decode);
+  if (v && typeof v === "object") {
+    if (v.ampviz_nd) {
+      const raw = atob(v.b64), bytes = new Uint8Array(raw.length);
+      for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+      const arr = new TYPES[v.ampviz_nd](bytes.buffer);
+      if (v.shape.length === 2) {
+        const [rows, cols] = v.shape, out = [];
+        for (let i = 0; i < rows; i++) out.push(Array.from(arr.subarray(i * cols, (i + 1) * cols)));
+        return out;
+      }
+      return Array.from(arr);
+    }
+    const out = {};
+    for (const k of Object.keys(v)) out[k] = decode(v[k]);
+    return out;
+  }
+  return v;
+}
+
+async function inflate(view) {
+  const stream = new Blob([view]).stream().pipeThrough(new DecompressionStream("deflate"));
+  return await new Response(stream).blob();
+}
+
+function loadPlotly(model) {
+  if (globalThis.Plotly && globalThis.Plotly.react) return Promise.resolve(globalThis.Plotly);
+  if (!globalThis.__ampvizPlotly) {
+    globalThis.__ampvizPlotly = new Promise((resolve, reject) => {
+      const timer = setTimeout(() => { model.off("msg:custom", onMsg); reject(new Error("plotly.js did not arrive")); }, 60000);
+      async function onMsg(msg, buffers) {
+        if (!msg || msg.type !== "plotly.js") return;
+        model.off("msg:custom", onMsg);
+        clearTimeout(timer);
+        try {
+          const blob = await inflate(buffers[0]);
+          const url = URL.createObjectURL(new Blob([blob], {type: "text/javascript"}));
+          const script = document.createElement("script");
+          script.src = url;
+          script.onload = () => resolve(globalThis.Plotly);
+          script.onerror = () => reject(new Error("plotly.js did not load"));
+          document.head.appendChild(script);
+        } catch (e) { reject(e); }
+      }
+      model.on("msg:custom", onMsg);
+      model.send({type: "plotly.js?"});
+    }).catch((e) => { globalThis.__ampvizPlotly = null; throw e; });
+  }
+  return globalThis.__ampvizPlotly;
+}
+
+export default {
+  render({ model, el }) {
+    el.classList.add("ampviz-figure-view");
+    const div = document.createElement("div");
+    el.appendChild(div);
+    let alive = true, queued = false, chain = Promise.resolve(), width = 0;
+    const draw = async () => {
+      queued = false;
+      const Plotly = await loadPlotly(model);
+      if (!alive) return;
+      // the newest state, read now: updates that arrived since the last frame are skipped
+      const layout = decode(model.get("layout") || {});
+      const data = decode(model.get("data") || []);
+      await Plotly.react(div, data, layout, model.get("config") || {});
+      div.dataset.revision = String(model.get("revision"));
+    };
+    const schedule = () => {
+      if (queued || !alive) return;
+      queued = true;
+      chain = chain
+        .then(() => new Promise((r) => requestAnimationFrame(() => r())))
+        .then(draw)
+        .catch((e) => { queued = false; div.textContent = "The figure could not be drawn: " + e; });
+    };
+    model.on("change:revision", schedule);
+    schedule();
+    // a view drawn while hidden (a tab not shown) has no width: draw again once it has one
+    const observer = new ResizeObserver(() => {
+      const w = el.clientWidth;
+      if (w > 0 && Math.abs(w - width) > 1) {
+        width = w;
+        if (div.classList.contains("js-plotly-plot") && globalThis.Plotly) globalThis.Plotly.Plots.resize(div);
+      }
+    });
+    observer.observe(el);
+    return () => {
+      alive = false;
+      observer.disconnect();
+      model.off("change:revision", schedule);
+      if (globalThis.Plotly && div.classList.contains("js-plotly-plot")) globalThis.Plotly.purge(div);
+    };
+  },
+};
+"""
+
+
+class FigureView(anywidget.AnyWidget):
+    """A plotly figure as synced widget state (see the module's docstring).
+
+    ``FigureView(fig)`` takes a ``go.Figure`` (or ``{"data": [...], "layout": {...}}``);
+    ``update(fig)`` replaces the whole figure, ``set_data(traces)`` only the traces (a list of
+    trace dicts, numpy arrays welcome), ``set_layout(layout)`` only the layout. Each sends its
+    part in one message. ``data`` and ``layout`` hold what was last assigned, as given.
+    """
+
+    _esm = _ESM
+    _css = ".ampviz-figure-view { width: 100%; min-height: 60px; }"
+
+    data = traitlets.List().tag(sync=True, to_json=_to_json)
+    layout = traitlets.Dict().tag(sync=True, to_json=_to_json)
+    config = traitlets.Dict().tag(sync=True, to_json=_to_json)
+    revision = traitlets.Int(0).tag(sync=True)
+
+    def __init__(self, figure=None, *, config=None, **kwargs):
+        data, layout = _figure_parts(figure) if figure is not None else ([], {})
+        super().__init__(data=data, layout=layout,
+                         config={"displaylogo": False, **(config or {})}, **kwargs)
+        self.on_msg(self._on_custom)
+
+    def _on_custom(self, widget, content, buffers) -> None:
+        if isinstance(content, dict) and content.get("type") == "plotly.js?":
+            self.send({"type": "plotly.js"}, buffers=[_plotly_js()])
+
+    def update(self, figure) -> None:
+        """Replace the whole figure (traces and layout) in one message."""
+        data, layout = _figure_parts(figure)
+        with self.hold_sync():
+            self.data, self.layout = data, layout
+            self.revision += 1
+
+    def set_data(self, data) -> None:
+        """Replace the traces (a list of trace dicts) and keep the layout."""
+        if not isinstance(data, (list, tuple)) or not all(isinstance(t, dict) for t in data):
+            raise TypeError("set_data takes a list of trace dicts, e.g. [{'type': 'scatter', 'x': ..., 'y': ...}]")
+        with self.hold_sync():
+            self.data = list(data)
+            self.revision += 1
+
+    def set_layout(self, layout) -> None:
+        """Replace the layout and keep the traces."""
+        if not isinstance(layout, dict):
+            raise TypeError("set_layout takes a layout dict")
+        with self.hold_sync():
+            self.layout = dict(layout)
+            self.revision += 1
