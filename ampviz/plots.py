@@ -668,6 +668,10 @@ _LIVE_MODE_COLORS = {"fp32": "#000000", "fp16": "#D55E00", "fp16+scaler": "#0072
                      "half": "#CC79A7"}
 
 
+#: At most this many census steps in the live heat map (spread evenly over the run).
+HEAT_COLUMNS = 200
+
+
 def _records_of(run) -> list:
     """A snapshot of a run's records (a ``live.Run`` or a list of ``StepRecord``), safe to read while
     another thread appends to it."""
@@ -723,7 +727,7 @@ def live_traces(runs_by_mode: dict, *, heat_mode=None) -> list:
     (records carrying a ``scale``, or the mode "fp16+scaler"): a log2(scale) step line and the skipped
     steps as markers. Last, one heat map of ``heat_mode``'s parameter census: x the census steps, y
     the parameter names, z the share of each parameter's gradient that is zero or underflows
-    (``lost_shares``). Every trace's ``meta`` says its mode and kind ("loss", "scale", "skipped", "heat").
+    (``lost_shares``; at most ``HEAT_COLUMNS`` census steps, spread evenly). Every trace's ``meta`` says its mode and kind ("loss", "scale", "skipped", "heat").
     """
     snap = {mode: _records_of(run) for mode, run in runs_by_mode.items()}
     data = []
@@ -758,8 +762,11 @@ def live_traces(runs_by_mode: dict, *, heat_mode=None) -> list:
         })
     hm = heat_mode_of(snap, heat_mode)
     cens = [r for r in snap.get(hm, ()) if r.error is None and r.param_census]
+    if len(cens) > HEAT_COLUMNS:  # evenly spread columns: a long run costs no more to draw
+        cens = [cens[i] for i in np.linspace(0, len(cens) - 1, HEAT_COLUMNS).round().astype(int)]
     names = list(cens[0].param_census) if cens else []
-    z = np.array([[lost_shares(r.param_census).get(n, np.nan) for r in cens] for n in names],
+    shares = [lost_shares(r.param_census) for r in cens]
+    z = np.array([[s.get(n, np.nan) for s in shares] for n in names],
                  dtype=np.float64).reshape(len(names), len(cens))
     data.append({
         "type": "heatmap", "x": np.array([r.step for r in cens], dtype=np.int64), "y": names, "z": z,

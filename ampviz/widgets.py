@@ -799,7 +799,8 @@ class LiveTrainer(_Explorer):
     (``live.describe_device``) and the message line.
 
     The figure (``figure``, a ``FigureView`` built from ``plot_live`` of empty runs) is redrawn
-    from the records at most once per ``redraw_interval`` seconds. Its state is the whole figure,
+    from the records at most once per ``redraw_interval`` seconds, and no more often than keeps
+    drawing under about a tenth of the run's time. Its state is the whole figure,
     so a page reloaded (or shown in Voila) draws the run as it is. A long run stays cheap: each
     mode's ``live.Run`` keeps at most ``max_records`` records (thinned evenly, skipped steps kept
     more densely; ``live.Run.max_records``), so memory and the cost of a redraw do not grow with
@@ -1092,7 +1093,7 @@ class LiveTrainer(_Explorer):
             self._refresh(run, ended=True)
 
     def _train(self, run: _LiveRun, active: dict) -> None:
-        last_draw = time.perf_counter()
+        last_draw, draw_cost = time.perf_counter(), 0.0
         while active and not run.stop_event.is_set():
             if not run.resume.is_set():
                 if not run.held.is_set():
@@ -1112,9 +1113,11 @@ class LiveTrainer(_Explorer):
                     run.errors.append(rec.error)
             t1 = time.perf_counter()
             run.active_time += t1 - t0
-            if t1 - last_draw >= self.redraw_interval:
+            # at most one redraw per redraw_interval, and never more than ~10% of the time drawing
+            if t1 - last_draw >= max(self.redraw_interval, 10 * draw_cost):
                 last_draw = t1
                 self._refresh(run)
+                draw_cost = time.perf_counter() - t1
 
     def _state(self, run: _LiveRun, ended: bool) -> str:
         if not ended:

@@ -7,8 +7,15 @@ own OpenMP team and the timings get much noisier). Variants, alternated REPEATS 
 * baseline: ``live.run_training`` alone, in the main thread (first and again last);
 * LiveTrainer: ``start()`` + ``wait()``: the training thread, progress line and throttled
   ``batch_update`` redraws of the FigureWidget;
-* + JSON: the same, also serialising the whole figure at every redraw, as the kernel would to send
-  it (without a browser no comm is open; an upper bound, since the kernel sends only changed traces).
+* + JSON: the same, also serialising the figure's traces at every redraw as the widget sends them
+  (without a browser no comm is open, so the kernel would not send anything).
+
+Then a long run: 100,000 steps of records (a real run's records, census every 10 steps, repeated
+with new step numbers; training them for real would take minutes) appended to a ``live.Run`` as
+LiveTrainer keeps them (``max_records=4000``) and to an unbounded one. At 1,000, 10,000 and
+100,000 steps it times one redraw (``live_traces`` + the widget's serialisation) and measures the
+memory the records hold (tracemalloc), and prints both against the 1,000-step figures and against
+the unbounded run.
 
 Prints steps/s (best and median of the runs), the ratios to the baseline (target >= 0.9) and the
 share of the widget run spent drawing, which is the figure least disturbed by a noisy machine.
@@ -16,15 +23,19 @@ share of the widget run spent drawing, which is the figure least disturbed by a 
     .venv/bin/python bench/bench_live.py
 """
 
+import copy
+import json
 import os
 import statistics
 import time
+import tracemalloc
 
-import plotly.io as pio
 import torch
 
 import ampviz.widgets as widgets
 from ampviz import live
+from ampviz.figureview import pack
+from ampviz.plots import live_traces
 
 STEPS = 400
 REPEATS = int(os.environ.get("REPEATS", "5"))
@@ -49,7 +60,7 @@ def with_widget(serialise: bool, drawing: list) -> float:
         t = time.perf_counter()
         draw()
         if serialise:
-            pio.to_json(lt.figure, validate=False)
+            json.dumps(pack(lt.figure.data))
         spent.append(time.perf_counter() - t)
 
     lt._draw_live = timed_draw
@@ -87,5 +98,38 @@ def main():
               f" {per:.1f} ms each)")
 
 
+def redraw_ms(run, repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        json.dumps(pack(live_traces({CONFIG["mode"]: run})))
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def long_run(total: int = 100_000, max_records: int = 4000):
+    source = live.run_training(live.TrainConfig(**{**CONFIG, "steps": 100})).records
+    print(f"a long run: {total:,} steps of {CONFIG['mode']} records (census every {CONFIG['census_every']}), "
+          f"kept as LiveTrainer keeps them (max_records={max_records:,}) and all of them")
+    rows = {}
+    for label, limit in (("bounded", max_records), ("unbounded", None)):
+        tracemalloc.start()
+        run = live.Run(config=live.TrainConfig(**CONFIG), max_records=limit)
+        for step in range(total):
+            rec = copy.deepcopy(source[step % len(source)])  # a census of its own, as in a real run
+            rec.step = step
+            run.append(rec)
+            if step + 1 in (1_000, 10_000, total):
+                memory = tracemalloc.get_traced_memory()[0]
+                rows[label, step + 1] = (redraw_ms(run), memory, len(run))
+        tracemalloc.stop()
+    base_ms, base_mem, _ = rows["bounded", 1_000]
+    for (label, steps), (ms, mem, kept) in rows.items():
+        print(f"  {label:<9} {steps:>7,} steps: {kept:>7,} records kept, redraw {ms:7.1f} ms "
+              f"({ms / base_ms:5.1f}x the 1,000-step redraw), records {mem / 2**20:7.1f} MB "
+              f"({mem / base_mem:5.1f}x)")
+
+
 if __name__ == "__main__":
     main()
+    long_run()
