@@ -287,7 +287,8 @@ def largest_safe_scale(values, fmt="fp16") -> float:
     is a float32 number, so the answer is at most 2^127.
     """
     fmt = get_format(fmt)
-    v = np.abs(np.asarray(values, dtype=np.float32).ravel())
+    with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf, as torch casts it
+        v = np.abs(np.asarray(values, dtype=np.float32).ravel())
     if v.size == 0 or not np.all(np.isfinite(v)):
         raise ValueError("values must be a non-empty array of finite numbers")
     m = float(v.max())
@@ -330,9 +331,12 @@ def layer_table(layers: dict, fmt="fp16", scale=1.0) -> Table:
     """One row per named array (e.g. a layer's gradient): size, largest magnitude and what
     ``fmt`` does to it at ``scale`` (shares of that array)."""
     fmt = get_format(fmt)
+    if not isinstance(layers, dict):
+        raise TypeError(f"layers must be a dict name -> array of values, got {type(layers).__name__}")
     rows = []
     for name, values in layers.items():
-        v = np.asarray(values, dtype=np.float32).ravel()
+        with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf, as torch casts it
+            v = np.asarray(values, dtype=np.float32).ravel()
         c = census(v, fmt, scale)
         f = c.fractions
         big = float(np.max(np.abs(v))) if v.size else 0.0
@@ -347,6 +351,11 @@ def trace_table(traces) -> Table:
     """One row per simulated scaler (``ampviz.scaling.ScalerTrace``): skipped steps, where the
     scale ended and how low it went, and the step at which a scaler that raises stopped the run
     (steps after a stop are not counted as skipped)."""
+    from ampviz.scaling import ScalerTrace
+
+    traces = list(traces) if isinstance(traces, (list, tuple)) else [traces]
+    if not all(isinstance(t, ScalerTrace) for t in traces):
+        raise TypeError("traces must be a ScalerTrace or a list of them (from ampviz.scaling.simulate)")
     rows = []
     for t in traces:
         end = t.steps if t.stopped_at is None else t.stopped_at + 1

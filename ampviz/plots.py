@@ -133,6 +133,7 @@ def format_share(fraction) -> str:
 def format_shares(result: CensusResult) -> str:
     """The shares of a census as one line: "underflow 31.2% · subnormal 4.1% · normal 64.7% ·
     overflow 0%", with zero and nan added only when the census has some."""
+    _census_result(result)
     shown = [k for k in CATEGORIES if k in BAND_CATEGORIES or result.counts[k]]
     return " · ".join(f"{k} {format_share(result.fractions[k])}" for k in shown)
 
@@ -318,9 +319,17 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None) -> go.Fig
     the figure (annotation named "shares") and kept in ``fig.layout.meta``.
     """
     result = data if isinstance(data, CensusResult) else census(data, fmt, scale)
+    _title(title)
     f = result.fmt
     bins = np.asarray(result.log2_bins, dtype=np.int64)
     counts = np.asarray(result.log2_counts, dtype=np.int64)
+    if x_range is not None:
+        try:
+            lo_given, hi_given = (float(v) for v in x_range)
+        except (TypeError, ValueError):
+            raise TypeError(f"x_range must be two numbers (lowest, highest log2), got {_shown(x_range)}") from None
+        if not (math.isfinite(lo_given) and math.isfinite(hi_given) and lo_given < hi_given):
+            raise ValueError(f"x_range must be two finite numbers, lowest first, got {_shown(x_range)}")
     if x_range is None:
         x_range = census_x_range(f, *((int(bins.min()), int(bins.max())) if bins.size else ()))
     lo_x, hi_x = float(x_range[0]), float(x_range[1])
@@ -605,7 +614,12 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 2000) 
     line and gets a dashed marker. ``lost``: optional dict name -> (steps, shares) drawn in a
     lower panel, e.g. the share of gradients lost to underflow at each step's scale.
     """
-    traces = list(traces) if isinstance(traces, (list, tuple)) else [traces]
+    traces = _scaler_traces(traces)
+    _title(title)
+    if isinstance(max_markers, bool) or not isinstance(max_markers, (int, np.integer)) or max_markers < 1:
+        raise ValueError(f"max_markers must be a whole number >= 1, got {_shown(max_markers)}")
+    if lost is not None and not isinstance(lost, dict):
+        raise TypeError(f"lost must be a dict name -> (steps, shares), got {type(lost).__name__}")
     rows = 2 if lost else 1
     data, shapes, notes = [], [], []
     for k, t in enumerate(traces):
@@ -668,6 +682,49 @@ _LIVE_MODE_COLORS = {"fp32": "#000000", "fp16": "#D55E00", "fp16+scaler": "#0072
                      "half": "#CC79A7"}
 
 
+def _shown(value, limit: int = 60) -> str:
+    """``repr(value)`` on one line, cut to ``limit`` characters, for a message."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _title(title):
+    """A figure title: a string, or None for the default."""
+    if title is not None and not isinstance(title, str):
+        raise TypeError(f"title must be a string (or None), got {type(title).__name__}")
+    return title
+
+
+def _census_result(result, what: str = "result") -> CensusResult:
+    if not isinstance(result, CensusResult):
+        raise TypeError(f"{what} must be a CensusResult (from ampviz.census.census), got {type(result).__name__}")
+    return result
+
+
+def _scaler_traces(traces) -> list:
+    from ampviz.scaling import ScalerTrace
+
+    traces = list(traces) if isinstance(traces, (list, tuple)) else [traces]
+    bad = [t for t in traces if not isinstance(t, ScalerTrace)]
+    if bad or not traces:
+        raise TypeError("traces must be a ScalerTrace or a list of them (from ampviz.scaling.simulate), got "
+                        + (type(bad[0]).__name__ if bad else "none"))
+    return traces
+
+
+def _runs(runs_by_mode) -> dict:
+    """``runs_by_mode`` checked: a dict mode -> ``live.Run`` or list of ``StepRecord``s."""
+    if not isinstance(runs_by_mode, dict):
+        raise TypeError(f"runs must be a dict mode -> live.Run (or list of StepRecord), got "
+                        f"{type(runs_by_mode).__name__}")
+    for mode, run in runs_by_mode.items():
+        recs = getattr(run, "records", run)
+        if not isinstance(recs, (list, tuple)) or not all(
+                hasattr(r, "step") and hasattr(r, "loss") and hasattr(r, "error") for r in recs[:1] + recs[-1:]):
+            raise TypeError(f"runs[{mode!r}] must be a live.Run or a list of StepRecord, got {type(run).__name__}")
+    return runs_by_mode
+
+
 #: At most this many census steps in the live heat map (spread evenly over the run).
 HEAT_COLUMNS = 200
 
@@ -703,6 +760,10 @@ def _mode_color(mode: str, k: int) -> str:
 
 def lost_shares(census_by_name: dict) -> dict:
     """Share of each parameter's gradient that is zero or underflows in a census (by parameter name)."""
+    if not isinstance(census_by_name, dict):
+        raise TypeError(f"lost_shares takes a dict name -> CensusResult, got {type(census_by_name).__name__}")
+    for c in census_by_name.values():
+        _census_result(c, "each census")
     return {name: (c.counts["zero"] + c.counts["underflow"]) / max(c.total, 1)
             for name, c in census_by_name.items()}
 
@@ -729,7 +790,7 @@ def live_traces(runs_by_mode: dict, *, heat_mode=None) -> list:
     the parameter names, z the share of each parameter's gradient that is zero or underflows
     (``lost_shares``; at most ``HEAT_COLUMNS`` census steps, spread evenly). Every trace's ``meta`` says its mode and kind ("loss", "scale", "skipped", "heat").
     """
-    snap = {mode: _records_of(run) for mode, run in runs_by_mode.items()}
+    snap = {mode: _records_of(run) for mode, run in _runs(runs_by_mode).items()}
     data = []
     for k, (mode, recs) in enumerate(snap.items()):
         ok = [r for r in recs if r.error is None]
@@ -791,6 +852,9 @@ def plot_live(runs_by_mode: dict, *, steps=None, heat_mode=None, fmt="fp16", tit
     ``fmt`` only names the format in the heat map's title (the census's own format is used).
     """
     data = live_traces(runs_by_mode, heat_mode=heat_mode)
+    _title(title)
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0):
+        raise ValueError(f"steps must be a whole number >= 0 (or None), got {_shown(steps)}")
     heat = data[-1]["meta"]["mode"]
     has_scale = any(d["meta"]["kind"] == "scale" for d in data)
     x_axis = {**_WHITE_AXIS, "range": [0, max(int(steps) - 1, 1)]} if steps else {**_WHITE_AXIS, "autorange": True}

@@ -59,17 +59,34 @@ _PLACEMENTS = ("periodic", "random")
 
 
 # ------------------------------------------------------------------ argument checks
+#: The longest stream made (8 GB of float64): a longer one would not fit in memory.
+MAX_STEPS = 10**9
+
+
+def _shown(value, limit: int = 60) -> str:
+    """``repr(value)`` on one line, cut to ``limit`` characters, for a message."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _steps(value) -> int:
+    n = _whole("steps", value, 0)
+    if n > MAX_STEPS:
+        raise ValueError(f"steps must be at most {MAX_STEPS:,} (a longer stream does not fit in memory), got {n:,}")
+    return n
+
+
 def _whole(name: str, value, minimum: int) -> int:
     """value as an int >= minimum. A float such as 1e6 is accepted if it is a whole number."""
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
+        raise TypeError(f"{name} must be a whole number, got {_shown(value)}")
     try:
         n = operator.index(value)
     except TypeError:
         if not isinstance(value, (float, np.floating)):
-            raise TypeError(f"{name} must be a whole number, got {value!r}") from None
+            raise TypeError(f"{name} must be a whole number, got {_shown(value)}") from None
         if not (math.isfinite(value) and float(value).is_integer()):
-            raise ValueError(f"{name} must be a whole number, got {value!r}") from None
+            raise ValueError(f"{name} must be a whole number, got {_shown(value)}") from None
         n = int(value)
     if n < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {n}")
@@ -78,37 +95,37 @@ def _whole(name: str, value, minimum: int) -> int:
 
 def _number(name: str, value) -> float:
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
+        raise TypeError(f"{name} must be a number, got {_shown(value)}")
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number, got {value!r}") from None
+        raise TypeError(f"{name} must be a number, got {_shown(value)}") from None
 
 
 def _positive(name: str, value) -> float:
     x = _number(name, value)
     if not (math.isfinite(x) and x > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        raise ValueError(f"{name} must be a positive finite number, got {_shown(value)}")
     return x
 
 
 def _at_least(name: str, value, minimum: float) -> float:
     x = _number(name, value)
     if not (math.isfinite(x) and x >= minimum):
-        raise ValueError(f"{name} must be a finite number >= {minimum:g}, got {value!r}")
+        raise ValueError(f"{name} must be a finite number >= {minimum:g}, got {_shown(value)}")
     return x
 
 
 def _fraction(name: str, value) -> float:
     x = _number(name, value)
     if not 0.0 <= x <= 1.0:  # also rejects NaN
-        raise ValueError(f"{name} must be between 0 and 1, got {value!r}")
+        raise ValueError(f"{name} must be between 0 and 1, got {_shown(value)}")
     return x
 
 
 def _placement(value) -> str:
     if value not in _PLACEMENTS:
-        raise ValueError(f"placement must be 'periodic' or 'random', got {value!r}")
+        raise ValueError(f"placement must be 'periodic' or 'random', got {_shown(value)}")
     return value
 
 
@@ -122,7 +139,7 @@ def _generator(rng) -> np.random.Generator:
         return np.random.default_rng(int(rng))
     raise TypeError(
         "rng must be a numpy Generator, e.g. np.random.default_rng(0), or an int seed; "
-        f"got {rng!r}"
+        f"got {_shown(rng)}"
     )
 
 
@@ -166,7 +183,7 @@ def steady(steps, *, level=2.0**-4, jitter=0.5, rng) -> np.ndarray:
     fed this stream settles into a sawtooth: it grows until ``scale * grad_max`` overflows on an
     unusually large step, backs off, and grows again.
     """
-    steps = _whole("steps", steps, 0)
+    steps = _steps(steps)
     level = _positive("level", level)
     jitter = _at_least("jitter", jitter, 0.0)
     rng = _generator(rng)
@@ -181,7 +198,7 @@ def drift(steps, *, start=2.0**-2, end=2.0**-8, jitter=0.5, rng) -> np.ndarray:
     growing to follow them. The level at step ``i`` is
     ``start * (end / start) ** (i / (steps - 1))``, and ``jitter`` works as in ``steady``.
     """
-    steps = _whole("steps", steps, 0)
+    steps = _steps(steps)
     start = _positive("start", start)
     end = _positive("end", end)
     jitter = _at_least("jitter", jitter, 0.0)
@@ -208,7 +225,7 @@ def spikes(steps, *, level=2.0**-4, jitter=0.5, every=500, height=2.0**8,
     ``level * height`` with ``height=2**24``) is inf in fp16 and overflows at every scale, so the
     scale falls by half at every spike and never recovers.
     """
-    steps = _whole("steps", steps, 0)
+    steps = _steps(steps)
     level = _positive("level", level)
     jitter = _at_least("jitter", jitter, 0.0)
     every = _whole("every", every, 1)
@@ -235,7 +252,7 @@ def bursts(steps, *, level=2.0**-4, jitter=0.5, burst_every=1000, burst_length=3
     extra step. Where it is refilled only when the scale grows (Megatron, DeepSpeed), the
     allowance is spent once, and after that every overflow backs off.
     """
-    steps = _whole("steps", steps, 0)
+    steps = _steps(steps)
     level = _positive("level", level)
     jitter = _at_least("jitter", jitter, 0.0)
     burst_every = _whole("burst_every", burst_every, 1)
@@ -271,7 +288,7 @@ def warmup(steps, *, start=2.0**6, end=2.0**-4, warmup_steps=500, jitter=0.5, rn
     overflow at every scale; if ``start`` is that high, each of them halves the scale, which
     collapses towards 0.
     """
-    steps = _whole("steps", steps, 0)
+    steps = _steps(steps)
     start = _positive("start", start)
     end = _positive("end", end)
     warmup_steps = _whole("warmup_steps", warmup_steps, 0)
@@ -309,7 +326,7 @@ def overflows_at(grad_max, scale, fmt=FP16) -> np.ndarray:
     if s.dtype.kind not in "fiu":
         raise TypeError(f"scale must be a number or an array of numbers, got {scale!r}")
     if np.any(np.isnan(s)) or np.any(s <= 0):
-        raise ValueError(f"scale must be positive, got {scale!r}")
+        raise ValueError(f"scale must be positive, got {_shown(scale)}")
     return overflows(s, g, fmt)  # the loss scalers' own overflow model
 
 
@@ -319,7 +336,7 @@ def found_inf_every(steps, every, offset=0) -> np.ndarray:
     ``found_inf_every(1_000_000, 1000)`` is one overflow per thousand steps, exactly
     ``ceil((steps - offset) / every)`` of them.
     """
-    steps = _whole("steps", steps, 0)
+    steps = _steps(steps)
     every = _whole("every", every, 1)
     offset = _whole("offset", offset, 0)
     found_inf = np.zeros(steps, bool)
@@ -333,7 +350,7 @@ def found_inf_random(steps, rate, rng) -> np.ndarray:
     The number of overflows is binomial: about ``rate * steps``, give or take
     ``sqrt(rate * (1 - rate) * steps)``.
     """
-    steps = _whole("steps", steps, 0)
+    steps = _steps(steps)
     rate = _fraction("rate", rate)
     rng = _generator(rng)
     return rng.random(steps) < rate

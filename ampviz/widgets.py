@@ -83,9 +83,12 @@ def parse_number(text) -> float:
         ) from None
 
 
-def _shown(text: str, limit: int = 40) -> str:
-    """``text`` quoted for a message, cut to ``limit`` characters."""
-    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"… ({len(text):,} characters)"
+def _shown(value, limit: int = 40) -> str:
+    """``value`` as a message shows it: its repr on one line, cut to ``limit`` characters."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= limit else repr(value[:limit]) + f"… ({len(value):,} characters)"
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _parse_bits(text) -> int:
@@ -103,7 +106,7 @@ def _whole(name: str, value, lo: int, hi: int | None = None) -> int:
     """``value`` as an int in [lo, hi], or ValueError/TypeError saying what to pass."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) and not (
             isinstance(value, (float, np.floating)) and float(value).is_integer()):
-        raise TypeError(f"{name} must be a whole number, got {value!r}")
+        raise TypeError(f"{name} must be a whole number, got {_shown(value)}")
     v = int(value)
     if v < lo or (hi is not None and v > hi):
         raise ValueError(f"{name} must be between {lo:,} and {hi:,}, got {v:,}" if hi is not None
@@ -113,7 +116,7 @@ def _whole(name: str, value, lo: int, hi: int | None = None) -> int:
 
 def _real(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
+        raise TypeError(f"{name} must be a number, got {_shown(value)}")
     return float(value)
 
 
@@ -489,11 +492,11 @@ class RangeExplorer(_Explorer):
             lo_given, hi_given = log2_scale_range
         except (TypeError, ValueError):
             raise TypeError(f"log2_scale_range must be two whole numbers (lowest, highest), got "
-                            f"{log2_scale_range!r}") from None
+                            f"{_shown(log2_scale_range)}") from None
         lo_given = _whole("log2_scale_range[0]", lo_given, *self.LOG2_LIMITS)
         hi_given = _whole("log2_scale_range[1]", hi_given, *self.LOG2_LIMITS)
         if lo_given > hi_given:
-            raise ValueError(f"log2_scale_range must be (lowest, highest), got {log2_scale_range!r}")
+            raise ValueError(f"log2_scale_range must be (lowest, highest), got {_shown(log2_scale_range)}")
         lo, hi = min(lo_given, log2_scale), max(hi_given, log2_scale)
         self.scale_slider = W.IntSlider(
             value=int(log2_scale), min=lo, max=hi, step=1, description="log2 scale",
@@ -598,9 +601,9 @@ class ScalerLab(_Explorer):
         growth_interval = _whole("growth_interval", growth_interval, 0, 10**7)
         strength = _real("strength", strength)
         if not 0 <= strength <= 1:
-            raise ValueError(f"strength must be between 0 and 1, got {strength!r}")
+            raise ValueError(f"strength must be between 0 and 1, got {_shown(strength)}")
         if scenario not in synth.SCENARIOS:
-            raise ValueError(f"unknown scenario {scenario!r}; choose one of {', '.join(synth.SCENARIOS)}")
+            raise ValueError(f"unknown scenario {_shown(scenario)}; choose one of {', '.join(synth.SCENARIOS)}")
         unknown = [name for name in overlay if name not in scaling.PRESETS or name == "torch"] \
             if not isinstance(overlay, str) else [overlay]
         if unknown:
@@ -608,7 +611,7 @@ class ScalerLab(_Explorer):
                              f"{', '.join(n for n in scaling.PRESETS if n != 'torch')}")
         for name, v in (("growth_factor", growth_factor), ("backoff_factor", backoff_factor)):
             if not math.isfinite(v):
-                raise ValueError(f"{name} must be a finite number, got {v!r}")
+                raise ValueError(f"{name} must be a finite number, got {_shown(v)}")
         style = {"description_width": "110px"}
         wide = W.Layout(width="420px")
         self.init_slider = W.IntSlider(value=log2_init, min=-10, max=40,
@@ -658,7 +661,7 @@ class ScalerLab(_Explorer):
             if m == 0.5 and -10 <= e - 1 <= 40:
                 return e - 1
         raise ValueError(f"init_scale must be a power of two from 2^-10 to 2^40 (the slider moves in "
-                         f"powers of two), got {init_scale!r}")
+                         f"powers of two), got {_shown(init_scale)}")
 
     # ----- read the controls -----
     def policy(self) -> "scaling.DynamicScaler":
@@ -832,31 +835,31 @@ class LiveTrainer(_Explorer):
             modes = tuple(modes)
         except TypeError:
             raise TypeError(f"modes must be a mode or a list of modes from {', '.join(live.MODES)}, "
-                            f"got {modes!r}") from None
+                            f"got {_shown(modes)}") from None
         unknown = [m for m in modes if m not in live.MODES]
         if unknown:
             raise ValueError(f"unknown mode {unknown[0]!r}; choose from {', '.join(live.MODES)}")
         if model not in live.MODELS:
-            raise ValueError(f"unknown model {model!r}; choose one of {', '.join(live.MODELS)}")
+            raise ValueError(f"unknown model {_shown(model)}; choose one of {', '.join(live.MODELS)}")
         steps = _whole("steps", steps, 1, 10**7)
         if lr is not None:
             lr = _real("lr", lr)
             if not (math.isfinite(lr) and lr > 0):
-                raise ValueError(f"lr must be a positive number (or None for the model's default), got {lr!r}")
+                raise ValueError(f"lr must be a positive number (or None for the model's default), got {_shown(lr)}")
         growth_factor = _real("growth_factor", growth_factor)
         backoff_factor = _real("backoff_factor", backoff_factor)
         growth_interval = _whole("growth_interval", growth_interval, 1)
         live._check_scaler_settings(growth_factor, backoff_factor, growth_interval)
         if not math.isfinite(growth_factor):
-            raise ValueError(f"growth_factor must be a finite number above 1, got {growth_factor!r}")
+            raise ValueError(f"growth_factor must be a finite number above 1, got {_shown(growth_factor)}")
         init_scale = _real("init_scale", init_scale)
         if not (math.isfinite(init_scale) and init_scale >= 0):
-            raise ValueError(f"init_scale must be a finite number >= 0, got {init_scale!r}")
+            raise ValueError(f"init_scale must be a finite number >= 0, got {_shown(init_scale)}")
         self.census_every = _whole("census_every", census_every, 0)
         self.seed, self.batch_size = _whole("seed", seed, 0), _whole("batch_size", batch_size, 1, 65536)
         self.redraw_interval = _real("redraw_interval", redraw_interval)
         if not (math.isfinite(self.redraw_interval) and self.redraw_interval >= 0):
-            raise ValueError(f"redraw_interval must be a number of seconds >= 0, got {redraw_interval!r}")
+            raise ValueError(f"redraw_interval must be a number of seconds >= 0, got {_shown(redraw_interval)}")
         self.max_records = None if max_records is None else _whole("max_records", max_records, 16)
         self.init_scale = init_scale
         self.device = None if device is None else str(live.resolve_device(device))
