@@ -6,7 +6,9 @@ turns the Python ``scale`` into float32, multiplies in float32 (rounding to near
 gives inf, tiny products become float32 subnormals or 0), then the cast rounds into the format.
 "zero" counts values that were zero to begin with; "underflow" nonzero values that end as 0, in the
 product or in the cast; "overflow" values that end as inf (or saturate in fp8 E4M3), including inf
-inputs.
+inputs. ``values`` may be anything ``ampviz.formats`` reads as numbers: a torch tensor of any
+real dtype (bf16, fp16, fp8, needing grad, on a GPU) is counted as torch holds it in float32, and
+float64 values are rounded to float32 first; the scale is one number (a tensor too).
 
 How it is fast (numpy only)
 ---------------------------
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ampviz.formats import CATEGORIES, UNDERFLOW, ZERO, FloatFormat, get_format
+from ampviz.formats import CATEGORIES, UNDERFLOW, ZERO, FloatFormat, _describe, _real_array, get_format
 
 __all__ = ["CensusResult", "Profile", "census", "census_reference", "profile", "underflow_fractions"]
 
@@ -87,22 +89,26 @@ class CensusResult:
 
 # ------------------------------------------------------------------ inputs
 def _check_scale(scale) -> np.float32:
+    """The scale as torch takes it: one positive number, rounded to float32."""
     try:
-        s = float(scale)
-    except (TypeError, ValueError):
-        raise TypeError(f"scale must be a number, got {scale!r}") from None
-    with np.errstate(over="ignore"):
-        s32 = np.float32(s)
+        arr = _real_array(scale, "scale")
+    except TypeError:
+        raise TypeError(f"scale must be a number, got {_describe(scale)}") from None
+    if arr.size != 1:
+        raise TypeError(f"scale must be one number, got {arr.size} values (shape {arr.shape}); "
+                        "for many scales call census once per scale")
+    with np.errstate(over="ignore", invalid="ignore"):
+        s32 = np.float32(arr.reshape(()).astype(np.float32))
     if not (np.isfinite(s32) and s32 > 0):
-        raise ValueError(f"scale must be a positive number that fits in float32, got {scale!r}")
+        raise ValueError(f"scale must be a positive number that fits in float32, got {_describe(scale)}")
     return s32
 
 
 def _as_float32(values) -> np.ndarray:
-    arr = np.asarray(values)
+    """Values as a flat float32 array (float64 values rounded to float32, as torch would hold them;
+    torch tensors of any real dtype, device and grad state; bools as 0 and 1)."""
+    arr = _real_array(values)
     if arr.dtype != np.float32:
-        if arr.dtype.kind not in "fiub":
-            raise TypeError(f"values must be numbers, got an array of {arr.dtype}")
         with np.errstate(over="ignore", invalid="ignore"):
             arr = arr.astype(np.float32)
     return np.ascontiguousarray(arr).ravel()
@@ -364,13 +370,17 @@ def underflow_fractions(values, fmt, scales) -> np.ndarray:
     bits = np.sort(v.view(np.uint32) & np.uint32(0x7FFFFFFF))
     bits = bits[bits <= _INF_BITS]  # NaN is never underflow
     zeros = int(np.searchsorted(bits, 1))
-    scales = np.asarray(scales, dtype=np.float64).ravel()
+    try:
+        scales = _real_array(scales, "scales").ravel()
+    except TypeError:
+        raise TypeError(f"scales must be numbers (one or a list of them), got {_describe(scales)}") from None
     out = np.empty(scales.size)
     seen = {}
     for i, sc in enumerate(scales.tolist()):
         if sc not in seen:
+            s32 = _check_scale(sc)
             with np.errstate(over="ignore", under="ignore"):  # the smallest |v| that survives
-                sub = _edge_finder(fmt, _check_scale(sc))(2)
+                sub = _edge_finder(fmt, s32)(2)
             seen[sc] = (int(np.searchsorted(bits, sub)) - zeros) / max(v.size, 1)
         out[i] = seen[sc]
     return out

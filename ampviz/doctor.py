@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from ampviz.census import CensusResult, census, underflow_fractions
-from ampviz.formats import FloatFormat, get_format
+from ampviz.formats import FloatFormat, _describe, get_format
 from ampviz.lessons import Table, largest_safe_scale, number
 
 __all__ = [
@@ -66,7 +66,9 @@ class Diagnosis:
     at scale 1; ``needed_scale``: the smallest power of two (>= 1) at which less than
     ``LOST_TARGET`` of them is lost (None if no float32 scale does); ``scale_range``: (needed,
     safe) when needed <= safe, else None; ``act_max``: the largest |output| per module (forward);
-    ``bf16_safer`` with its ``reasons``; ``bf16_lost``: the share bf16 would lose at scale 1.
+    ``bf16_safer`` with its ``reasons``; ``bf16_lost``: the share bf16 would lose at scale 1;
+    ``nonfinite``: how many gradients are already inf or NaN in float32 (no format or scale helps
+    those: ``grad_max`` and the scales are about the finite ones).
     """
 
     fmt: FloatFormat
@@ -84,6 +86,7 @@ class Diagnosis:
     reasons: tuple
     bf16_lost: float
     grads: dict = field(repr=False, default_factory=dict)
+    nonfinite: int = 0
 
     # ---- display
     def summary(self) -> list:
@@ -91,8 +94,19 @@ class Diagnosis:
         n_lost = round(self.lost * self.total)
         lines = [f"{len(self.params)} parameter gradients and {len(self.activations)} module-output "
                  f"gradients, {self.total:,} values, cast to {f}"]
-        safe = "none (every gradient is 0)" if self.safe_scale is None else number(self.safe_scale, pow2=True)
-        lines.append(f"largest |gradient|: {self.grad_max:.3g}; largest safe scale: {safe}")
+        if self.safe_scale is not None:
+            safe = number(self.safe_scale, pow2=True)
+        elif self.nonfinite == 0:
+            safe = "none (every gradient is 0)"
+        elif self.nonfinite == self.total:
+            safe = "none (every gradient is inf or NaN)"
+        else:
+            safe = "none (every finite gradient is 0)"
+        if self.nonfinite:
+            lines.append(f"largest finite |gradient|: {self.grad_max:.3g} ({self.nonfinite:,} gradients are "
+                         f"inf or NaN already in float32); largest safe scale: {safe}")
+        else:
+            lines.append(f"largest |gradient|: {self.grad_max:.3g}; largest safe scale: {safe}")
         lines.append(f"at scale 1: lost {n_lost:,} ({100 * self.lost:.2f}%), "
                      f"subnormal {100 * self.subnormal:.2f}%")
         if self.needed_scale is None:
@@ -100,7 +114,9 @@ class Diagnosis:
         else:
             need = number(self.needed_scale, pow2=True)
         lines.append(f"smallest scale losing < {100 * LOST_TARGET:g}%: {need}")
-        if self.scale_range is None:
+        if self.safe_scale is None:
+            lines.append("recommended initial scale: none (no finite nonzero gradient to scale)")
+        elif self.scale_range is None:
             lines.append(f"recommended initial scale: none fits in {f}")
         else:
             lo, hi = (number(s, pow2=True) for s in self.scale_range)
@@ -113,6 +129,8 @@ class Diagnosis:
         """One row per parameter and module output (``kind``: "param" or "output" for one of
         them): size, largest |g|, lost and subnormal shares at scale 1, and the lost share at the
         low end of the recommended range (if any)."""
+        if kind not in (None, "param", "output"):
+            raise ValueError(f"kind must be 'param', 'output' or None (both), got {_describe(kind)}")
         s = self.scale_range[0] if self.scale_range else None
         head = f"lost at {number(s, pow2=True)}" if s is not None else "lost at -"
         rows = []
@@ -141,14 +159,56 @@ class Diagnosis:
 
 
 # ------------------------------------------------------------------ examine
-def _as_inputs(inputs) -> tuple:
-    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+_BATCH_FORMS = "pass examine(model, (x, y)), or (x, None) without a target"
+
+
+def _what(x) -> str:
+    """A short name for what a learner passed: "a tensor", "a tuple of 3 items", ..."""
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}"
+    if isinstance(x, (tuple, list, dict)):
+        return f"a {type(x).__name__} of {len(x)} item{'' if len(x) == 1 else 's'}"
+    return _describe(x)
+
+
+def _one_line(exc: BaseException) -> str:
+    try:
+        lines = str(exc).strip().splitlines()
+    except Exception:  # a broken __str__
+        lines = []
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _split_batch(batch) -> tuple:
+    """(inputs as a tuple for model(*inputs), target), with one clear error for any other form."""
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise TypeError(f"batch must be (inputs, target): got {_what(batch)}; {_BATCH_FORMS}")
+    inputs, target = batch
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    elif isinstance(inputs, (tuple, list)):
+        inputs = tuple(inputs)
+    else:
+        raise TypeError(f"inputs (the first item of batch) must be a tensor or a tuple of tensors for "
+                        f"model(*inputs), got {_what(inputs)}; {_BATCH_FORMS}")
+    return inputs, target
 
 
 def _default_loss(output, target):
     """Cross-entropy for integer class labels (as the course's training loop), else the mean."""
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(f"the model returned {_what(output)}, not a tensor, so the default loss cannot use it: "
+                        "pass loss_fn=lambda output, target: ... that computes the loss from it")
+    if target is not None and not isinstance(target, torch.Tensor):
+        raise TypeError(f"target must be a tensor (class labels, or anything loss_fn takes) or None, got "
+                        f"{_what(target)}; {_BATCH_FORMS}")
     if target is not None and not target.is_floating_point() and output.dim() >= 2:
-        return nn.functional.cross_entropy(output.float(), target)
+        try:
+            return nn.functional.cross_entropy(output.float(), target)
+        except Exception as exc:  # shapes, labels out of range, bool labels
+            raise ValueError(f"cross-entropy of the output (shape {tuple(output.shape)}) with the integer target "
+                             f"(shape {tuple(target.shape)}) failed ({_one_line(exc)}): pass one class label "
+                             "0..C-1 per row, or a loss_fn") from exc
     return output.float().mean()
 
 
@@ -165,12 +225,25 @@ def examine(model: nn.Module, batch, loss_fn=None, *, fmt="fp16") -> Diagnosis:
     ``loss_fn(output, target)`` if given, else cross-entropy when ``target`` holds integer class
     labels, else ``output.float().mean()``. Tensors are moved to the device of the model's
     parameters. The pass runs in train mode, without autocast, in the model's own dtype.
+
+    Anything else gets one TypeError or ValueError that says what to pass: a batch that is not
+    such a pair (a lone tensor), a model without trainable parameters, a forward pass that fails,
+    a model output the default loss cannot use (a tuple, a dict), a loss that is not one number
+    or does not depend on the parameters (a detached output). An error raised by ``loss_fn``
+    itself reaches the caller as it is.
     """
     fmt = get_format(fmt)
-    inputs, target = batch
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {_what(model)}; pass examine(model, (x, y))")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a function loss_fn(output, target) or None, got {_what(loss_fn)}")
+    inputs, target = _split_batch(batch)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    device = params[0][1].device if params else torch.device("cpu")
-    inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in _as_inputs(inputs))
+    if not params:
+        raise ValueError("the model has no trainable parameters (none with requires_grad=True), so it has no "
+                         "gradients to examine: pass a model with parameters, or unfreeze them")
+    device = params[0][1].device
+    inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
     if isinstance(target, torch.Tensor):
         target = target.to(device)
 
@@ -189,7 +262,8 @@ def examine(model: nn.Module, batch, loss_fn=None, *, fmt="fp16") -> Diagnosis:
         def hook(module, args, output):
             if isinstance(output, torch.Tensor) and output.is_floating_point():
                 m = float(output.detach().abs().max()) if output.numel() else 0.0
-                act_max[name] = max(act_max.get(name, 0.0), m)
+                prev = act_max.get(name, 0.0)
+                act_max[name] = m if math.isnan(m) or m > prev else prev  # NaN sticks
                 if output.requires_grad:
                     output.register_hook(keep)
         return hook
@@ -201,9 +275,27 @@ def examine(model: nn.Module, batch, loss_fn=None, *, fmt="fp16") -> Diagnosis:
         model.train()
         for _, p in params:
             p.grad = None
-        output = model(*inputs)
+        try:
+            output = model(*inputs)
+        except Exception as exc:  # wrong shapes, dtypes or argument count: the learner's inputs
+            kind = TypeError if isinstance(exc, TypeError) else ValueError
+            raise kind(f"model(*inputs) failed ({_one_line(exc)}): pass inputs the model accepts, "
+                       "as batch = (inputs, target)") from exc
         loss = loss_fn(output, target) if loss_fn is not None else _default_loss(output, target)
-        loss.backward()
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"loss_fn must return the loss as a tensor, got {_what(loss)}")
+        if loss.numel() != 1:
+            raise ValueError(f"the loss must be one number, got a tensor of shape {tuple(loss.shape)}: "
+                             "reduce it in loss_fn, e.g. with .mean()")
+        if not loss.requires_grad:
+            raise ValueError("the loss does not depend on the model's trainable parameters (the output is "
+                             "detached, or computed under torch.no_grad()): examine needs a loss it can "
+                             "backpropagate; return the model's output as it is")
+        try:
+            loss.backward()
+        except Exception as exc:
+            raise ValueError(f"loss.backward() failed ({_one_line(exc)}): examine needs a model whose "
+                             "loss backpropagates in float32") from exc
         grads = {("param", n): (torch.zeros_like(p) if p.grad is None else p.grad).detach().float()
                  .reshape(-1).cpu().numpy() for n, p in params}
     finally:
@@ -239,14 +331,20 @@ def _diagnose(fmt: FloatFormat, grads: dict, act_max: dict) -> Diagnosis:
     if needed is not None and safe is None:  # all zero: nothing to lose, nothing to overflow
         scale_range = None
 
-    reasons = []
-    over = {n: v for n, v in act_max.items() if census(np.float32(v), fmt, 1.0).counts["overflow"]}
+    reasons = []  # why bf16 would be safer (or, last, why not)
+    notes = []  # what neither bf16 nor a loss scale fixes: values already inf or NaN in float32
+    broken = sorted(n for n, v in act_max.items() if not math.isfinite(v))
+    over = {n: v for n, v in act_max.items()
+            if math.isfinite(v) and census(np.float32(v), fmt, 1.0).counts["overflow"]}
     if over:
         name, v = max(over.items(), key=lambda kv: kv[1])
         reasons.append(f"{len(over)} module output(s) reach |value| {v:.3g} ({name}), beyond {fmt.name}'s max "
                        f"{number(fmt.max)}: they overflow in the forward pass whatever the loss scale")
+    if broken:
+        notes.append(f"{len(broken)} module output(s) are already inf or NaN in float32 ({broken[0]})")
     if nonfinite:
-        reasons.append(f"{nonfinite:,} gradients are already inf or NaN in float32")
+        notes.append(f"{nonfinite:,} gradients are already inf or NaN in float32: neither bf16 (float32's "
+                     "range) nor a loss scale fixes that; find where they come from (data, loss, model) first")
     if safe is not None and safe < 1:
         reasons.append(f"gradients up to {grad_max:.3g} overflow {fmt.name} even at scale 1")
     elif needed is not None and safe is not None and needed > safe:
@@ -261,14 +359,16 @@ def _diagnose(fmt: FloatFormat, grads: dict, act_max: dict) -> Diagnosis:
     if safer:
         reasons.append(f"bf16 loses {100 * bf16_lost:.2f}% at scale 1 and holds up to {number(bf16.max, digits=3)}")
     elif safe is None:
-        reasons.append("every gradient is 0: there is nothing to scale")
+        reasons.append("every gradient is 0: there is nothing to scale" if not nonfinite
+                       else "no gradient is finite and nonzero: there is nothing to scale")
     elif scale_range is not None:
         reasons.append(f"a loss scale from {number(scale_range[0], pow2=True)} to "
                        f"{number(scale_range[1], pow2=True)} keeps {fmt.name} within range")
+    reasons = notes + reasons
     return Diagnosis(fmt=fmt, params=params, activations=acts, act_max=dict(act_max), grad_max=grad_max,
                      safe_scale=safe, lost=lost, subnormal=subnormal, total=total, needed_scale=needed,
                      scale_range=scale_range, bf16_safer=safer, reasons=tuple(reasons), bf16_lost=bf16_lost,
-                     grads=grads)
+                     grads=grads, nonfinite=nonfinite)
 
 
 # ------------------------------------------------------------------ comparing training modes

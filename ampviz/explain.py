@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["Explanation", "explain", "KNOWN"]
 
@@ -156,20 +156,96 @@ KNOWN = [
 ]
 
 
+_UNKNOWN = Explanation(
+    title="",
+    cause="This message is not one of the mixed-precision errors the course explains.",
+    fix="Read the traceback from the bottom; if it mentions autocast, GradScaler or a dtype, "
+        "compare with notebooks 03 and 06-08.",
+    known=False,
+)
+_MAX_LINKS = 1000  # exceptions looked at in one chain or group, at most
+
+
+def _text(exc) -> str:
+    """str(exc), or as much of its message as can be had when its __str__ is broken."""
+    try:
+        text = str(exc)
+        if isinstance(text, str):
+            return text
+    except Exception:
+        pass
+    try:
+        return " ".join(a if isinstance(a, str) else repr(a) for a in exc.args)
+    except Exception:
+        return ""
+
+
+def _linked(exc) -> list:
+    """The exceptions an exception leads to: the members of a group, its cause, and its context
+    (unless suppressed, as ``raise ... from None`` does), as a traceback shows them."""
+    out = []
+    try:
+        members = getattr(exc, "exceptions", None) if isinstance(exc, BaseExceptionGroup) else None
+        out.extend(m for m in (members or ()) if isinstance(m, BaseException))
+    except Exception:
+        pass
+    for attr in ("__cause__", "__context__"):
+        try:
+            if attr == "__context__" and getattr(exc, "__suppress_context__", False):
+                continue
+            linked = getattr(exc, attr, None)
+        except Exception:
+            continue
+        if isinstance(linked, BaseException):
+            out.append(linked)
+    return out
+
+
+def _chain(exc) -> list:
+    """exc and every exception it leads to, breadth first, each once (chains can loop)."""
+    seen, order, queue = set(), [], [exc]
+    while queue and len(order) < _MAX_LINKS:
+        e = queue.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        order.append(e)
+        queue.extend(_linked(e))
+    return order
+
+
+def _match(names, text):
+    for types, pattern, explanation in KNOWN:
+        if (names is None or names & set(types)) and pattern.search(text):
+            return explanation
+    return None
+
+
 def explain(exc) -> Explanation:
-    """Cause and fix for an AMP exception or warning (an exception, a warning instance, or a
-    ``warnings.WarningMessage`` from ``warnings.catch_warnings(record=True)``)."""
+    """Cause and fix for an AMP exception or warning: an exception, a warning instance, a
+    ``warnings.WarningMessage`` from ``warnings.catch_warnings(record=True)``, or the message as a
+    string (e.g. copied from a traceback).
+
+    A known error is found also where it is the cause or context of another exception (``raise
+    ... from ...``, an error raised while handling one) or a member of an ``ExceptionGroup``; the
+    first one found, outermost first, is explained. A string is matched on its wording alone.
+    """
     if isinstance(exc, warnings.WarningMessage):
         exc = exc.message
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    text = str(exc)
-    for types, pattern, explanation in KNOWN:
-        if names & set(types) and pattern.search(text):
-            return explanation
-    return Explanation(
-        title=f"not an AMP error ampviz knows ({type(exc).__name__})",
-        cause="This message is not one of the mixed-precision errors the course explains.",
-        fix="Read the traceback from the bottom; if it mentions autocast, GradScaler or a dtype, "
-            "compare with notebooks 03 and 06-08.",
-        known=False,
-    )
+    if isinstance(exc, (bytes, bytearray)):
+        exc = exc.decode("utf-8", "replace")
+    if isinstance(exc, str):
+        found = _match(None, exc)
+        if found is not None:
+            return found
+        return replace(_UNKNOWN, title="not an AMP error ampviz knows (a message)")
+    if not isinstance(exc, BaseException):
+        name = type(exc).__name__
+        got = "None" if exc is None else f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+        raise TypeError(f"explain takes an exception, a warning or a message string, got {got}; pass the "
+                        "exception you caught: except Exception as exc: explain(exc)")
+    for e in _chain(exc):
+        found = _match({cls.__name__ for cls in type(e).__mro__}, _text(e))
+        if found is not None:
+            return found
+    return replace(_UNKNOWN, title=f"not an AMP error ampviz knows ({type(exc).__name__})")

@@ -14,11 +14,25 @@ casts float64 to float16 through float32 too, so 65519.99999 becomes inf), then 
 ties to even, into the format. Results are float64, which holds every value of every format here
 exactly.
 
+Values may be Python numbers, (nested) lists of them, numpy arrays or torch tensors of any real
+dtype, on any device, with or without grad: a tensor is read detached, on the CPU, its bf16, fp16
+or fp8 values upcast to float32 (exact), float64 kept (then rounded through float32 as above),
+integers kept (cast directly, as torch does). Bools count as 0 and 1, as in numpy and torch. Python
+ints beyond 64 bits and other numbers numpy keeps as objects go through float64 (inf beyond its
+range). Anything else (None, text, bytes, complex numbers, datetimes) is one TypeError that says
+what to pass. The module recognises tensors without importing torch.
+
+A ``FloatFormat`` checks its fields when it is made: 1 to 23 mantissa bits, 2 to 8 exponent bits
+("ieee") or 1 to 8 ("fn"), and a bias that keeps every value a float32 value (the arithmetic goes
+through float32); anything else is a one-line ValueError or TypeError.
+
 This module needs numpy only.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,21 +56,125 @@ ZERO, UNDERFLOW, SUBNORMAL, NORMAL, OVERFLOW, NAN = range(6)
 _CATEGORY_NAMES = np.array(CATEGORIES)
 
 
+def _describe(x) -> str:
+    """A short, one-line description of x for an error message."""
+    if isinstance(x, np.ndarray):
+        return f"an array of {x.dtype} with shape {x.shape}"
+    try:
+        text = repr(x)
+    except Exception:  # a broken __repr__ must not hide the real message
+        text = ""
+    if text and len(text) <= 60 and "\n" not in text:
+        return text
+    name = type(x).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _first_line(exc: BaseException) -> str:
+    try:
+        lines = str(exc).strip().splitlines()
+    except Exception:
+        lines = []
+    return lines[0] if lines else type(exc).__name__
+
+
+def _is_tensor(x) -> bool:
+    """Whether x is a torch tensor (or a subclass, e.g. a Parameter), told without importing torch."""
+    return any(c.__name__ == "Tensor" and c.__module__ == "torch" for c in type(x).__mro__)
+
+
+def _tensor_values(t, what: str) -> np.ndarray:
+    """A torch tensor's values as numpy: detached, on the CPU, and bf16/fp16/fp8 upcast to float32
+    (exact: float32 holds every value of those formats); float64 stays float64, integers and bools
+    stay as they are, sparse and quantized tensors give the values they stand for."""
+    if t.is_complex():
+        raise TypeError(f"{what} must be real numbers, got a complex tensor ({t.dtype}); "
+                        "pass its real part (t.real) or its magnitude (t.abs())")
+    try:
+        t = t.detach()
+        if str(t.layout) != "torch.strided":  # sparse
+            t = t.to_dense()
+        if t.is_quantized:
+            t = t.dequantize()
+        t = t.cpu()
+        if t.is_floating_point() and str(t.dtype) not in ("torch.float32", "torch.float64"):
+            t = t.float()
+        return t.numpy()
+    except Exception as exc:  # meta tensors (no data), nested tensors, dtypes numpy cannot hold
+        problem = _first_line(exc)
+    raise TypeError(f"{what}: cannot read the values of this {t.dtype} tensor on {t.device} ({problem}); "
+                    "pass a tensor that holds real numbers")
+
+
+def _object_values(arr: np.ndarray, what: str) -> np.ndarray:
+    """An object array of real Python numbers (ints too long for 64 bits, fractions, a mix) as
+    float64; an int beyond float64's range becomes inf of its sign, as its cast would."""
+    out = np.empty(arr.shape, np.float64)
+    flat = out.reshape(-1)
+    for i, v in enumerate(arr.reshape(-1)):
+        if not isinstance(v, (numbers.Real, np.bool_)):
+            raise TypeError(f"{what} must be real numbers (a number, a list of numbers, a numpy array or "
+                            f"a torch tensor), got {_describe(v)}")
+        try:
+            flat[i] = float(v)
+        except OverflowError:
+            flat[i] = math.inf if v > 0 else -math.inf
+    return out
+
+
+_REFUSED_KINDS = {
+    "c": "complex numbers; pass the real part (x.real) or the magnitude (abs(x))",
+    "M": "datetimes; pass numbers",
+    "m": "time spans; pass numbers (e.g. x / np.timedelta64(1, 's'))",
+    "U": "strings; pass numbers (e.g. float(text))",
+    "S": "bytes; pass numbers",
+    "V": "raw records; pass numbers",
+}
+
+
+def _real_array(x, what: str = "values") -> np.ndarray:
+    """x as a numpy array of real numbers (dtype kind b, i, u or f), with one clear TypeError for
+    anything else.
+
+    Accepted: Python numbers and bools, (nested) lists of them, numpy arrays and scalars, and torch
+    tensors of any real dtype, device and grad state. Bools count as 0 and 1 (as numpy and torch
+    cast them). Refused: None, text, bytes, complex numbers, datetimes and other objects.
+    """
+    if x is None:
+        raise TypeError(f"{what} must be numbers (a number, a list of numbers, a numpy array or a torch "
+                        "tensor), got None")
+    if isinstance(x, (str, bytes, bytearray)):
+        raise TypeError(f"{what} must be numbers, not text: got {_describe(x)}; pass e.g. float(text)")
+    if _is_tensor(x):
+        return _tensor_values(x, what)
+    if isinstance(x, (list, tuple)) and any(_is_tensor(v) for v in x):  # e.g. a list of 0-d losses
+        x = [_tensor_values(v, what) if _is_tensor(v) else v for v in x]
+    try:
+        arr = np.asarray(x)
+    except MemoryError:
+        raise
+    except Exception as exc:  # ragged lists, objects whose __array__ fails
+        raise TypeError(f"{what} must be numbers or an array of them, got {_describe(x)} "
+                        f"({_first_line(exc)})") from None
+    kind = arr.dtype.kind
+    if kind in "biuf":
+        return arr
+    if kind == "O":
+        return _object_values(arr, what)
+    raise TypeError(f"{what} must be numbers, not {_REFUSED_KINDS.get(kind, str(arr.dtype))}")
+
+
 def _as_float32_values(x) -> tuple[np.ndarray, np.ndarray]:
     """(x as an array, x rounded to float32 as float64): torch casts float64 through float32."""
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "fiub":
-        try:
-            arr = arr.astype(np.float64)
-        except (TypeError, ValueError):
-            raise TypeError(f"expected numbers, got {x!r}") from None
+    arr = _real_array(x)
     # Overflow to inf is the point; signalling NaNs (any NaN payload) are quietly NaN.
     with np.errstate(over="ignore", invalid="ignore"):
         return arr, arr.astype(np.float32).astype(np.float64)
 
 
-def _scalar_or_array(result: np.ndarray, like):
-    if np.ndim(like) == 0:
+def _scalar_or_array(result: np.ndarray):
+    """A Python scalar for a 0-d result (the input was one number), else the array."""
+    if np.ndim(result) == 0:
         return np.asarray(result)[()].item()
     return result
 
@@ -75,8 +193,42 @@ class FloatFormat:
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
-        if self.specials not in ("ieee", "fn"):
-            raise ValueError(f"specials must be 'ieee' or 'fn', not {self.specials!r}")
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a string such as 'fp16', got {_describe(self.name)}")
+        if not self.name.strip():
+            raise ValueError("name must not be empty: pass a name such as 'fp16'")
+        for field_name in ("exponent_bits", "mantissa_bits", "bias"):
+            value = getattr(self, field_name)
+            if not isinstance(value, (numbers.Integral, np.integer)) or isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{field_name} must be an int, got {_describe(value)}")
+            object.__setattr__(self, field_name, int(value))  # numpy ints become plain ints
+        if not isinstance(self.specials, str) or self.specials not in ("ieee", "fn"):
+            raise ValueError(f"specials must be 'ieee' or 'fn', not {_describe(self.specials)}")
+        if self.torch_dtype is not None and not isinstance(self.torch_dtype, str):
+            raise TypeError(f"torch_dtype must be a dtype name such as 'float16', or None; "
+                            f"got {_describe(self.torch_dtype)}")
+        if not isinstance(self.description, str):
+            raise TypeError(f"description must be a string, got {_describe(self.description)}")
+        e, m = self.exponent_bits, self.mantissa_bits
+        # "ieee" needs one exponent for subnormals, one for inf/NaN and one for normals; "fn" keeps
+        # its top exponent for normals (all but the NaN pattern).
+        least_e = 2 if self.specials == "ieee" else 1
+        if not least_e <= e <= 8:
+            raise ValueError(f"exponent_bits must be {least_e} to 8 for a {self.specials!r} format, got {e}")
+        # NaN needs a nonzero mantissa ("ieee"), or the all-ones one beside a finite max ("fn");
+        # values are computed through float32, so at most its 23 bits.
+        if not 1 <= m <= 23:
+            raise ValueError(f"mantissa_bits must be 1 to 23, got {m}")
+        # Every value must be a float32 value (quantize rounds through float32, as torch does):
+        # emax <= 127 and smallest_subnormal = 2**(1 - bias - m) >= 2**-149.
+        top = (1 << e) - (2 if self.specials == "ieee" else 1)  # the largest normal exponent field
+        low, high = top - 127, 150 - m
+        if low > high:
+            raise ValueError(f"a {self.specials!r} format with {e} exponent bits and {m} mantissa bits does "
+                             f"not fit in float32: use fewer bits")
+        if not low <= self.bias <= high:
+            raise ValueError(f"bias must be {low} to {high} for {e} exponent and {m} mantissa bits (every "
+                             f"value must fit in float32), got {self.bias}")
 
     # ----- constants (names as in numpy.finfo) -----
     @property
@@ -161,7 +313,7 @@ class FloatFormat:
     def quantize(self, x):
         """x rounded into this format exactly as torch's cast does, as float64."""
         q, _ = self._quantize_with_codes(x)
-        return _scalar_or_array(q, x)
+        return _scalar_or_array(q)
 
     def classify(self, x):
         """Category of each value of x once cast: one of ``CATEGORIES``.
@@ -170,7 +322,7 @@ class FloatFormat:
         ``max`` in an "fn" format). Inf itself counts as overflow, as it does for a loss scaler.
         """
         _, codes = self._quantize_with_codes(x)
-        return _scalar_or_array(_CATEGORY_NAMES[codes], x)
+        return _scalar_or_array(_CATEGORY_NAMES[codes])
 
     def classify_codes(self, x) -> np.ndarray:
         """Like ``classify`` but as int8 indices into ``CATEGORIES``."""
@@ -178,21 +330,28 @@ class FloatFormat:
 
     # ----- bit patterns -----
     def _check_bits(self, bits) -> np.ndarray:
-        arr = np.asarray(bits)
-        if arr.dtype.kind == "f":
-            if not np.all(np.isfinite(arr)) or np.any(arr != np.floor(arr)):
-                raise ValueError(f"{self.name} bit patterns are whole numbers, got {bits!r}")
-            arr = arr.astype(np.int64)
-        elif arr.dtype.kind not in "iu":
-            raise TypeError(f"{self.name} bit patterns are integers, got {bits!r}")
-        arr = arr.astype(np.int64)
+        """Bit patterns as int64, with one clear error for anything that is not one."""
         top = (1 << self.bits) - 1
-        if np.any((arr < 0) | (arr > top)):
-            bad = arr[(arr < 0) | (arr > top)].ravel()[0]
-            raise ValueError(
-                f"{self.name} bit patterns have {self.bits} bits: 0 to {top} (0x{top:X}); got {bad}"
-            )
-        return arr
+        need = f"{self.name} bit patterns are whole numbers from 0 to {top} (0x{top:X})"
+        try:
+            arr = _real_array(bits, f"{self.name} bit patterns")
+        except TypeError:
+            raise TypeError(f"{need}, got {_describe(bits)}") from None
+        if arr.dtype.kind == "b":
+            raise TypeError(f"{need}, not booleans")
+        if arr.dtype.kind == "f":
+            arr = arr.astype(np.float64)  # (float16 cannot hold the top pattern of 16 bits)
+            with np.errstate(invalid="ignore"):
+                bad = ~np.isfinite(arr) | (arr != np.floor(arr)) | (arr < 0) | (arr > top)
+        else:
+            bad = (arr < 0) | (arr > top)
+        if np.any(bad):
+            first = arr[bad].ravel()[0].item()
+            if isinstance(first, float) and first.is_integer() and abs(first) < 2.0**64:
+                first = int(first)
+            raise ValueError(f"{self.name} bit patterns have {self.bits} bits: 0 to {top} (0x{top:X}); "
+                             f"got {first}")
+        return arr.astype(np.int64)
 
     def fields(self, bits) -> tuple:
         """(sign, exponent field, mantissa field) of bit patterns, as integers."""
@@ -201,13 +360,13 @@ class FloatFormat:
         sign = arr >> (m + e)
         exp = (arr >> m) & ((1 << e) - 1)
         man = arr & ((1 << m) - 1)
-        if np.ndim(bits) == 0:
+        if arr.ndim == 0:
             return int(sign), int(exp), int(man)
         return sign, exp, man
 
     def decode(self, bits):
         """Value of each bit pattern, as float64."""
-        sign, exp, man = (np.asarray(f) for f in self.fields(np.asarray(bits)))
+        sign, exp, man = (np.asarray(f) for f in self.fields(self._check_bits(bits)))
         m = self.mantissa_bits
         top = (1 << self.exponent_bits) - 1
         normal = np.ldexp((man + (1 << m)).astype(np.float64), exp - self.bias - m)
@@ -218,7 +377,7 @@ class FloatFormat:
         else:
             val = np.where((exp == top) & (man == (1 << m) - 1), np.nan, val)
         val = np.where(sign == 1, -val, val)
-        return _scalar_or_array(val, bits)
+        return _scalar_or_array(val)
 
     @property
     def nan_bits(self) -> int:
@@ -251,16 +410,24 @@ class FloatFormat:
         bits = np.where(np.isinf(a), top << m, bits)
         bits = np.where(codes == NAN, self.nan_bits, bits)
         bits = bits | (np.signbit(q).astype(np.int64) << (self.bits - 1))
-        return _scalar_or_array(bits, x)
+        return _scalar_or_array(bits)
 
     # ----- neighbours -----
+    def _one_value(self, x, what: str) -> float:
+        """The stored value of x, which must be one number."""
+        arr = _real_array(x)
+        if arr.size != 1:
+            raise TypeError(f"{what} takes one number, got {arr.size} values (shape {arr.shape}); "
+                            f"pass a single number, e.g. {self.name}.{what}(1.0)")
+        return float(self.quantize(arr.reshape(())))
+
     def neighbours(self, x) -> tuple[float, float]:
         """The representable values just below and above the stored value of scalar x.
 
         At the ends of the range the missing neighbour is -inf/inf in an "ieee" format and NaN
         (nothing there) in an "fn" format.
         """
-        q = float(self.quantize(x))
+        q = self._one_value(x, "neighbours")
         if np.isnan(q):
             return (float("nan"), float("nan"))
         if np.isinf(q):
@@ -275,7 +442,7 @@ class FloatFormat:
 
     def ulp(self, x) -> float:
         """Spacing of the format's grid at |x| (the rounding step there)."""
-        a = abs(float(self.quantize(x)))
+        a = abs(self._one_value(x, "ulp"))
         if not np.isfinite(a):
             return float("nan")
         e = int(np.frexp(a)[1]) - 1 if a > 0 else self.emin
@@ -306,13 +473,24 @@ FORMATS = {f.name: f for f in (FP32, TF32, FP16, BF16, FP8_E4M3, FP8_E5M2)}
 
 
 def get_format(fmt) -> FloatFormat:
-    """A FloatFormat from itself or its name ("fp16", "bf16", ...), with a clear error otherwise."""
+    """A FloatFormat from itself, its name ("fp16", "bf16", ...) or a torch/numpy dtype
+    (``torch.bfloat16``), with a clear error otherwise."""
     if isinstance(fmt, FloatFormat):
         return fmt
-    key = str(fmt).lower().replace("-", "_")
+    if isinstance(fmt, str):
+        key = fmt
+    elif type(fmt).__module__.split(".")[0] == "torch" and str(fmt).startswith("torch."):  # torch.float16
+        key = str(fmt)[len("torch."):]
+    elif isinstance(fmt, np.dtype):
+        key = fmt.name
+    else:
+        raise TypeError(f"fmt must be a FloatFormat or a format name ({', '.join(FORMATS)}), "
+                        f"got {_describe(fmt)}")
+    key = key.strip().lower().replace("-", "_")
     aliases = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
-               "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "fp8_e4m3fn": "fp8_e4m3"}
+               "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2", "fp8_e4m3fn": "fp8_e4m3",
+               "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
     key = aliases.get(key, key)
     if key not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        raise ValueError(f"unknown format {_describe(fmt)}; choose one of {', '.join(FORMATS)}")
     return FORMATS[key]

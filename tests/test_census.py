@@ -207,3 +207,84 @@ def test_underflow_fractions_equal_census_at_every_scale(data):
         got = underflow_fractions(data, name, scales)
         expected = [census(data, name, s).fractions["underflow"] for s in scales]
         assert got.tolist() == expected
+
+
+# ---------------------------------------------------------------- torch tensors, and what is refused
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2,
+                                   torch.float32, torch.float64],
+                         ids=lambda d: str(d).replace("torch.", ""))
+def test_tensors_of_any_float_dtype_count_like_torch(data, dtype):
+    """A tensor (low precision, needing grad, float64) is counted as torch computes it: its values
+    as torch casts them to float32, multiplied by the scale in float32, cast to the format."""
+    t = torch.from_numpy(data).to(dtype)
+    if dtype.itemsize > 1:  # torch has no arithmetic for fp8
+        t = t.requires_grad_() * 1
+    v = t.detach().to(torch.float32).numpy()  # torch's own cast to float32
+    p = profile(t)
+    for name in ("fp16", "bf16", "fp8_e4m3"):
+        for scale in (1.0, 2.0**16, 0.1):
+            expected = torch_counts(v, name, scale)
+            assert census(t, name, scale).counts == expected
+            assert census(p, name, scale).counts == expected
+            assert census_reference(t, name, scale) == census(v, name, scale)
+    from ampviz.census import underflow_fractions
+
+    assert underflow_fractions(t, "fp16", [1.0, 2.0**10]).tolist() == [
+        census(v, "fp16", s).fractions["underflow"] for s in (1.0, 2.0**10)]
+
+
+def test_scale_may_be_a_tensor_or_a_numpy_number():
+    v = np.float32([1e-6, 3.0, 7e4])
+    expected = census(v, "fp16", 1024.0)
+    for s in (torch.tensor(1024.0, requires_grad=True), torch.tensor([1024.0], dtype=torch.bfloat16),
+              np.float16(1024), np.int64(1024), 1024):
+        assert census(v, "fp16", s) == expected
+
+
+@pytest.mark.parametrize("bad, error, says", [
+    ("1000", TypeError, "scale must be a number"),  # a string is not a scale, even if it reads as one
+    (b"1000", TypeError, "scale must be a number"),
+    (None, TypeError, "scale must be a number"),
+    (1 + 1j, TypeError, "scale must be a number"),
+    ([2.0, 4.0], TypeError, "scale must be one number, got 2 values"),
+    (torch.tensor([2.0, 4.0]), TypeError, "scale must be one number, got 2 values"),
+    pytest.param(10**400, ValueError, "scale must be a positive number that fits in float32", id="10**400"),
+    pytest.param(-(10**400), ValueError, "scale must be a positive number that fits in float32", id="-10**400"),
+])
+def test_bad_scales_are_one_line_errors(bad, error, says):
+    with pytest.raises(error, match=says) as info:
+        census(np.ones(3, np.float32), "fp16", bad)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("bad, says", [
+    (None, "got None"),
+    ([1.0, None], "got None"),
+    (np.array([1 + 1j]), "not complex numbers"),
+    (torch.ones(3, dtype=torch.complex64), "complex"),
+    (np.array(["1.5"]), "not strings"),
+    ("1.5", "not text"),
+    (np.array([1], dtype="datetime64[D]"), "not datetimes"),
+    (np.array([1], dtype="timedelta64[D]"), "not time spans"),
+    (torch.ones(3, device="meta"), "cannot read the values"),
+])
+@pytest.mark.parametrize("fn", ["census", "census_reference", "profile", "underflow_fractions"])
+def test_values_that_are_not_real_numbers_are_one_clear_type_error(bad, says, fn):
+    call = {"census": lambda v: census(v, "fp16"), "census_reference": lambda v: census_reference(v, "fp16"),
+            "profile": profile, "underflow_fractions": lambda v: census_module.underflow_fractions(v, "fp16", [1.0])}
+    with pytest.raises(TypeError, match=says) as info:
+        call[fn](bad)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("bad", [["a"], None, "1", [1.0, None], 1 + 1j])
+def test_bad_scales_for_underflow_fractions_are_one_clear_type_error(bad):
+    with pytest.raises(TypeError, match="scales must be numbers") as info:
+        census_module.underflow_fractions(np.ones(3, np.float32), "fp16", bad)
+    assert "\n" not in str(info.value)
+
+
+def test_bools_count_as_zero_and_one():
+    b = np.array([True, False, True])
+    assert census(b, "fp16").counts == census(np.float32([1, 0, 1]), "fp16").counts
+    assert census(torch.from_numpy(b), "fp16") == census(b, "fp16")

@@ -164,3 +164,123 @@ def test_unknown_errors_are_said_to_be_unknown():
     assert not e.known and "not an AMP error ampviz knows" in e.title
     e = explain(raised(lambda: torch.ones(2) @ torch.ones(3)))  # a shape error, not AMP
     assert not e.known
+
+
+# ---------------------------------------------------------------- chains, groups, strings, broken exceptions
+NO_SCALE = "GradScaler was used before scaler.scale(...) ran"
+
+
+def step_before_scale():
+    p, opt, s = setup()
+    s.step(opt)  # AssertionError: Attempted step but _scale is None ...
+
+
+def wrapped_by_cause():
+    try:
+        step_before_scale()
+    except AssertionError as exc:
+        raise RuntimeError("training failed at step 0") from exc
+
+
+def wrapped_by_context():
+    try:
+        step_before_scale()
+    except AssertionError:
+        raise RuntimeError("the training loop crashed while reporting an error")
+
+
+def wrapped_twice():
+    try:
+        wrapped_by_cause()
+    except RuntimeError as exc:
+        raise ValueError("epoch 3 failed") from exc
+
+
+def in_a_group():
+    errors = [raised(lambda: 1 / 0), raised(step_before_scale)]
+    raise ExceptionGroup("two ranks failed", errors)
+
+
+def in_a_nested_group():
+    try:
+        in_a_group()
+    except ExceptionGroup as group:
+        raise ExceptionGroup("the run failed", [ValueError("config"), RuntimeError("shutdown")]) from group
+
+
+def context_suppressed():
+    try:
+        step_before_scale()
+    except AssertionError:
+        raise RuntimeError("something else") from None
+
+
+@pytest.mark.parametrize("make", [wrapped_by_cause, wrapped_by_context, wrapped_twice, in_a_group, in_a_nested_group])
+def test_a_known_error_is_found_as_cause_context_or_group_member(make):
+    exc = raised(make)
+    assert type(exc) is not AssertionError  # the premise: the known error is not the outer one
+    assert explain(exc).title == NO_SCALE
+
+
+def test_a_suppressed_context_is_not_looked_at_as_a_traceback_hides_it():
+    exc = raised(context_suppressed)
+    assert exc.__context__ is not None and exc.__suppress_context__
+    assert not explain(exc).known
+
+
+def test_the_outermost_known_error_wins():
+    try:
+        try:
+            step_before_scale()
+        except AssertionError as inner:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().") \
+                from inner
+    except RuntimeError as exc:
+        outer = exc
+    assert explain(outer).title == "unscale_ called twice in one iteration"
+
+
+def test_cycles_in_the_chain_end():
+    a, b = RuntimeError("a"), ValueError("b")
+    a.__context__, b.__context__ = b, a
+    assert not explain(a).known
+    known = raised(step_before_scale)
+    c = RuntimeError("c")
+    c.__cause__, known.__context__ = known, c
+    assert explain(c).title == NO_SCALE
+
+
+def test_a_message_string_is_explained():
+    exc = raised(step_before_scale)
+    assert explain(str(exc)).title == NO_SCALE
+    assert explain(f"AssertionError: {exc}").title == NO_SCALE  # the last line of a traceback
+    assert explain(str(raised(unscale_twice))).title == "unscale_ called twice in one iteration"
+    e = explain("CUDA out of memory")
+    assert not e.known and "not an AMP error ampviz knows" in e.title
+
+
+class BrokenStr(AssertionError):
+    def __str__(self):
+        raise RuntimeError("__str__ is broken")
+
+
+class NotAString(RuntimeError):
+    def __str__(self):
+        return 42
+
+
+def test_an_exception_whose_str_breaks_never_raises():
+    e = explain(BrokenStr(str(raised(step_before_scale))))  # the message is still in its args
+    assert e.title == NO_SCALE
+    assert not explain(BrokenStr()).known
+    assert not explain(NotAString("x")).known
+    wrapper = RuntimeError("outer")
+    wrapper.__cause__ = BrokenStr()
+    assert not explain(wrapper).known
+
+
+@pytest.mark.parametrize("bad", [None, 42, ["error"], RuntimeError])
+def test_what_is_not_an_exception_is_one_clear_type_error(bad):
+    with pytest.raises(TypeError, match="explain takes an exception, a warning or a message string") as info:
+        explain(bad)
+    assert "\n" not in str(info.value)

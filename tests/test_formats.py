@@ -300,3 +300,213 @@ def test_tiny_float64_is_underflow_not_zero():
 def test_ulp_at_zero_is_the_smallest_subnormal():
     for fmt in FORMATS.values():
         assert fmt.ulp(0.0) == fmt.smallest_subnormal == fmt.ulp(fmt.smallest_subnormal)
+
+
+# ---------------------------------------------------------------- torch tensors as input
+def tensor_data(seed: int) -> torch.Tensor:
+    """float32 values of every kind plus every fp16 / E4M3 / E5M2 rounding boundary, as a tensor."""
+    x = np.concatenate([seeded_float32(20_000, seed)] + [rounding_boundaries(f) for f in SMALL])
+    return torch.from_numpy(x)
+
+
+TENSOR_DTYPES = [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2, torch.float32,
+                 torch.float64, torch.int32, torch.int64, torch.uint8, torch.bool]
+
+
+@pytest.mark.parametrize("dtype", TENSOR_DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_tensors_of_every_real_dtype_quantize_like_torchs_cast(dtype):
+    """quantize, classify, encode of a tensor equal torch's own cast of that tensor (and what numpy
+    input of the same values gives), whatever the tensor's dtype and grad state."""
+    x = tensor_data(11)
+    if dtype.is_floating_point:
+        t = x.to(dtype)
+        if dtype.itemsize > 1:  # torch has no arithmetic for fp8
+            t = t.requires_grad_() * 1  # needs grad and has a grad_fn: numpy() refuses it
+    elif dtype == torch.bool:
+        t = x > 0
+    else:
+        big = torch.from_numpy(np.random.default_rng(12).integers(-2**40, 2**40, 20_000))
+        t = torch.cat([big, torch.arange(-70_000, 70_000, 7)]).to(dtype)
+    for fmt in SMALL:
+        ref = t.detach().to(TORCH_DTYPES[fmt.name]).to(torch.float64).numpy()
+        assert_same(fmt.quantize(t), ref)
+        plain = t.detach().float().numpy() if dtype.is_floating_point and dtype != torch.float64 else t.detach().numpy()
+        assert np.array_equal(fmt.classify(t), fmt.classify(plain))
+        assert np.array_equal(fmt.classify_codes(t), fmt.classify_codes(plain))
+        finite = ~np.isnan(ref)
+        assert np.array_equal(fmt.encode(t)[finite], fmt.encode(ref)[finite])
+
+
+def test_bf16_tensors_are_read_exactly_not_through_fp16():
+    """The data above would catch a conversion through float16 (bf16's range is float32's)."""
+    t = tensor_data(13).to(torch.bfloat16)
+    right = BF16.quantize(t)
+    wrong = BF16.quantize(t.to(torch.float16).numpy())
+    assert not same(right, wrong).all()
+    assert_same(right, t.to(torch.float64).numpy())
+
+
+def test_scalar_tensors_give_scalars_and_neighbours_ulp_accept_them():
+    for dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float32):
+        t = torch.tensor(0.3, requires_grad=dtype == torch.float32).to(dtype)
+        v = float(t.detach())
+        for fmt in SMALL:
+            assert fmt.quantize(t) == fmt.quantize(v) and isinstance(fmt.quantize(t), float)
+            assert fmt.classify(t) == fmt.classify(v) and fmt.encode(t) == fmt.encode(v)
+            assert fmt.neighbours(t) == fmt.neighbours(v) and fmt.ulp(t) == fmt.ulp(v)
+            assert fmt.neighbours(t.reshape(1)) == fmt.neighbours(v)  # one value, any shape
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_quantize_like_torch():
+    t = tensor_data(14).cuda().to(torch.bfloat16).requires_grad_()
+    for fmt in SMALL:
+        assert_same(fmt.quantize(t), t.detach().to(TORCH_DTYPES[fmt.name]).double().cpu().numpy())
+
+
+def test_bools_are_zero_and_one_as_in_numpy_and_torch():
+    b = np.array([True, False, True])
+    assert list(FP16.quantize(b)) == [1.0, 0.0, 1.0] == list(FP16.quantize(torch.from_numpy(b)))
+    assert list(FP16.classify(b)) == ["normal", "zero", "normal"]
+    assert FP16.quantize(True) == 1.0
+
+
+def test_python_ints_beyond_64_bits():
+    """Ints numpy holds as objects go through float64 like float64 input; beyond float64, inf."""
+    assert FP32.quantize(2**70) == 2.0**70 and FP16.quantize(2**70) == np.inf
+    assert list(FP32.quantize([2**2000, -(2**2000), 3])) == [np.inf, -np.inf, 3.0]
+    assert list(FP8_E4M3.quantize([2**2000, -(2**2000)])) == [448.0, -448.0]
+
+
+NOT_NUMBERS = [
+    (None, "got None"),
+    ("1.5", "not text"),
+    (b"1", "not text"),
+    (1 + 2j, "complex"),
+    (np.array([1.0 + 0j]), "complex"),
+    (torch.ones(2, dtype=torch.complex64), "complex"),
+    (np.datetime64("2020-01-01"), "datetimes"),
+    (np.array([3], dtype="timedelta64[D]"), "time spans"),
+    (np.array([b"ab"]), "not bytes"),
+    ([1.0, None], "got None"),
+    ([1.0, "2"], "not strings"),
+    ({1: 2}, "got {1: 2}"),
+    (object(), "must be"),
+    ([[1.0], [1.0, 2.0]], "must be numbers or an array"),
+    (torch.ones(2, device="meta"), "cannot read the values"),
+]
+
+
+@pytest.mark.parametrize("bad, says", NOT_NUMBERS, ids=lambda v: type(v).__name__)
+@pytest.mark.parametrize("method", ["quantize", "classify", "classify_codes", "encode", "neighbours", "ulp"])
+def test_what_is_not_real_numbers_is_one_clear_type_error(bad, says, method):
+    with pytest.raises(TypeError) as info:
+        getattr(FP16, method)(bad)
+    message = str(info.value)
+    assert says in message and "\n" not in message and ("pass" in message or "must be" in message)
+
+
+@pytest.mark.parametrize("method", ["neighbours", "ulp"])
+def test_neighbours_and_ulp_take_one_number(method):
+    with pytest.raises(TypeError, match=f"{method} takes one number, got 3 values"):
+        getattr(FP16, method)([1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("bad, error, says", [
+    (2**70, ValueError, "0 to 65535"),
+    (1e300, ValueError, r"got 1e\+300"),
+    (np.nan, ValueError, "got nan"),
+    (np.array([True]), TypeError, "not booleans"),
+    (None, TypeError, "whole numbers from 0 to 65535"),
+    ("0x3C00", TypeError, "whole numbers from 0 to 65535"),
+    (np.arange(70_000.0) + 0.5, ValueError, "got 0.5"),
+])
+def test_bad_bit_patterns_are_one_line_errors(bad, error, says):
+    with pytest.raises(error, match=says) as info:
+        FP16.decode(bad)
+    assert "\n" not in str(info.value)
+
+
+def test_bit_patterns_from_torch_tensors():
+    patterns = torch.arange(1 << 16, dtype=torch.int32)
+    assert_same(FP16.decode(patterns), all_patterns_as_torch("fp16"))
+    assert FP16.decode(torch.tensor(0x3C00)) == 1.0
+
+
+# ---------------------------------------------------------------- validating FloatFormat's fields
+@pytest.mark.parametrize("args, error, says", [
+    (("x", 4, 0, 7), ValueError, "mantissa_bits must be 1 to 23"),
+    (("x", 4, 0, 7, "fn"), ValueError, "mantissa_bits must be 1 to 23"),
+    (("x", 5, 24, 15), ValueError, "mantissa_bits must be 1 to 23"),
+    (("x", 1, 3, 0), ValueError, "exponent_bits must be 2 to 8"),
+    (("x", 0, 3, 0, "fn"), ValueError, "exponent_bits must be 1 to 8"),
+    (("x", 11, 52, 1023), ValueError, "exponent_bits must be 2 to 8"),
+    (("x", 5, 10, 200), ValueError, "bias must be -97 to 140"),
+    (("x", 8, 7, 100), ValueError, "bias must be 127 to 143"),
+    (("x", 8, 23, 127, "fn"), ValueError, "does not fit in float32"),
+    (("x", 5, 10, 15, "fnuz"), ValueError, "specials must be 'ieee' or 'fn'"),
+    (("x", 5, 10, 15, None), ValueError, "specials must be 'ieee' or 'fn'"),
+    (("x", 5, 10, 15.0), TypeError, "bias must be an int"),
+    (("x", 5.0, 10, 15), TypeError, "exponent_bits must be an int"),
+    (("x", True, 10, 15), TypeError, "exponent_bits must be an int"),
+    (("x", 5, "10", 15), TypeError, "mantissa_bits must be an int"),
+    ((None, 5, 10, 15), TypeError, "name must be a string"),
+    (("", 5, 10, 15), ValueError, "name must not be empty"),
+    (("x", 5, 10, 15, "ieee", torch.float16), TypeError, "torch_dtype must be a dtype name"),
+    (("x", 5, 10, 15, "ieee", None, 3), TypeError, "description must be a string"),
+])
+def test_fields_are_checked_when_a_format_is_made(args, error, says):
+    with pytest.raises(error, match=says) as info:
+        FloatFormat(*args)
+    assert "\n" not in str(info.value)
+
+
+def test_numpy_ints_are_accepted_as_fields():
+    f = FloatFormat("half", np.int64(5), np.int8(10), np.int32(15))
+    assert f == FloatFormat("half", 5, 10, 15) and type(f.bias) is int and f.max == 65504
+
+
+ML_IEEE = [(ml_dtypes.float8_e3m4, FloatFormat("e3m4", 3, 4, 3)),
+           (ml_dtypes.float8_e4m3, FloatFormat("e4m3_ieee", 4, 3, 7))]
+
+
+@pytest.mark.parametrize("ml, fmt", ML_IEEE, ids=["e3m4", "e4m3"])
+def test_other_ieee_formats_match_ml_dtypes(ml, fmt):
+    """Formats beyond the built-in ones, made from their fields, decode and round like ml_dtypes."""
+    patterns = np.arange(256)
+    with np.errstate(invalid="ignore"):
+        assert_same(fmt.decode(patterns), patterns.astype(np.uint8).view(ml).astype(np.float64), patterns)
+    x = np.concatenate([seeded_float32(100_000, 15), rounding_boundaries(fmt)])
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = x.astype(ml).astype(np.float64)
+    assert_same(fmt.quantize(x), ref, x)
+    fi = ml_dtypes.finfo(ml)
+    assert (fmt.max, fmt.smallest_normal, fmt.smallest_subnormal) == (
+        float(fi.max), float(fi.smallest_normal), float(fi.smallest_subnormal))
+
+
+# ---------------------------------------------------------------- get_format
+def test_get_format_takes_torch_and_numpy_dtypes():
+    assert get_format(torch.bfloat16) is BF16 and get_format(torch.float16) is FP16
+    assert get_format(torch.float8_e4m3fn) is FP8_E4M3 and get_format(torch.float8_e5m2) is FP8_E5M2
+    assert get_format(np.dtype(np.float16)) is FP16 and get_format(" BF16 ") is BF16
+    with pytest.raises(ValueError, match="unknown format torch.int8"):
+        get_format(torch.int8)
+
+
+@pytest.mark.parametrize("bad", [None, 16, 1.5, ["fp16"], object()])
+def test_get_format_refuses_what_is_not_a_format(bad):
+    with pytest.raises(TypeError, match="fmt must be a FloatFormat or a format name"):
+        get_format(bad)
+
+
+def test_reading_tensors_needs_no_torch_import():
+    """Tensors are recognised by their type, so the numpy core never imports torch itself."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import ampviz.formats as f, ampviz.census as c, ampviz.explain; "
+            "f.FP16.quantize([1.0, 2.0]); c.census([1.0], 'fp16'); f.get_format('bf16'); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -125,3 +125,36 @@ def test_versions_reads_lightning_without_importing_it():
             "import lightning, torch; assert v == {'torch': torch.__version__, 'lightning': lightning.__version__}, v")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_precision_lightning_refuses_is_the_outcome_with_lightnings_own_message():
+    """precision="fp16" used to end in a bare KeyError: 'trainer' (the Trainer was never built)."""
+    import lightning as L
+
+    with pytest.raises(ValueError) as info:  # what Lightning itself says
+        L.Trainer(accelerator="cpu", devices=1, precision="fp16", logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False)
+    out = mb.run_manual(precision="fp16")
+    assert out.failed and out.error_type == "ValueError" and out.message == str(info.value)
+    assert "Allowed precision values" in out.message and "'16-mixed'" in out.message
+    assert out.details["precision"] is None and out.details["iterations"] == 0 and out.details["trace"] == []
+    chain = out.details["error_chain"]
+    assert "ampviz/pitfalls/__init__.py quiet_trainer" in chain and chain[-1].startswith("lightning/")
+    assert not any(c.startswith("/") for c in chain)  # file names, no machine paths
+    assert str(mb.trace_table(out)).splitlines()[-1].split()[-3:] == ["Trainer(...)", "raised", "ValueError"]
+    assert mb.precision_table(out).column("trainer.precision") == ("None",)
+
+
+@pytest.mark.parametrize("kwargs, error, says", [
+    (dict(fp16=True, precision="16-mixed"), ValueError, "pass fp16=True .* or precision='16-mixed', not both"),
+    (dict(optimizers=0), ValueError, "optimizers must be 1 to 3, got 0"),
+    (dict(optimizers=4), ValueError, "optimizers must be 1 to 3, got 4"),
+    (dict(iterations=0), ValueError, "iterations must be a whole number >= 1, got 0"),
+    (dict(iterations=-1), ValueError, "iterations must be a whole number >= 1, got -1"),  # max_steps=-1 would mean no step limit
+    (dict(spike_at=1.5), ValueError, "spike_at must be a whole number >= 0 or None"),
+    (dict(name=3), TypeError, "name must be a string or None"),
+])
+def test_bad_arguments_are_one_line_errors(kwargs, error, says):
+    with pytest.raises(error, match=says) as info:
+        mb.run_manual(**kwargs)
+    assert "\n" not in str(info.value)

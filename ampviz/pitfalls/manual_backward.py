@@ -148,6 +148,8 @@ def _chain(frame_or_tb, stop="training_step") -> list[str]:
             if marker in path:
                 path = ("ampviz/" if marker == "ampviz/" else "") + path.split(marker, 1)[1]
                 break
+        else:  # the standard library (contextlib): its file name
+            path = path.rsplit("/", 1)[-1]
         return f"{path} {code.co_qualname}"
 
     if hasattr(frame_or_tb, "tb_frame"):  # a traceback: outermost first
@@ -175,12 +177,26 @@ def run_manual(backward: str = "manual_backward", *, fp16: bool = False, precisi
     (``None``: fp32). ``optimizers``: 1 (one SGD for all) to 3 (one per layer). ``spike_at``: the
     iteration whose loss is multiplied by 2^20. An exception raised by the fit becomes the
     Outcome's error; ``details`` always holds the trace of ``_scale`` and, for an error, the call
-    chain from ``training_step`` to the raising function.
+    chain from ``training_step`` to the raising function. So does an exception raised while the
+    Trainer is built (a ``precision`` Lightning does not accept: its message lists the ones it
+    does); then ``details["precision"]`` is None and the chain starts at ``quiet_trainer``.
+    Arguments of the wrong kind raise a ValueError or TypeError at once.
     """
     import lightning as L
 
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+    if fp16 and precision is not None:
+        raise ValueError(f"pass fp16=True (real fp16 AMP with a GradScaler) or precision={precision!r}, not both")
+    for arg, value, low, high in (("optimizers", optimizers, 1, 3), ("iterations", iterations, 1, None),
+                                  ("spike_at", spike_at, 0, None)):
+        if arg == "spike_at" and value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < low or (high and value > high):
+            allowed = f"{low} to {high}" if high else f"a whole number >= {low}"
+            raise ValueError(f"{arg} must be {allowed}{' or None' if arg == 'spike_at' else ''}, got {value!r}")
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a string or None, got {type(name).__name__}")
     name = name or f"{backward}, {'fp16 + GradScaler' if fp16 else precision or 'fp32'}"
     L.seed_everything(0, verbose=False)
     module = _module_class()(backward, optimizers, spike_at)
@@ -203,17 +219,22 @@ def run_manual(backward: str = "manual_backward", *, fp16: bool = False, precisi
     details = {}
 
     def fit():
-        with quiet_trainer(**settings) as trainer:
-            details["trainer"] = trainer
-            try:
+        try:
+            with quiet_trainer(**settings) as trainer:
+                details["trainer"] = trainer
                 trainer.fit(module, _loader())
-            except Exception as exc:  # keep where it came from; outcome_of keeps type and message
-                details["error_chain"] = _chain(exc.__traceback__)
-                raise
+        except Exception as exc:  # keep where it came from; outcome_of keeps type and message
+            built = "trainer" in details  # else Trainer(...) itself refused, e.g. precision="fp16"
+            details["error_chain"] = _chain(exc.__traceback__, "training_step" if built else "fit")
+            raise
         return Outcome(name=name)
 
     out = outcome_of(name, fit)
-    trainer = details.pop("trainer")
+    trainer = details.pop("trainer", None)
+    if trainer is None:  # no Trainer, no training: the outcome is Lightning's error
+        out.details.update(details, precision=None, plugin=None, scaler=None, autocast_dtype=None, trace=[],
+                           scale_calls=getattr(module, "scale_calls", None), global_step=0, iterations=0)
+        return out
     plugin = trainer.precision_plugin
     out.grad_norms = {"per_iteration": list(module.norms)}
     out.loss = module.losses[-1] if module.losses else None
@@ -334,7 +355,8 @@ def trace_table(outcome: Outcome) -> Table:
     rows = [(i, moment, "None" if s is None else (s if isinstance(s, str) else _g(s, 6)))
             for i, moment, s in outcome.details["trace"]]
     if outcome.failed:
-        rows.append((rows[-1][0] if rows else 0, "opt.step() raised", f"{outcome.error_type}"))
+        where = "opt.step() raised" if outcome.details.get("precision") is not None else "Trainer(...) raised"
+        rows.append((rows[-1][0] if rows else 0, where, f"{outcome.error_type}"))
     return Table(("iteration", "moment", "scaler._scale"), rows, title=outcome.name)
 
 
