@@ -112,15 +112,38 @@ class TrainConfig:
     keep_grads: bool = False
 
     def __post_init__(self):
-        if self.model not in MODELS:
-            raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
-        if self.steps < 0 or self.batch_size < 1 or self.census_every < 0:
-            raise ValueError("steps and census_every must be >= 0, batch_size >= 1")
+        if not isinstance(self.model, str) or self.model not in MODELS:
+            raise ValueError(f"unknown model {_shown(self.model)}; choose one of {', '.join(MODELS)}")
+        if not isinstance(self.mode, str) or self.mode not in MODES:
+            raise ValueError(f"unknown mode {_shown(self.mode)}; choose one of {', '.join(MODES)}")
+        self.steps = _whole("steps", self.steps, 0, 10**9)
+        self.batch_size = _whole("batch_size", self.batch_size, 1, 65536)
+        self.seed = _whole("seed", self.seed, 0)
+        self.census_every = _whole("census_every", self.census_every, 0)
+        if self.lr is not None:
+            lr = _real("lr", self.lr)
+            if not (math.isfinite(lr) and lr > 0):
+                raise ValueError(f"lr must be a positive number (or None for the model's default), got {_shown(self.lr)}")
+        if self.device is not None:
+            try:
+                torch.device(self.device)
+            except (RuntimeError, TypeError, ValueError):
+                raise ValueError(f"device must be None or a torch device such as 'cpu' or 'cuda', "
+                                 f"got {_shown(self.device)}") from None
         get_format(self.census_fmt)
         if self.watch is not None:
+            if isinstance(self.watch, str) or not all(isinstance(n, str) for n in _iterable("watch", self.watch)):
+                raise TypeError(f"watch must be None or a list of module names, got {_shown(self.watch)}")
             self.watch = tuple(self.watch)
+        init_scale = _real("init_scale", self.init_scale)
+        if not (math.isfinite(init_scale) and init_scale >= 0):
+            raise ValueError(f"init_scale must be a finite number >= 0, got {_shown(self.init_scale)}")
+        _real("growth_factor", self.growth_factor)
+        _real("backoff_factor", self.backoff_factor)
+        if not math.isfinite(self.growth_factor):
+            raise ValueError(f"growth_factor must be a finite number above 1, got {_shown(self.growth_factor)}")
+        if not isinstance(self.keep_grads, (bool, np.bool_)):
+            raise TypeError(f"keep_grads must be True or False, got {_shown(self.keep_grads)}")
         _check_scaler_settings(self.growth_factor, self.backoff_factor, self.growth_interval)
 
     @property
@@ -132,16 +155,48 @@ class TrainConfig:
         return self.mode == "fp16+scaler"
 
 
+def _shown(value, limit: int = 60) -> str:
+    """``repr(value)`` on one line, cut to ``limit`` characters, for a message."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _whole(name: str, value, lo: int, hi: int | None = None) -> int:
+    """``value`` as an int in [lo, hi] (a float such as 1e3 counts if whole), or a one-line error."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer, float, np.floating)) or (
+            isinstance(value, (float, np.floating)) and not float(value).is_integer()):
+        raise TypeError(f"{name} must be a whole number, got {_shown(value)}")
+    v = int(value)
+    if v < lo or (hi is not None and v > hi):
+        raise ValueError(f"{name} must be between {lo:,} and {hi:,}, got {v:,}" if hi is not None
+                         else f"{name} must be at least {lo:,}, got {v:,}")
+    return v
+
+
+def _real(name: str, value) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {_shown(value)}")
+    return float(value)
+
+
+def _iterable(name: str, value):
+    try:
+        return list(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a list, got {_shown(value)}") from None
+
+
 def _check_scaler_settings(growth_factor=None, backoff_factor=None, growth_interval=None):
     """The checks of GradScaler's constructor (which its setters skip), plus an integer interval."""
-    if growth_factor is not None and not growth_factor > 1.0:
-        raise ValueError(f"growth_factor must be > 1.0, got {growth_factor!r}")
-    if backoff_factor is not None and not 0.0 < backoff_factor < 1.0:
-        raise ValueError(f"backoff_factor must be between 0 and 1, got {backoff_factor!r}")
-    if growth_interval is not None and (isinstance(growth_interval, bool)
-                                        or int(growth_interval) != growth_interval
-                                        or growth_interval < 1):
-        raise ValueError(f"growth_interval must be an integer >= 1, got {growth_interval!r}")
+    if growth_factor is not None and not _real("growth_factor", growth_factor) > 1.0:
+        raise ValueError(f"growth_factor must be > 1.0, got {_shown(growth_factor)}")
+    if backoff_factor is not None and not 0.0 < _real("backoff_factor", backoff_factor) < 1.0:
+        raise ValueError(f"backoff_factor must be between 0 and 1, got {_shown(backoff_factor)}")
+    if growth_interval is not None:
+        try:
+            _whole("growth_interval", growth_interval, 1)
+        except (TypeError, ValueError):
+            raise ValueError(f"growth_interval must be an integer >= 1, got {_shown(growth_interval)}") from None
 
 
 @dataclass

@@ -99,3 +99,33 @@ def test_huge_or_odd_sizes_are_refused_before_allocating(steps):
             assert "\n" not in str(e)
             continue
         assert len(out) == steps
+
+
+# ----- ampviz.live: settings and saved runs -----
+LIVE_FIELDS = ["model", "mode", "steps", "lr", "batch_size", "seed", "device", "census_every", "census_fmt",
+               "watch", "init_scale", "growth_factor", "backoff_factor", "growth_interval", "keep_grads"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(kwargs=st.dictionaries(st.sampled_from(LIVE_FIELDS), SMALL, max_size=4))
+def test_train_config_answers_or_refuses_in_one_line(kwargs):
+    from ampviz import live
+
+    _call(live.TrainConfig, kwargs)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(st.binary(max_size=300), st.text(max_size=300).map(str.encode),
+                      st.text(max_size=200).map(lambda t: ("# ampviz run " + t).encode())))
+def test_load_run_reads_a_run_or_says_what_is_wrong(tmp_path, data):
+    from ampviz import live
+
+    for suffix in (".csv", ".json"):
+        path = tmp_path / f"run{suffix}"
+        path.write_bytes(data)
+        try:
+            run = live.load_run(path)
+        except (ValueError, TypeError) as e:
+            assert str(e).strip() and "\n" not in str(e)
+        else:
+            assert isinstance(run, live.Run)
