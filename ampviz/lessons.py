@@ -239,19 +239,30 @@ def update_table(w=1.0, formats=("fp32", "bf16", "fp16")) -> Table:
 def accumulate(w0, update, steps: int, fmt) -> np.ndarray:
     """The weight after each of ``steps`` additions of ``update``, all stored in ``fmt``.
 
-    Returns ``steps + 1`` values (the start included), as float64.
+    Returns ``steps + 1`` values (the start included), as float64. Once an addition leaves the
+    weight unchanged (the update is lost), every later one does too, so the rest is filled at once.
     """
     fmt = get_format(fmt)
-    if steps < 0:
-        raise ValueError(f"steps must be >= 0, got {steps}")
+    if isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)):
+        raise TypeError(f"steps must be a whole number, got {type(steps).__name__}")
+    if not 0 <= steps <= MAX_ACCUMULATE_STEPS:
+        raise ValueError(f"steps must be between 0 and {MAX_ACCUMULATE_STEPS:,} (each is one rounded "
+                         f"addition), got {steps:,}")
     w = float(fmt.quantize(w0))
     u = float(fmt.quantize(update))
     out = np.empty(steps + 1)
     out[0] = w
     for i in range(1, steps + 1):
-        w = float(add(w, u, fmt))
-        out[i] = w
+        nxt = float(add(w, u, fmt))
+        if nxt == w or (math.isnan(nxt) and math.isnan(w)):  # stalled: every later step gives the same
+            out[i:] = nxt
+            break
+        w = out[i] = nxt
     return out
+
+
+#: The most additions ``accumulate`` makes (each is a rounded addition in Python).
+MAX_ACCUMULATE_STEPS = 100_000
 
 
 def stall_table(w0=1.0, update=1e-4, steps=1000, formats=("fp16", "bf16", "fp32"),
