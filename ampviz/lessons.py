@@ -274,10 +274,10 @@ def stall_table(w0=1.0, update=1e-4, steps=1000, formats=("fp16", "bf16", "fp32"
     """
     rows = []
     for f in map(get_format, formats):
-        end = accumulate(w0, update, steps, f)[-1]
+        end = float(accumulate(w0, update, steps, f)[-1])  # a Python float: inf - inf is NaN, no warning
         rows.append((f"{f.name} weight", number(end), number(end - float(f.quantize(w0)))))
     master, model = get_format(master), get_format(model)
-    end = accumulate(w0, update, steps, master)[-1]
+    end = float(accumulate(w0, update, steps, master)[-1])
     copy = float(model.quantize(end))
     rows.append((f"{master.name} master, {model.name} copy", number(copy),
                  number(copy - float(model.quantize(w0)))))
