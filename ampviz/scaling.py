@@ -27,8 +27,11 @@ This module needs numpy only.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import numbers
 import struct
+from array import array
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -168,32 +171,56 @@ class DynamicScaler:
     source: str = field(default="", compare=False)
 
     def __post_init__(self):
-        """Reject what torch's GradScaler rejects (and types it would fail on later); accept the
-        rest, odd values included (a backoff of 0, a NaN factor, an infinite initial scale), so
-        that their consequences can be shown. The ScalerLab checks its sliders more strictly."""
+        """Reject what torch's GradScaler rejects, and types it would fail on later (a TypeError
+        naming the field); accept the rest, odd values included (a backoff of 0, a NaN factor, an
+        infinite initial scale), so that their consequences can be shown. The ScalerLab checks its
+        sliders more strictly. Numbers are stored as Python floats and ints."""
+        for name in ("name", "source", "arithmetic", "refill"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"{name} must be a string such as {_DEFAULTS[name]!r}, "
+                                f"not {_shown(getattr(self, name))}")
+        for name in ("growth_interval", "hysteresis", "tracker_after_overflow"):
+            value = getattr(self, name)
+            if not _whole_number(value):
+                raise TypeError(f"{name} must be a whole number such as {_DEFAULTS[name]!r}, not {_shown(value)}")
+            object.__setattr__(self, name, int(value))
+        for name in ("init_scale", "growth_factor", "backoff_factor", "tolerance",
+                     "min_scale", "max_scale", "raise_at_scale", "no_backoff_below"):
+            value = getattr(self, name)
+            if value is None and _DEFAULTS[name] is None:
+                continue
+            if not _number(value):
+                default = _DEFAULTS[name]
+                raise TypeError(f"{name} must be a number" + (" or None" if default is None else
+                                                              f" such as {default!r}") + f", not {_shown(value)}")
+            try:
+                object.__setattr__(self, name, float(value))
+            except OverflowError:
+                raise ValueError(f"{name} is too large for a float: {_shown(value)}") from None
+        for name in ("raise_at_min", "growth_at_least", "inf_guard", "window_scaling", "dynamic"):
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{name} must be True or False, not {_shown(value)}")
+            object.__setattr__(self, name, bool(value))
         errors = []
         if self.arithmetic not in ARITHMETIC:
             errors.append(f"arithmetic must be one of {', '.join(ARITHMETIC)}, not {self.arithmetic!r}")
         if self.refill not in ("growth", "clean"):
             errors.append(f"refill must be 'growth' or 'clean', not {self.refill!r}")
-        if isinstance(self.growth_interval, bool) or not isinstance(self.growth_interval, (int, np.integer)):
-            errors.append(f"growth_interval must be a whole number of steps, not {self.growth_interval!r}")
-        if isinstance(self.hysteresis, bool) or not isinstance(self.hysteresis, (int, np.integer)) \
-                or self.hysteresis < 1:
-            errors.append(f"hysteresis must be a whole number >= 1, not {self.hysteresis!r}")
-        for name in ("init_scale", "growth_factor", "backoff_factor", "tolerance"):
-            if not _number(getattr(self, name)):
-                errors.append(f"{name} must be a number, not {getattr(self, name)!r}")
-        for name in ("min_scale", "max_scale", "raise_at_scale", "no_backoff_below"):
-            if getattr(self, name) is not None and not _number(getattr(self, name)):
-                errors.append(f"{name} must be a number or None, not {getattr(self, name)!r}")
-        if not errors and self.dynamic:
+        if not -2**63 <= self.growth_interval < 2**63:  # torch passes it to its kernel as an int64
+            errors.append(f"growth_interval must fit in an int64 (such as 2000), not {self.growth_interval}")
+        if not 1 <= self.hysteresis < 2**31:  # a count of overflows, kept (as torch's tracker) in an int32
+            errors.append(f"hysteresis must be a whole number >= 1 (and below 2**31), not {self.hysteresis!r}")
+        if not -2**31 <= self.tracker_after_overflow < 2**31:  # torch keeps the tracker in an int32
+            errors.append(f"tracker_after_overflow must fit in an int32 (such as 0 or -1), not {self.tracker_after_overflow}")
+        if math.isnan(self.tolerance):
+            errors.append("tolerance must be a number, not NaN (0 backs off at every overflow)")
+        if self.dynamic:
             if self.growth_factor <= 1.0:  # torch: "The growth factor must be > 1.0."
                 errors.append(f"growth_factor must be > 1.0, not {self.growth_factor!r}")
             if self.backoff_factor >= 1.0:  # torch: "The backoff factor must be < 1.0."
                 errors.append(f"backoff_factor must be < 1.0, not {self.backoff_factor!r}")
-        if not errors and self.arithmetic != "float64" and math.isfinite(self.init_scale) \
-                and abs(self.init_scale) > _FLT_MAX:
+        if self.arithmetic != "float64" and math.isfinite(self.init_scale) and abs(self.init_scale) > _FLT_MAX:
             errors.append(f"init_scale {self.init_scale!r} does not fit in float32 (torch raises at the first scale())")
         if errors:
             raise ValueError("; ".join(errors))
@@ -209,7 +236,17 @@ class DynamicScaler:
                            window=int(self.growth_interval) if self.window_scaling else 0)
 
     def adjust(self, state: ScalerState, found_inf: bool) -> ScalerState:
-        """The state after one step that did (``found_inf``) or did not overflow."""
+        """The state after one step that did (``found_inf``: True or False, or 1/0) or did not
+        overflow."""
+        if not (type(state) is ScalerState and type(state.scale) is float and type(state.growth_tracker) is int
+                and type(state.hysteresis) is int and type(state.window) is int and type(state.stopped) is bool
+                and type(state.overflows_since_rescale) is int and type(state.steps_since_rescale) is int
+                and state.steps_since_rescale >= 0):
+            state = _check_state(state)
+        if not isinstance(found_inf, (bool, np.bool_)):
+            if not (_whole_number(found_inf) and found_inf in (0, 1)):
+                raise TypeError(f"found_inf must be True or False (did the step overflow?), not {_shown(found_inf)}")
+            found_inf = bool(found_inf)
         if state.stopped or not self.dynamic:
             return state
         counting = self.tolerance > 0  # fairseq's tolerance counters
@@ -290,10 +327,59 @@ class DynamicScaler:
 
 
 def _number(x) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+    """A real number (an int, float, numpy scalar...), not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def _whole_number(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def _shown(value, limit: int = 60) -> str:
+    """``repr(value)`` on one line, cut to ``limit`` characters, for a message."""
+    try:
+        text = " ".join(repr(value).split())
+    except Exception:  # an object whose repr fails is still named
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DynamicScaler)}
 
 
 _FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _real(name: str, value, what: str) -> float:
+    """A preset's numeric argument as a float, or one clear error naming it and what to pass."""
+    if not _number(value):
+        raise TypeError(f"{name} must be a number ({what}), not {_shown(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} is too large for a float ({what}): {_shown(value)}") from None
+
+
+def _steps_count(name: str, value, what: str) -> int:
+    """A preset's window or count: a whole number >= 1 (the frameworks divide by it or count to it)."""
+    if not _whole_number(value):
+        raise TypeError(f"{name} must be a whole number of steps ({what}), not {_shown(value)}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1 ({what}), not {value}")
+    return int(value)
+
+
+def _tolerance(value, what: str) -> float:
+    value = _real("tolerance", value, what)
+    if math.isnan(value):
+        raise ValueError(f"tolerance must be a number ({what}), not NaN")
+    return value
+
+
+def _flag(name: str, value, what: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False ({what}), not {_shown(value)}")
+    return bool(value)
 
 
 def TorchGradScaler(init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
@@ -314,6 +400,7 @@ def TorchGradScaler(init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
 
 def StaticScaler(scale=2.0**10) -> DynamicScaler:
     """A static loss scale: never changes (an overflowing step is still reported as skipped)."""
+    scale = _real("scale", scale, "the fixed loss scale, such as 1024.0")
     return DynamicScaler(name=f"static {scale:g}", init_scale=scale, dynamic=False, growth_interval=0,
                          arithmetic="float64", source="a fixed scale, e.g. Apex loss_scale=128")
 
@@ -333,8 +420,13 @@ def ApexAmpScaler(init_scale=2.0**16, growth_interval=2000, min_scale=None, max_
     it, capped at ``max_loss_scale``. The factors are hard-coded (``scale_factor`` is stored but
     unused), the scale is a Python float, and it starts at ``min(max_loss_scale, init_scale)``.
     Apex's names: ``init_scale``, ``scale_window`` (growth_interval), ``min_loss_scale`` (None or 0:
-    no floor), ``max_loss_scale``.
+    no floor), ``max_loss_scale`` (``math.inf``: no cap).
     """
+    init_scale = _real("init_scale", init_scale, "apex's init_scale, such as 2**16")
+    growth_interval = _steps_count("growth_interval", growth_interval, "apex's scale_window, such as 2000")
+    if min_scale is not None:
+        min_scale = _real("min_scale", min_scale, "apex's min_loss_scale, or None for no floor")
+    max_scale = _real("max_scale", max_scale, "apex's max_loss_scale, such as 2**24, or math.inf for no cap")
     return DynamicScaler(
         name="apex amp", init_scale=min(max_scale, init_scale), growth_interval=growth_interval,
         min_scale=min_scale or None, max_scale=max_scale, inf_guard=False, arithmetic="float64",
@@ -385,10 +477,17 @@ def DeepSpeedZeroScaler(init_scale=None, growth_interval=1000, hysteresis=None, 
     ``config_defaults=False``. Given arguments override either. (The raise tests
     ``scale == min``: the same as here for ``init_scale >= min_scale``.)
     """
+    config_defaults = _flag("config_defaults", config_defaults, "True: the fp16 config's defaults")
     if init_scale is None:
         init_scale = 2.0**16 if config_defaults else 2.0**32
     if hysteresis is None:
         hysteresis = 2 if config_defaults else 1
+    init_scale = _real("init_scale", init_scale, "2 ** initial_scale_power, or None for the default")
+    growth_interval = _steps_count("growth_interval", growth_interval, "DeepSpeed's loss_scale_window, such as 1000")
+    hysteresis = _steps_count("hysteresis", hysteresis, "DeepSpeed's hysteresis, such as 2, or None for the default")
+    min_scale = _real("min_scale", min_scale, "DeepSpeed's min_loss_scale, such as 1")
+    consecutive_hysteresis = _flag("consecutive_hysteresis", consecutive_hysteresis, "DeepSpeed's setting")
+    raise_at_min = _flag("raise_at_min", raise_at_min, "True: DeepSpeed's raise_error_at_min_scale")
     return DynamicScaler(
         name="DeepSpeed ZeRO" if config_defaults else "DeepSpeed ZeRO (class defaults)",
         init_scale=init_scale, growth_interval=growth_interval, hysteresis=hysteresis,
@@ -412,6 +511,9 @@ def DeepSpeedScaler(init_scale=2.0**16, growth_interval=1000, min_scale=1.0) -> 
     2 until the first backoff makes it a float, which float64 follows exactly below 2**1024.
     Defaults: ``initial_scale_power`` 16, window 1000, min 1.
     """
+    init_scale = _real("init_scale", init_scale, "2 ** initial_scale_power, such as 2**16")
+    growth_interval = _steps_count("growth_interval", growth_interval, "DeepSpeed's loss_scale_window, such as 1000")
+    min_scale = _real("min_scale", min_scale, "DeepSpeed's min_loss_scale, such as 1")
     return DynamicScaler(
         name="DeepSpeed", init_scale=init_scale, growth_interval=growth_interval, min_scale=min_scale,
         tracker_after_overflow=-1, inf_guard=False, arithmetic="float64",
@@ -429,8 +531,17 @@ def MegatronScaler(init_scale=2.0**32, min_scale=1.0, growth_interval=1000, hyst
     growth tracker and uses up one unit of hysteresis; once none is left it backs off,
     ``max(scale * 0.5, min_scale)``. The ``loss_scale_window``-th clean step in a row doubles the
     scale and refills the hysteresis (only there). No inf guard, no maximum; the scale, factors
-    and minimum are float32 tensors.
+    and minimum are float32 tensors. Megatron asserts ``initial_scale > 0``, ``0 < min_scale <=
+    initial_scale``, ``growth_interval > 0`` and ``hysteresis > 0``; so does this preset.
     """
+    init_scale = _real("init_scale", init_scale, "Megatron's --initial-loss-scale, such as 2**32")
+    min_scale = _real("min_scale", min_scale, "Megatron's --min-loss-scale, such as 1.0")
+    growth_interval = _steps_count("growth_interval", growth_interval, "Megatron's --loss-scale-window, such as 1000")
+    hysteresis = _steps_count("hysteresis", hysteresis, "Megatron's --hysteresis, such as 2")
+    if not init_scale > 0:
+        raise ValueError(f"init_scale must be > 0 (Megatron asserts initial_scale > 0.0), not {init_scale!r}")
+    if not 0 < min_scale <= init_scale:
+        raise ValueError(f"min_scale must be > 0 and at most init_scale (Megatron asserts both), not {min_scale!r}")
     return DynamicScaler(
         name="Megatron", init_scale=init_scale, growth_interval=growth_interval, hysteresis=hysteresis,
         refill="growth", min_scale=_f32(min_scale), inf_guard=False, arithmetic="float32",
@@ -448,6 +559,8 @@ def KerasScaler(init_scale=2.0**15, growth_interval=2000) -> DynamicScaler:
     counter, else counts. The scale is a float32 variable. Keras's names: ``initial_scale``,
     ``dynamic_growth_steps`` (growth_interval); the multiplier is 2.
     """
+    init_scale = _real("init_scale", init_scale, "Keras's initial_scale, such as 2**15")
+    growth_interval = _steps_count("growth_interval", growth_interval, "Keras's dynamic_growth_steps, such as 2000")
     return DynamicScaler(
         name="Keras 2", init_scale=init_scale, growth_interval=growth_interval, min_scale=1.0,
         growth_at_least=True, inf_guard=True, arithmetic="float32",
@@ -463,6 +576,8 @@ def Keras3Scaler(init_scale=2.0**15, growth_interval=2000) -> DynamicScaler:
     doubles it when ``step_counter == dynamic_growth_steps - 1`` (no inf guard) and resets the
     counter, else counts. The scale is a float32 variable.
     """
+    init_scale = _real("init_scale", init_scale, "Keras's initial_scale, such as 2**15")
+    growth_interval = _steps_count("growth_interval", growth_interval, "Keras's dynamic_growth_steps, such as 2000")
     return DynamicScaler(
         name="Keras 3", init_scale=init_scale, growth_interval=growth_interval, inf_guard=False,
         arithmetic="float32",
@@ -482,7 +597,11 @@ def JmpScaler(init_scale=2.0**15, growth_interval=2000, growth_factor=2, min_sca
     power of two here: then ``scale / factor`` in float32 equals the multiplication by
     ``1 / factor`` that the simulation does.
     """
-    if not (_number(growth_factor) and growth_factor > 1 and math.frexp(growth_factor)[0] == 0.5):
+    init_scale = _real("init_scale", init_scale, "jmp's loss_scale, such as 2**15")
+    growth_interval = _steps_count("growth_interval", growth_interval, "jmp's period, such as 2000")
+    growth_factor = _real("growth_factor", growth_factor, "jmp's factor, a power of two such as 2")
+    min_scale = _real("min_scale", min_scale, "jmp's min_loss_scale, such as 1.0")
+    if not (growth_factor > 1 and math.isfinite(growth_factor) and math.frexp(growth_factor)[0] == 0.5):
         raise ValueError(f"growth_factor (jmp's factor) must be a power of two above 1, not {growth_factor!r}")
     return DynamicScaler(
         name="jmp", init_scale=init_scale, growth_factor=float(growth_factor),
@@ -510,10 +629,24 @@ def FairseqScaler(init_scale=None, growth_interval=None, tolerance=0.0, min_scal
     ``--min-loss-scale`` (raise_at_scale). ``cli_defaults=True``: the command line's 2**7 and a
     window of ``int(2**14 / world_size / update_freq)``; False: the class's 2**15 and 2000.
     """
+    cli_defaults = _flag("cli_defaults", cli_defaults, "True: the command line's defaults")
+    world_size = _steps_count("world_size", world_size, "the number of data-parallel workers, such as 1")
+    update_freq = _steps_count("update_freq", update_freq, "fairseq's --update-freq, such as 1")
     if init_scale is None:
         init_scale = 2.0**7 if cli_defaults else 2.0**15
     if growth_interval is None:
-        growth_interval = int(2**14 / world_size / update_freq) if cli_defaults else 2000
+        # fairseq's int(2**14 / world_size / update_freq), the same in whole numbers (any size)
+        growth_interval = 2**14 // (world_size * update_freq) if cli_defaults else 2000
+        if growth_interval < 1:
+            raise ValueError(f"world_size * update_freq must be at most 16384: fairseq's window "
+                             f"2**14 / world_size / update_freq would be 0 (pass growth_interval)")
+    init_scale = _real("init_scale", init_scale, "fairseq's --fp16-init-scale, or None for the default")
+    growth_interval = _steps_count("growth_interval", growth_interval,
+                                   "fairseq's --fp16-scale-window, or None for the default")
+    tolerance = _tolerance(tolerance, "fairseq's --fp16-scale-tolerance, such as 0.0")
+    if min_scale is not None:
+        min_scale = _real("min_scale", min_scale, "fairseq's --threshold-loss-scale, or None for no floor")
+    raise_at_scale = _real("raise_at_scale", raise_at_scale, "fairseq's --min-loss-scale, such as 1e-4")
     return DynamicScaler(
         name="fairseq" if cli_defaults else "fairseq (class defaults)", init_scale=init_scale,
         growth_interval=growth_interval, tolerance=tolerance, min_scale=min_scale,
@@ -536,6 +669,12 @@ def MetaseqScaler(init_scale=4.0, growth_interval=256, tolerance=0.0, min_scale=
     names: ``scale_window`` (growth_interval), ``threshold`` (min_scale, a floor),
     ``min_loss_scale`` (no_backoff_below).
     """
+    init_scale = _real("init_scale", init_scale, "metaseq's init_scale, such as 4.0")
+    growth_interval = _steps_count("growth_interval", growth_interval, "metaseq's scale_window, such as 256")
+    tolerance = _tolerance(tolerance, "metaseq's tolerance, such as 0.0")
+    if min_scale is not None:
+        min_scale = _real("min_scale", min_scale, "metaseq's threshold, or None for no floor")
+    no_backoff_below = _real("no_backoff_below", no_backoff_below, "metaseq's min_loss_scale, such as 2**-5")
     return DynamicScaler(
         name="metaseq", init_scale=init_scale, growth_interval=growth_interval, tolerance=tolerance,
         min_scale=min_scale, no_backoff_below=no_backoff_below, window_scaling=True, inf_guard=False,
@@ -551,6 +690,102 @@ PRESETS = {p.name: p for p in (
 )}
 
 
+# ------------------------------------------------------------------ inputs
+def _is_tensor(x) -> bool:
+    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "detach")
+
+
+def _as_array(name: str, values, what: str) -> np.ndarray:
+    """``values`` (a number, a list, a numpy array or a torch tensor) as a numpy array, or one
+    clear error that says what to pass."""
+    if isinstance(values, (str, bytes, bytearray)):
+        raise TypeError(f"{name} must be {what}, not a string")
+    if _is_tensor(values):
+        t = values.detach().cpu()
+        if t.is_complex():
+            raise TypeError(f"{name} must be real numbers, not a complex tensor")
+        try:
+            values = t.numpy()
+        except (TypeError, RuntimeError):  # bfloat16, float8: numpy has no such dtype
+            values = t.float().numpy()
+    try:
+        return np.asarray(values)
+    except (ValueError, TypeError, OverflowError):  # ragged lists, objects numpy cannot hold
+        raise ValueError(f"{name} must be {what}; got {_shown(values)}") from None
+
+
+def _real_values(name: str, values, what: str) -> np.ndarray:
+    """``values`` as a float64 array (any shape), or one clear error."""
+    arr = _as_array(name, values, what)
+    kind = arr.dtype.kind
+    if kind == "b":
+        raise TypeError(f"{name} must be {what}, not booleans")
+    if kind == "O":
+        if any(v is None or isinstance(v, (str, bytes, bool, np.bool_)) for v in arr.flat):
+            raise TypeError(f"{name} must be {what}; got {_shown(values)}")  # numpy would make None NaN
+        try:
+            return arr.astype(np.float64)
+        except OverflowError:
+            raise ValueError(f"{name} has a number too large for a float: pass {what}") from None
+        except (TypeError, ValueError):
+            raise TypeError(f"{name} must be {what}; got {_shown(values)}") from None
+    if kind not in "iuf":
+        raise TypeError(f"{name} must be {what} (real numbers), got {arr.dtype} values")
+    with np.errstate(over="ignore"):  # a longdouble beyond float64 is inf, as a cast makes it
+        return arr.astype(np.float64)
+
+
+def _flags(found_inf) -> np.ndarray:
+    """found_inf as a 1-D bool array: booleans, or 0/1 (ints or floats, as torch's found_inf)."""
+    what = "booleans, one per step (True where the step overflowed)"
+    arr = _as_array("found_inf", found_inf, what)
+    if arr.ndim != 1:
+        raise ValueError(f"found_inf must be a 1-D array, one entry per step (got shape {arr.shape})")
+    if arr.size == 0:  # an empty list is float64 to numpy: still an empty stream
+        return np.zeros(0, bool)
+    kind = arr.dtype.kind
+    if kind == "b":
+        return arr
+    if kind not in "iufO":
+        raise TypeError(f"found_inf must be booleans (one per step), got {arr.dtype} values")
+    try:
+        with np.errstate(invalid="ignore"):
+            one = np.asarray(arr == 1, dtype=bool)
+            zero = np.asarray(arr == 0, dtype=bool)
+    except (TypeError, ValueError):
+        raise TypeError(f"found_inf must be booleans (one per step); got {_shown(found_inf)}") from None
+    if one.shape != arr.shape or zero.shape != arr.shape:
+        raise TypeError(f"found_inf must be booleans (one per step); got {_shown(found_inf)}")
+    bad = ~(one | zero)
+    if bad.any():
+        k = int(np.argmax(bad))
+        value = arr[k].item() if isinstance(arr[k], np.generic) else arr[k]
+        raise ValueError(f"found_inf must be True/False (or 1/0) at every step; step {k} is {_shown(value)}")
+    return one
+
+
+def _gradients(grad_max) -> np.ndarray:
+    """grad_max as a 1-D array of real numbers."""
+    arr = _as_array("grad_max", grad_max, "numbers, the largest |gradient| of each step")
+    if arr.ndim != 1:
+        raise ValueError(f"grad_max must be a 1-D array, one entry per step (got shape {arr.shape})")
+    if arr.dtype.kind == "b":
+        raise TypeError("grad_max must be numbers (the largest |gradient| of each step), not booleans; "
+                        "give overflow flags as found_inf=")
+    if arr.dtype.kind in "iuf":
+        return arr
+    return _real_values("grad_max", arr, "numbers, the largest |gradient| of each step")
+
+
+def _overflow_format(fmt) -> FloatFormat:
+    fmt = get_format(fmt)
+    if fmt.specials != "ieee":
+        raise ValueError(
+            f"{fmt.name} saturates at {fmt.max:g} instead of overflowing to inf, so a loss scaler "
+            "never sees an overflow there; choose a format with inf such as fp16")
+    return fmt
+
+
 # ------------------------------------------------------------------ overflow model
 def overflows(scale, grad_max, fmt: FloatFormat | str = FP16) -> np.ndarray:
     """Whether a step whose largest unscaled gradient is ``grad_max`` overflows at ``scale``.
@@ -560,16 +795,90 @@ def overflows(scale, grad_max, fmt: FloatFormat | str = FP16) -> np.ndarray:
     ``f16(f16(scale) * f16(g))``. It overflows when that is inf or NaN; by monotone rounding the
     largest |g| decides for a whole tensor. The product of two fp16 (or bf16, fp32) values is exact
     in float64, so only its final rounding matters: |product| >= ``fmt.overflow_boundary``.
+    ``scale`` and ``grad_max`` are numbers or arrays of matching (broadcastable) shapes.
     """
-    fmt = get_format(fmt)
-    if fmt.specials != "ieee":
-        raise ValueError(
-            f"{fmt.name} saturates at {fmt.max:g} instead of overflowing to inf, so a loss scaler "
-            "never sees an overflow there; choose a format with inf such as fp16")
-    qs = np.abs(np.asarray(fmt.quantize(scale), dtype=np.float64))
-    qg = np.abs(np.asarray(fmt.quantize(np.asarray(grad_max, dtype=np.float64)), dtype=np.float64))
+    fmt = _overflow_format(fmt)
+    s = _real_values("scale", scale, "a number (the loss scale) or an array of them")
+    g = _real_values("grad_max", grad_max, "numbers (the largest |gradient| of each step)")
+    try:
+        np.broadcast_shapes(s.shape, g.shape)
+    except ValueError:
+        raise ValueError(f"scale and grad_max must have matching shapes (or one be a single number); "
+                         f"got {s.shape} and {g.shape}") from None
+    qs = np.abs(np.asarray(fmt.quantize(s), dtype=np.float64))
+    qg = np.abs(np.asarray(fmt.quantize(g), dtype=np.float64))
+    return _overflowing(qs, qg, fmt)
+
+
+def _overflowing(qs, qg, fmt: FloatFormat):
+    """The overflow test on magnitudes already cast to ``fmt`` (kept in one place: every path
+    of the simulator uses it or a threshold derived from it)."""
     with np.errstate(invalid="ignore", over="ignore"):
         return ~(qs * qg < fmt.overflow_boundary)  # NaN (0 * inf, NaN input) counts as overflow
+
+
+def _ulp_exponent(fmt: FloatFormat, x: np.ndarray) -> np.ndarray:
+    """The exponent of one ulp of ``fmt`` at each magnitude x >= 0 (finite)."""
+    _, e = np.frexp(x)
+    return np.maximum(e - 1, fmt.emin) - fmt.mantissa_bits
+
+
+def _thresholds(fmt: FloatFormat, qg: np.ndarray, scale64: bool) -> np.ndarray:
+    """For gradient magnitudes already cast to ``fmt`` (``qg``, float64): the threshold of each,
+    such that a step overflows at scale S exactly when ``not abs(S) < threshold``.
+
+    S is a float32 value, or any float64 with ``scale64``; either is cast to float32 and then to
+    ``fmt``, as ``overflows`` casts it. The cast is monotone, so the overflowing scales are those
+    from the threshold up: the least S whose cast v has v * qg >= B (B = fmt.overflow_boundary,
+    the product exact in float64). v is the least grid value >= B / qg (one grid step up where the
+    quotient was rounded down; inf where no finite value overflows; 0 where qg is inf), and the
+    threshold the least float32 that the cast rounds to v or above: the midpoint below v, or the
+    next float32 where that tie rounds down. For float64 scales, the least float64 that rounds to
+    that float32 or above, found the same way.
+    """
+    B = fmt.overflow_boundary
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        v0 = B / qg
+        finite = np.isfinite(v0)
+        x = np.where(finite, v0, 0.0)
+        e = _ulp_exponent(fmt, x)
+        v = np.ldexp(np.ceil(np.ldexp(x, -e)), e)  # the least grid value >= v0
+        v = np.where(v * qg < B, v + np.ldexp(1.0, _ulp_exponent(fmt, v)), v)
+        v = np.where(finite & (v <= fmt.max), v, np.inf)
+        pe = _ulp_exponent(fmt, np.where(np.isinf(v), 0.0, v))
+        power = (np.frexp(v)[0] == 0.5) & (v > fmt.smallest_normal)  # the ulp below v is half as big
+        mid = np.where(np.isinf(v), B, v - np.ldexp(0.5, pe - power))
+        c = mid.astype(np.float32)
+        up = np.float32(np.inf)
+        c = np.where(c < mid, np.nextafter(c, up), c)
+        c = np.where((c == mid) & (_cast_array(fmt, c) < v), np.nextafter(c, up), c)
+        thr = np.where(v == 0, 0.0, c.astype(np.float64))
+        if not scale64:
+            return thr
+        below = np.nextafter(thr.astype(np.float32), np.float32(0)).astype(np.float64)
+        mid = (below + np.where(np.isinf(thr), 2.0**128, thr)) / 2
+        thr64 = np.where(mid.astype(np.float32).astype(np.float64) >= thr, mid, np.nextafter(mid, np.inf))
+        return np.where(thr == 0, 0.0, thr64)
+
+
+def _cast_array(fmt: FloatFormat, x: np.ndarray) -> np.ndarray:
+    """float32 values cast to ``fmt``, as float64."""
+    if fmt is FP16:  # numpy's own float32 -> float16 cast rounds exactly as torch's
+        return x.astype(np.float16).astype(np.float64)
+    return np.asarray(fmt.quantize(x), dtype=np.float64)
+
+
+_FP16_THRESHOLDS: dict = {}
+
+
+def _fp16_thresholds(scale64: bool) -> np.ndarray:
+    """``_thresholds`` for every fp16 value from +0 to +inf, indexed by its bit pattern."""
+    table = _FP16_THRESHOLDS.get(scale64)
+    if table is None:
+        q = np.arange(0x7C01, dtype=np.uint16).view(np.float16).astype(np.float64)
+        table = _FP16_THRESHOLDS[scale64] = _thresholds(FP16, q, scale64)
+        table.flags.writeable = False
+    return table
 
 
 # ------------------------------------------------------------------ traces
@@ -607,58 +916,81 @@ class ScalerTrace:
                 + (f", stopped at step {self.stopped_at}" if self.stopped_at is not None else "") + ")")
 
 
-def _check_stream(name: str, values, dtype) -> np.ndarray:
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D array, one entry per step (got shape {arr.shape})")
-    if dtype is bool and arr.dtype != bool:
-        if arr.dtype.kind not in "iub":
-            raise TypeError(f"found_inf must be booleans (one per step), got {arr.dtype}")
-        arr = arr != 0
-    return arr
+def _check_state(state) -> ScalerState:
+    """A starting state given to ``simulate``: a ScalerState of sensible values, or one clear error."""
+    if not isinstance(state, ScalerState):
+        raise TypeError(f"state must be a ScalerState (e.g. policy.initial_state()), got {_shown(state)}")
+    if not _number(state.scale):
+        raise TypeError(f"state.scale must be a number, not {_shown(state.scale)}")
+    ints = {}
+    for name, low, high in (("growth_tracker", -2**31, 2**31), ("hysteresis", -2**31, 2**31),
+                            ("overflows_since_rescale", 0, 2**62), ("steps_since_rescale", 0, 2**62),
+                            ("window", -2**62, 2**62)):
+        v = getattr(state, name)
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"state.{name} must be a whole number, not {_shown(v)}")
+        if not low <= v < high:
+            raise ValueError(f"state.{name} must be a whole number from {low} to {high - 1}, not {v}")
+        ints[name] = int(v)
+    if not isinstance(state.stopped, (bool, np.bool_)):
+        raise TypeError(f"state.stopped must be True or False, not {_shown(state.stopped)}")
+    try:
+        scale = float(state.scale)
+    except OverflowError:
+        raise ValueError(f"state.scale {state.scale!r} does not fit in a float") from None
+    return ScalerState(scale=scale, stopped=bool(state.stopped), **ints)
 
 
 def simulate(policy: DynamicScaler, *, found_inf=None, grad_max=None, fmt=FP16,
              state: ScalerState | None = None) -> ScalerTrace:
     """Run ``policy`` over a stream of steps.
 
-    Give exactly one of ``found_inf`` (bool per step: the step overflowed) or ``grad_max`` (the
-    largest unscaled |gradient| per step: the step overflows when ``overflows(scale, g, fmt)`` at
-    the scale of that step). ``state`` starts from a given state instead of the initial one.
+    Give exactly one of ``found_inf`` (bool per step: the step overflowed; 0/1 work too) or
+    ``grad_max`` (the largest unscaled |gradient| per step: the step overflows when
+    ``overflows(scale, g, fmt)`` at the scale of that step). ``state`` starts from a given state
+    instead of the initial one. An empty stream gives an empty trace.
     """
+    if not isinstance(policy, DynamicScaler):
+        raise TypeError(f"policy must be a DynamicScaler (e.g. TorchGradScaler()), got {_shown(policy)}")
     if (found_inf is None) == (grad_max is None):
         raise ValueError("give exactly one of found_inf (bool per step) or grad_max (max |gradient| per step)")
-    if not isinstance(policy, DynamicScaler):
-        raise TypeError(f"policy must be a DynamicScaler (e.g. TorchGradScaler()), got {policy!r}")
-    st = policy.initial_state() if state is None else state
+    st = policy.initial_state() if state is None else _check_state(state)
+    fmt = get_format(fmt)
     if found_inf is not None:
-        flags = _check_stream("found_inf", found_inf, bool)
+        flags = _flags(found_inf)
         n = flags.size
-        events = np.flatnonzero(flags)
-        next_overflow = _FixedOverflows(events)
+        stream = _FixedOverflows(flags)
     else:
-        g = _check_stream("grad_max", grad_max, float)
+        g = _gradients(grad_max)
         n = g.size
-        next_overflow = _ScaleDependentOverflows(g, get_format(fmt))
+        stream = _ScaleDependentOverflows(g, _overflow_format(fmt))
     with np.errstate(over="ignore", invalid="ignore"):
-        return _run(policy, st, n, next_overflow)
+        return _run(policy, st, n, stream)
 
 
 class _FixedOverflows:
-    """Overflow steps known in advance."""
+    """Overflow steps known in advance (``found_inf``)."""
 
-    def __init__(self, events: np.ndarray):
-        self.events = events
-        self.k = 0
+    known = True
+
+    def __init__(self, flags: np.ndarray):
+        self.flags = flags
+        self.events = np.flatnonzero(flags)
 
     def first(self, start: int, stop: int, scale: float):
-        ev, k = self.events, self.k
-        while k < ev.size and ev[k] < start:
-            k += 1
-        self.k = k
-        if k < ev.size and ev[k] < stop:
-            return int(ev[k])
+        """The first overflowing step in [start, stop), or None."""
+        k = int(np.searchsorted(self.events, start))
+        if k < self.events.size and self.events[k] < stop:
+            return int(self.events[k])
         return None
+
+    def mask(self, lo: int, hi: int, scale: float) -> np.ndarray:
+        """Which steps of [lo, hi) overflow at ``scale``."""
+        return self.flags[lo:hi]
+
+    def chunk(self, lo: int, hi: int, scale64: bool) -> bytes:
+        """The steps [lo, hi) for the step-by-step loop: one byte per step, 1 = overflow."""
+        return self.flags[lo:hi].tobytes()
 
 
 def _f16(x: float) -> float:
@@ -684,8 +1016,10 @@ class _ScaleDependentOverflows:
     """Overflow steps that depend on the scale: the first step in a range whose gradient
     overflows at the current scale. Rounding is monotone, so a block of steps holds an overflow
     exactly when its largest |gradient| overflows: per-block maxima find it, and only the few
-    values looked at are cast to ``fmt``."""
+    values looked at are cast to ``fmt``. The step-by-step loop instead compares the scale with
+    a per-step threshold (``_thresholds``)."""
 
+    known = False
     BLOCK = 512
 
     def __init__(self, g: np.ndarray, fmt: FloatFormat):
@@ -701,20 +1035,22 @@ class _ScaleDependentOverflows:
         self._qs = {}
 
     def _cast(self, x: np.ndarray) -> np.ndarray:
-        if self.fmt is FP16:  # numpy's own float32 -> float16 cast rounds exactly as torch's
-            return x.astype(np.float16).astype(np.float64)
-        return np.asarray(self.fmt.quantize(x), dtype=np.float64)
+        return _cast_array(self.fmt, x)
 
-    def _over(self, qs: float, values: np.ndarray) -> np.ndarray:
-        """(Called under np.errstate: overflow and 0 * inf are the point.)"""
-        return ~(qs * self._cast(values) < self.boundary)
-
-    def first(self, start: int, stop: int, scale: float):
-        if start >= stop:
-            return None
+    def _scale(self, scale: float) -> float:
         qs = self._qs.get(scale)
         if qs is None:
             qs = self._qs[scale] = abs(_cast_scalar(self.fmt, scale))
+        return qs
+
+    def _over(self, qs: float, values: np.ndarray) -> np.ndarray:
+        return _overflowing(qs, self._cast(values), self.fmt)
+
+    def first(self, start: int, stop: int, scale: float):
+        """The first overflowing step in [start, stop) at ``scale``, or None."""
+        if start >= stop:
+            return None
+        qs = self._scale(scale)
         b, a = self.BLOCK, self.a
         end = min(stop, (start // b + 1) * b)  # the partial block at the start
         hit = self._over(qs, a[start:end])
@@ -732,6 +1068,18 @@ class _ScaleDependentOverflows:
             return lo + int(np.argmax(hit))
         return None  # that block's largest value lies at or beyond stop
 
+    def mask(self, lo: int, hi: int, scale: float) -> np.ndarray:
+        """Which steps of [lo, hi) overflow at ``scale``."""
+        return self._over(self._scale(scale), self.a[lo:hi])
+
+    def chunk(self, lo: int, hi: int, scale64: bool) -> np.ndarray:
+        """The steps [lo, hi) for the step-by-step loop: each step's threshold (float64)."""
+        a = self.a[lo:hi]
+        with np.errstate(over="ignore"):  # beyond fp16's range is inf: the point
+            if self.fmt is FP16:
+                return _fp16_thresholds(scale64)[a.astype(np.float16).view(np.uint16)]
+            return _thresholds(self.fmt, self._cast(a), scale64)
+
 
 _RAMP = np.arange(1, 1, dtype=np.int32)
 
@@ -745,64 +1093,490 @@ def _ramp(n: int) -> np.ndarray:
     return _RAMP[:n]
 
 
-def _run(policy: DynamicScaler, st: ScalerState, n: int, next_overflow) -> ScalerTrace:
-    """Event by event: clean stretches are numpy fills, overflows and growths go through
-    ``policy.adjust``, so the trace equals stepping ``adjust`` once per step."""
-    scale = np.empty(n, np.float64 if policy.arithmetic == "float64" else np.float32)
-    skipped = np.zeros(n, bool)
-    tracker = np.empty(n, np.int32)  # torch keeps its growth tracker in an int32
-    fixed_hyst = policy.hysteresis == 1 and st.hysteresis == 1  # never changes
-    hyst = np.broadcast_to(np.int32(1), (n,)) if fixed_hyst else np.full(n, st.hysteresis, np.int32)
-    ramp = _ramp(n)
-    refill_clean = policy.refill == "clean"
-    counting = policy.tolerance > 0
+# How the simulator divides the work (the trace equals stepping ``adjust`` either way):
+_CHUNK = 16384  # steps per chunk of the step-by-step loop (its inputs are prepared per chunk)
+_DENSE_GAP = 128  # events this close to the one before, _DENSE_EVENTS times in a row, hand over
+_DENSE_EVENTS = 8  # to the step-by-step loop
+_SPARSE_EVENTS = 64  # a chunk with fewer events hands back to the event-by-event numpy search
+_STRETCH = 256  # a fixed scale is followed to the next growth with numpy when that is this far
+
+
+def _array_rounds_to_float32() -> bool:
+    """Whether storing a double in an ``array('f')`` rounds it as a C cast does (to nearest even,
+    inf beyond float32's range), so the step-by-step loop can round with it."""
+    a = array("f", [1e300, -1e300, 2.0**-150, 1 + 2.0**-24, 1 + 3 * 2.0**-24, 3.4028235677973366e38])
+    return list(a) == [math.inf, -math.inf, 0.0, 1.0, 1 + 2.0**-22, math.inf]
+
+
+_FAST_F32 = _array_rounds_to_float32()
+
+
+class _TraceArrays:
+    """The arrays of a trace being filled, and the policy's constants that shape them."""
+
+    def __init__(self, policy: DynamicScaler, st: ScalerState, n: int):
+        self.policy = policy
+        self.scale = np.empty(n, np.float64 if policy.arithmetic == "float64" else np.float32)
+        self.skipped = np.zeros(n, bool)
+        self.tracker = np.empty(n, np.int32)  # torch keeps its growth tracker in an int32
+        self.fixed_hyst = policy.hysteresis == 1 and st.hysteresis == 1  # never changes
+        self.hyst = (np.broadcast_to(np.int32(1), (n,)) if self.fixed_hyst
+                     else np.full(n, st.hysteresis, np.int32))
+
+    def step(self, k: int, scale: float, skipped: bool, tracker: int, hyst: int) -> None:
+        self.scale[k] = scale
+        self.skipped[k] = skipped
+        self.tracker[k] = np.int64(tracker).astype(np.int32)
+        if not self.fixed_hyst:
+            self.hyst[k] = hyst
+
+    def session(self, c0: int, c1: int, s0: float, t0: int, h0: int, evp: array, evs: array,
+                runs: list) -> None:
+        """Steps [c0, c1) of the step-by-step loop, rebuilt from its events: ``evp`` the steps
+        where the state changed (~k for an overflow, k for a growth), ``evs`` the scale after
+        each, ``runs`` stretches (a, b, overflowed) of steps that left the state as it was.
+        Between events the scale stands still and the tracker counts clean steps; the tracker
+        and hysteresis follow from which steps overflowed and which grew."""
+        size = c1 - c0
+        if size <= 0:
+            return
+        p = policy = self.policy
+        pos = np.frombuffer(evp, np.int64) if len(evp) else np.zeros(0, np.int64)
+        over = pos < 0
+        pos = np.where(over, ~pos, pos) - c0
+        vals = np.frombuffer(evs, self.scale.dtype) if len(evs) else np.zeros(0, self.scale.dtype)
+        counts = np.diff(np.concatenate(([0], pos + 1, [size])))
+        self.scale[c0:c1] = np.repeat(np.concatenate((np.asarray([s0], self.scale.dtype), vals)), counts)
+        sk = np.zeros(size, bool)
+        sk[pos[over]] = True
+        grew = np.zeros(size, bool)
+        grew[pos[~over]] = True
+        for a, b, overflowed in runs:
+            if isinstance(overflowed, np.ndarray):  # a stretch at a fixed scale, without growth
+                sk[a - c0:b - c0] = overflowed
+            else:
+                (sk if overflowed else grew)[a - c0:b - c0] = True
+        self.skipped[c0:c1] = sk
+        idx = np.arange(size)
+        # the tracker counts clean steps from the last step that reset it: an overflow (to
+        # tracker_after_overflow) or a growth (to 0; not with a window)
+        if not runs:  # the resets are events: a ramp per stretch between them
+            resets = pos if not p.window_scaling else pos[over]
+            value = np.where(over, np.int64(p.tracker_after_overflow), np.int64(0))
+            value = value if not p.window_scaling else value[over]
+            base = np.concatenate(([np.int64(t0) + 1], value - resets))
+            counts = np.diff(np.concatenate(([0], resets, [size])))
+            self.tracker[c0:c1] = np.repeat(base, counts) + idx
+        else:
+            reset = sk if p.window_scaling else sk | grew
+            last = np.maximum.accumulate(np.where(reset, idx, -1))
+            value = np.where(sk, np.int64(p.tracker_after_overflow), np.int64(0))
+            tracker = np.where(last >= 0, value[last] + (idx - last), np.int64(t0) + 1 + idx)
+            self.tracker[c0:c1] = tracker.astype(np.int32)
+        if not self.fixed_hyst:
+            refill = ~sk if policy.refill == "clean" else grew
+            overflows_so_far = np.cumsum(sk)
+            lastr = np.maximum.accumulate(np.where(refill, idx, -1))
+            since = overflows_so_far - np.where(lastr >= 0, overflows_so_far[lastr], 0)
+            href = np.where(lastr >= 0, np.int64(policy.hysteresis), np.int64(h0))
+            self.hyst[c0:c1] = np.maximum(href - since, np.minimum(href, 1))
+
+    def tail(self, i: int, st: ScalerState, stream) -> None:
+        """Steps i.. once nothing changes any more: a static scale, or a run that was stopped."""
+        self.scale[i:] = np.nan if st.stopped else st.scale
+        self.tracker[i:] = np.int64(st.growth_tracker).astype(np.int32)
+        if not self.fixed_hyst:
+            self.hyst[i:] = st.hysteresis
+        self.skipped[i:] = True if st.stopped else stream.mask(i, self.scale.size, st.scale)
+
+
+def _identical(a: float, b: float) -> bool:
+    """a and b are the same float (NaN is NaN; 0.0 is not -0.0)."""
+    if a == b:
+        return a != 0 or math.copysign(1.0, a) == math.copysign(1.0, b)
+    return a != a and b != b
+
+
+def _run(policy: DynamicScaler, st: ScalerState, n: int, stream) -> ScalerTrace:
+    """Steps 0..n-1, each stretch by the cheaper of two methods: where events (overflows and
+    growths) are far apart, event by event with numpy searches and fills (``_events``); where they
+    come every few steps, step by step in Python (``_steps``). Both equal stepping ``adjust``."""
+    out = _TraceArrays(policy, st, n)
     stopped_at = None
+    close = 0  # events in a row that came close to the one before
     i = 0
     while i < n:
         if st.stopped or not policy.dynamic:
-            # nothing changes any more: a static scale, or a run that was stopped
-            scale[i:] = np.nan if st.stopped else st.scale
-            tracker[i:] = st.growth_tracker
-            if not fixed_hyst:
-                hyst[i:] = st.hysteresis
-            if st.stopped:
-                skipped[i:] = True
-            else:
-                j = next_overflow.first(i, n, st.scale)
-                while j is not None:
-                    skipped[j] = True
-                    j = next_overflow.first(j + 1, n, st.scale)
+            out.tail(i, st, stream)
             break
-        to_growth = policy._clean_steps_to_growth(st)
-        stop = n if to_growth > n - i else i + int(to_growth)
-        j = next_overflow.first(i, stop, st.scale)
-        clean_end = stop if j is None else j
-        grows = j is None and clean_end - i == to_growth
-        plain = clean_end - i - grows  # clean steps that only count
-        scale[i:clean_end] = st.scale
-        if plain:
-            h = policy.hysteresis if refill_clean else st.hysteresis
-            np.add(ramp[:plain], st.growth_tracker, out=tracker[i:i + plain], casting="unsafe")
-            if not fixed_hyst:
-                hyst[i:i + plain] = h
-            st = st._replace(growth_tracker=st.growth_tracker + plain, hysteresis=h,
-                             steps_since_rescale=st.steps_since_rescale + plain if counting else 0)
-        if grows:
-            st = policy.adjust(st, False)
-            tracker[clean_end - 1] = st.growth_tracker
-            if not fixed_hyst:
-                hyst[clean_end - 1] = st.hysteresis
-        if j is None:
-            i = clean_end
+        if close >= _DENSE_EVENTS:
+            i, st, stop, _ = _steps(policy, st, i, n, stream, out)
+            close = 0
+        else:
+            i, st, stop, dense = _events(policy, st, i, n, stream, out)
+            close = close + 1 if dense else 0
+        if stop is not None:
+            stopped_at = stop
+    return ScalerTrace(policy=policy, scale=out.scale, skipped=out.skipped, growth_tracker=out.tracker,
+                       hysteresis=out.hyst, final=st, stopped_at=stopped_at)
+
+
+def _events(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: _TraceArrays):
+    """From step i to the next event (overflow or growth) and through it, with numpy: the clean
+    stretch before it is filled with slices (the counters that fairseq's tolerance keeps just
+    advance by its length), the event goes through ``policy.adjust``. Returns (next step, state,
+    step where the run stopped or None, whether events now come close together)."""
+    scale, skipped, tracker, hyst = out.scale, out.skipped, out.tracker, out.hyst
+    counting = policy.tolerance > 0
+    to_growth = policy._clean_steps_to_growth(st)
+    stop = n if to_growth > n - i else i + int(to_growth)
+    j = stream.first(i, stop, st.scale)
+    clean_end = stop if j is None else j
+    grows = j is None and clean_end - i == to_growth
+    plain = clean_end - i - grows  # clean steps that only count
+    scale[i:clean_end] = st.scale
+    if plain:
+        h = policy.hysteresis if policy.refill == "clean" else st.hysteresis
+        np.add(_ramp(plain), np.int64(st.growth_tracker), out=tracker[i:i + plain], casting="unsafe")
+        if not out.fixed_hyst:
+            hyst[i:i + plain] = h
+        st = st._replace(growth_tracker=st.growth_tracker + plain, hysteresis=h,
+                         steps_since_rescale=st.steps_since_rescale + plain if counting else 0)
+    if grows:
+        st = policy.adjust(st, False)
+        tracker[clean_end - 1] = np.int64(st.growth_tracker).astype(np.int32)
+        if not out.fixed_hyst:
+            hyst[clean_end - 1] = st.hysteresis
+    dense = clean_end - i < _DENSE_GAP
+    if j is None:
+        return clean_end, st, None, dense
+    scale[j] = st.scale
+    skipped[j] = True
+    st = policy.adjust(st, True)
+    tracker[j] = np.int64(st.growth_tracker).astype(np.int32)
+    if not out.fixed_hyst:
+        hyst[j] = st.hysteresis
+    return j + 1, st, (j if st.stopped else None), dense
+
+
+def _steps(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: _TraceArrays):
+    """From step i, step by step in Python, chunk by chunk, while events come close together.
+
+    This is ``DynamicScaler.adjust`` written out on local variables. A clean stretch is not
+    visited step by step: its first overflow is searched in C (``bytes.find`` on found_inf) or
+    compared with per-step thresholds (grad_max). A step that leaves the state as it was (a scale
+    at 0, at a floor or ceiling, or refused growth) repeats until the other kind of step comes,
+    which is searched the same way; a scale that no backoff moves stays until the next growth,
+    found with numpy (``_fixed_scale``). Where every clean step grows and every overflow backs
+    off, a shorter loop runs (``_grow_or_back``). Only events are recorded;
+    ``_TraceArrays.session`` rebuilds the arrays. Returns as ``_events`` does."""
+    p = policy
+    bf, gf = p.backoff_factor, p.growth_factor
+    if p.arithmetic == "float32":
+        bf, gf = _f32(bf), _f32(gf)
+    rounds = p.arithmetic != "float64"
+    fast = rounds and _FAST_F32
+    gi, at_least, tao = p.growth_interval, p.growth_at_least, p.tracker_after_overflow
+    full, refill_clean = p.hysteresis, p.refill == "clean"
+    lo_clamp, hi_clamp, guard = p.min_scale, p.max_scale, p.inf_guard
+    raise_min = p.raise_at_min and lo_clamp is not None
+    raise_at, keep_below = p.raise_at_scale, p.no_backoff_below
+    tol = p.tolerance
+    counting = tol > 0
+    windowed = p.window_scaling
+    wb, wg = p.backoff_factor, p.growth_factor  # the window follows the unrounded factors
+    known = stream.known
+    scale64 = p.arithmetic == "float64"
+    inf = math.inf
+    # every clean step grows and every overflow just backs off: the short loop applies
+    plain = (full == 1 and not counting and not windowed and lo_clamp is None and hi_clamp is None
+             and keep_below is None and raise_at is None and (fast or not rounds)
+             and ((gi <= 1 and tao + 1 >= gi) if at_least else (gi == 1 and tao == 0)))
+    # from an overflow, this many clean steps reach a growth: long enough to search with numpy
+    to_growth = inf if windowed else (max(gi - tao, 1) if at_least else (gi - tao if tao < gi else inf))
+    stretches = not counting and not windowed and to_growth >= _STRETCH
+    # one correctly rounded multiplication per update, in the scale's own type (numpy can repeat it)
+    exact = math.isfinite(gf) and math.isfinite(bf) and (
+        scale64 or p.arithmetic == "float32" or (_f32(gf) == gf and _f32(bf) == bf))
+    s, t, h, _, ov, sr, w = st
+    size = _CHUNK // 8  # the first chunk is short: events may thin out soon
+    while i < n:
+        e = min(n, i + size)
+        size = min(2 * size, _CHUNK)
+        data = stream.chunk(i, e, scale64)
+        if plain and h == 1 and (t + 1 >= gi if at_least else t == 0):
+            s = _grow_or_back(s, i, e, data, known, gf, bf, guard, scale64, exact, out, tao)
+            t = tao if out.skipped[e - 1] else 0
+            ov = sr = 0
+            i = e
             continue
-        scale[j] = st.scale
-        skipped[j] = True
-        st = policy.adjust(st, True)
-        if st.stopped:
-            stopped_at = j
-        tracker[j] = st.growth_tracker
-        if not fixed_hyst:
-            hyst[j] = st.hysteresis
-        i = j + 1
-    return ScalerTrace(policy=policy, scale=scale, skipped=skipped, growth_tracker=tracker,
-                       hysteresis=hyst, final=st, stopped_at=stopped_at)
+        if known:
+            flags = data
+            over_at = None
+
+            def next_over(a, b, s, flags=flags, base=i):
+                j = flags.find(1, a - base, b - base)
+                return b if j < 0 else j + base
+
+            def next_clean(a, b, s, flags=flags, base=i):
+                j = flags.find(0, a - base, b - base)
+                return b if j < 0 else j + base
+        else:
+            thr = data
+            ta = array("d")
+            ta.frombytes(thr.tobytes())
+
+            def over_at(a, b, s, thr=thr, base=i):
+                return np.ones(b - a, bool) if s != s else thr[a - base:b - base] <= abs(s)
+
+            def next_over(a, b, s, thr=thr, ta=ta, base=i):
+                if s != s:
+                    return a
+                sa = abs(s)
+                if b - a <= 24:
+                    for q in range(a - base, b - base):
+                        if ta[q] <= sa:
+                            return q + base
+                    return b
+                m = thr[a - base:b - base] <= sa
+                j = int(np.argmax(m))
+                return a + j if m[j] else b
+
+            def next_clean(a, b, s, thr=thr, base=i):
+                if s != s:
+                    return b
+                m = thr[a - base:b - base] > abs(s)
+                j = int(np.argmax(m))
+                return a + j if m[j] else b
+        s0, t0, h0, i0 = s, t, h, i
+        evp, evs, runs = array("q"), array("d" if scale64 else "f"), []
+        put_pos, put_scale = evp.append, evs.append
+        fb = array("f")
+        f32 = fb.append
+        k = i
+        stop = None
+        while k < e:
+            if flags[k - i] if known else not -(x := ta[k - i]) < s < x:
+                # ----- an overflow at step k (DynamicScaler.adjust, found_inf=True)
+                if counting:
+                    o2, s2 = ov + 1, sr + 1
+                else:
+                    o2 = s2 = 0
+                if h > 1:  # tolerated: skip the step, keep the scale
+                    ns, nh, nw = s, h - 1, w
+                elif counting and not o2 / s2 >= tol:  # below tolerance: keep the scale
+                    ns, nh, nw = s, h, w
+                else:
+                    if raise_min and s <= lo_clamp:
+                        stop = k
+                        break
+                    if fast:
+                        f32(s * bf)
+                        ns = fb[-1]
+                    elif rounds:
+                        ns = _f32(s * bf)
+                    else:
+                        ns = s * bf
+                    if lo_clamp is not None:
+                        ns = max(ns, lo_clamp)
+                    if keep_below is not None and ns < keep_below:
+                        ns = s
+                    nh, o2, s2 = h, 0, 0
+                    nw = w
+                    if windowed and w >= 1:  # DynamicScaler._resized
+                        nw = w * wb
+                        nw = 1 if not nw >= 1 else int(nw) if -inf < nw < inf else w
+                if raise_at is not None and ns <= raise_at:
+                    stop = k
+                    break
+                put_pos(~k)
+                put_scale(ns)
+                same = ((ns == s or ns != ns) and t == tao and nh == h and nw == w and o2 == ov and s2 == sr
+                        and _identical(ns, s))
+                s, t, h, w, ov, sr = ns, tao, nh, nw, o2, s2
+                k += 1
+                if k < e:
+                    if same:  # every overflow from here leaves the state as it is
+                        j = next_clean(k, e, s)
+                        if j > k:
+                            runs.append((k, j, True))
+                            k = j
+                    elif stretches and (h > 1 or refill_clean and full > 1 or _backoff_keeps(p, s, bf, rounds)):
+                        j, t, h = _fixed_scale(p, s, t, h, k, e, flags if known else None, over_at, runs,
+                                               _backoff_keeps(p, s, bf, rounds))
+                        if j - k < _STRETCH // 4:  # short: not worth looking for more in this chunk
+                            stretches = False
+                        k = j
+                continue
+            # ----- a clean step k: d clean steps in a row reach the next growth
+            if windowed:
+                d = (w - t if t < 0 else w - t % w) if w >= 1 else inf
+            elif t < gi:
+                d = gi - t
+            else:
+                d = 1 if at_least else inf
+            if d > 1:  # steps k.. only count, up to the next overflow or the growth step
+                g = k + d - 1
+                j = next_over(k + 1, g if g < e else e, s)
+                t += j - k
+                if counting:
+                    sr += j - k
+                if refill_clean:
+                    h = full
+                k = j
+                continue
+            # ----- step k grows (DynamicScaler.adjust, found_inf=False)
+            if fast:
+                f32(s * gf)
+                ns = fb[-1]
+            elif rounds:
+                ns = _f32(s * gf)
+            else:
+                ns = s * gf
+            if hi_clamp is not None:
+                ns = min(ns, hi_clamp)
+            if guard and not -inf < ns < inf:
+                ns = s
+            if windowed:
+                nt, nw = t + 1, w
+                if w >= 1:  # DynamicScaler._resized
+                    nw = w * wg
+                    nw = 1 if not nw >= 1 else int(nw) if -inf < nw < inf else w
+            else:
+                nt, nw = 0, 0
+            put_pos(k)
+            put_scale(ns)
+            same = (ns == s or ns != ns) and nt == t and full == h and nw == w and sr == 0 and _identical(ns, s)
+            s, t, h, w, sr = ns, nt, full, nw, 0
+            k += 1
+            if same and k < e:  # every clean step from here grows to the same state
+                j = next_over(k, e, s)
+                if j > k:
+                    runs.append((k, j, False))
+                    k = j
+        out.session(i, k, s0, t0, h0, evp, evs, runs)
+        if stop is not None:
+            out.step(stop, s, True, t, h)
+            return stop + 1, ScalerState(s, t, h, True, ov, sr, w), stop, False
+        events = len(evp) + len(runs)
+        i = k
+        if events < _SPARSE_EVENTS * (e - i0) // _CHUNK:
+            break
+    return i, ScalerState(s, t, h, False, ov, sr, w), None, False
+
+
+def _backoff_keeps(p: DynamicScaler, s: float, bf: float, rounds: bool) -> bool:
+    """Whether a backoff at scale s leaves it exactly as it is (0, a floor, a subnormal fixed point,
+    NaN), and ends nothing (no raise at this scale)."""
+    if p.raise_at_min and p.min_scale is not None and s <= p.min_scale:
+        return False
+    if p.raise_at_scale is not None and s <= p.raise_at_scale:
+        return False
+    ns = _f32(s * bf) if rounds else s * bf
+    if p.min_scale is not None:
+        ns = max(ns, p.min_scale)
+    if p.no_backoff_below is not None and ns < p.no_backoff_below:
+        ns = s
+    return _identical(ns, s)
+
+
+def _fixed_scale(p: DynamicScaler, s: float, t: int, h: int, k: int, e: int, flags, over_at, runs: list,
+                 keeps: bool):
+    """From step k (after an overflow: tracker t, hysteresis h) while the scale s cannot move:
+    up to the next growth, and the next overflow that backs off (unless ``keeps``: a backoff at s
+    leaves it) or ends the run. Which steps overflow is then known at once and the tracker and
+    hysteresis follow with numpy. Records the stretch in ``runs`` and returns (the step after
+    it, the tracker and hysteresis before that step)."""
+    if flags is not None:
+        over = np.frombuffer(flags, bool)[k - (e - len(flags)):]
+    else:
+        over = over_at(k, e, s)
+    size = over.size
+    idx = np.arange(size)
+    last = np.maximum.accumulate(np.where(over, idx, -1))
+    tracker = np.where(last >= 0, np.int64(p.tracker_after_overflow) + (idx - last), np.int64(t) + 1 + idx)
+    end = ~over & ((tracker >= p.growth_interval) if p.growth_at_least else (tracker == p.growth_interval))
+    # the hysteresis after each step, without growth (it is refilled by clean steps or at growth)
+    refill = ~over if p.refill == "clean" else np.zeros(size, bool)
+    overflows = np.cumsum(over)
+    lastr = np.maximum.accumulate(np.where(refill, idx, -1))
+    since = overflows - np.where(lastr >= 0, overflows[np.maximum(lastr, 0)], 0)
+    start = np.where(lastr >= 0, np.int64(p.hysteresis), np.int64(h))
+    hyst = np.maximum(start - since, np.minimum(start, 1))
+    before = np.concatenate(([h], hyst[:-1]))
+    if p.raise_at_scale is not None and s <= p.raise_at_scale:
+        end |= over  # any overflow here ends the run
+    elif not keeps:
+        end |= over & (before <= 1)  # this overflow backs off (or ends the run)
+    g = int(np.argmax(end)) if end.any() else size
+    if g == 0:
+        return k, t, h
+    runs.append((k, k + g, over[:g]))
+    return k + g, int(tracker[g - 1]), int(hyst[g - 1])
+
+
+def _grow_or_back(s: float, i: int, e: int, steps, known: bool, gf: float, bf: float, guard: bool,
+                  scale64: bool, exact: bool, out: _TraceArrays, tao: int) -> float:
+    """Steps [i, e) where every clean step grows and every overflow backs off: the growth
+    tracker is 0 or ``tracker_after_overflow`` after each step and the hysteresis 1, so the scale
+    is the whole state, and this loop computes just that. ``steps`` holds one byte per step
+    (found_inf) or the thresholds (grad_max). With ``exact`` (float64 arithmetic, or factors
+    that are float32 values, so each update is one correctly rounded multiplication in the
+    scale's own type), known steps need no loop: numpy's running product (``multiply.accumulate``
+    multiplies in order, rounding each product) gives the same scales. Writes the trace;
+    returns the last scale."""
+    inf = math.inf
+    first = s
+    dtype = out.scale.dtype
+    if known and exact and (scale64 or _f32(s) == s or s != s):  # known steps: a running product
+        factors = np.where(np.frombuffer(steps, bool), dtype.type(bf), dtype.type(gf))
+        after = np.multiply.accumulate(np.concatenate(([dtype.type(s)], factors)))[1:]
+        # a growth to inf that the guard refuses breaks the product: then step by step
+        if not guard or np.isfinite(after).all() or not math.isfinite(s) and not np.isfinite(after).any():
+            scale = out.scale[i:e]
+            scale[0] = first
+            scale[1:] = after[:-1]
+            skipped = out.skipped[i:e]
+            skipped[:] = np.frombuffer(steps, bool)
+            out.tracker[i:e] = np.where(skipped, np.int32(tao), np.int32(0))
+            if not out.fixed_hyst:
+                out.hyst[i:e] = 1
+            return float(after[-1])
+    new = array("d" if scale64 else "f")  # appending a double to an array("f") rounds it to float32
+    put = new.append
+    if known:
+        for f in steps:
+            if f:
+                put(s * bf)
+                s = new[-1]
+            else:
+                put(s * gf)
+                if guard and not -inf < new[-1] < inf:
+                    new[-1] = s  # refused: the old scale stays
+                else:
+                    s = new[-1]
+    else:
+        thresholds = array("d")
+        thresholds.frombytes(steps.tobytes())
+        for x in thresholds:
+            if -x < s < x:
+                put(s * gf)
+                if guard and not -inf < new[-1] < inf:
+                    new[-1] = s
+                else:
+                    s = new[-1]
+            else:
+                put(s * bf)
+                s = new[-1]
+    scale = out.scale[i:e]
+    scale[0] = first
+    scale[1:] = np.frombuffer(new, scale.dtype)[:-1]
+    skipped = out.skipped[i:e]
+    if known:
+        skipped[:] = np.frombuffer(steps, bool)
+    else:
+        skipped[:] = ~(np.abs(scale.astype(np.float64)) < steps)
+    out.tracker[i:e] = np.where(skipped, np.int32(tao), np.int32(0))
+    if not out.fixed_hyst:
+        out.hyst[i:e] = 1
+    return s

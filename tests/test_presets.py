@@ -640,6 +640,47 @@ def test_presets_at_defaults_on_long_streams(preset, make_ref):
     assert_matches(preset, make_ref, np.ones(300, bool))  # straight down to the floor (or the end)
 
 
+DENSE_STREAMS = {  # every step an event: overflows at every step, every other step, half the steps
+    "every step": np.ones(20_000, bool),
+    "alternating": np.arange(20_000) % 2 == 0,
+    "random half": np.random.default_rng(12).random(20_000) < 0.5,
+    "runs of 700": (np.arange(20_000) // 700) % 3 == 0,
+}
+
+
+@pytest.mark.parametrize("preset, make_ref", DEFAULTS, ids=[p.name for p, _ in DEFAULTS])
+def test_presets_at_defaults_on_dense_streams(preset, make_ref):
+    for flags in DENSE_STREAMS.values():
+        assert_matches(preset, make_ref, flags)
+
+
+DENSE_CASES = [  # the frameworks' rules with windows of 1 and 2: growth at nearly every clean step
+    (ApexAmpScaler(growth_interval=1, min_scale=0.25), lambda: ApexAmpLossScaler(scale_window=1, min_loss_scale=0.25)),
+    (ApexHysteresisScaler(growth_interval=1, hysteresis=3),
+     lambda: ApexUpdateScaleHysteresis(growth_interval=1, hysteresis=3)),
+    (ApexHysteresisScaler(growth_interval=1, growth_factor=1.001, backoff_factor=0.995),
+     lambda: ApexUpdateScaleHysteresis(growth_interval=1, growth_factor=1.001, backoff_factor=0.995)),
+    (DeepSpeedZeroScaler(growth_interval=1, consecutive_hysteresis=True, min_scale=2.0**-20),
+     lambda: deepspeed_zero({"loss_scale_window": 1, "consecutive_hysteresis": True, "min_loss_scale": 2.0**-20})),
+    (DeepSpeedScaler(growth_interval=2), lambda: DeepSpeedFP16Optimizer(scale_window=2)),
+    (MegatronScaler(growth_interval=1, min_scale=2.0**-10),
+     lambda: MegatronDynamicGradScaler(growth_interval=1, min_scale=2.0**-10)),
+    (KerasScaler(growth_interval=1), lambda: KerasDynamicLossScaleState(growth_steps=1)),
+    (Keras3Scaler(growth_interval=1), lambda: Keras3LossScaleOptimizer(dynamic_growth_steps=1)),
+    (JmpScaler(growth_interval=1, growth_factor=4), lambda: JmpDynamicLossScale(period=1, factor=4)),
+    (FairseqScaler(growth_interval=1, tolerance=0.3, raise_at_scale=0.0),
+     lambda: FairseqDynamicLossScaler(init_scale=2.0**7, scale_window=1, tolerance=0.3, min_loss_scale=0.0)),
+    (MetaseqScaler(growth_interval=1), lambda: MetaseqDynamicLossScaler(scale_window=1)),
+    (MetaseqScaler(tolerance=0.05), lambda: MetaseqDynamicLossScaler(tolerance=0.05)),
+]
+
+
+@pytest.mark.parametrize("preset, make_ref", DENSE_CASES, ids=[p.name for p, _ in DENSE_CASES])
+def test_presets_with_short_windows_on_dense_streams(preset, make_ref):
+    for flags in DENSE_STREAMS.values():
+        assert_matches(preset, make_ref, flags[:6000])
+
+
 def test_static_scale_never_changes():
     flags = np.random.default_rng(1).random(500) < 0.3
     trace = simulate(StaticScaler(128.0), found_inf=flags)
@@ -837,6 +878,57 @@ def test_deepspeed_zero_config_gotcha():
     ref = deepspeed_zero({})
     assert (ref.cur_scale, ref.delayed_shift) == (2**32, 1)
     assert DeepSpeedZeroScaler(hysteresis=3, config_defaults=False).hysteresis == 3
+
+
+# ================================================================ arguments
+@pytest.mark.parametrize("factory, kwargs, error, message", [
+    (ApexAmpScaler, dict(max_scale=None), TypeError, "max_scale must be a number (apex's max_loss_scale"),
+    (ApexAmpScaler, dict(init_scale="1"), TypeError, "init_scale must be a number"),
+    (ApexAmpScaler, dict(growth_interval=0), ValueError, "growth_interval must be at least 1 (apex's scale_window"),
+    (ApexHysteresisScaler, dict(hysteresis=None), TypeError, "hysteresis must be a whole number"),
+    (ApexHysteresisScaler, dict(hysteresis=0), ValueError, "hysteresis must be a whole number >= 1"),
+    (DeepSpeedZeroScaler, dict(min_scale=None), TypeError, "min_scale must be a number (DeepSpeed's min_loss_scale"),
+    (DeepSpeedZeroScaler, dict(config_defaults="no"), TypeError, "config_defaults must be True or False"),
+    (DeepSpeedZeroScaler, dict(growth_interval=0), ValueError, "growth_interval must be at least 1"),
+    (DeepSpeedScaler, dict(min_scale=None), TypeError, "min_scale must be a number"),
+    (MegatronScaler, dict(min_scale=None), TypeError, "min_scale must be a number (Megatron's --min-loss-scale"),
+    (MegatronScaler, dict(min_scale=0.0), ValueError, "min_scale must be > 0 and at most init_scale"),
+    (MegatronScaler, dict(min_scale=8.0, init_scale=4.0), ValueError, "min_scale must be > 0 and at most init_scale"),
+    (MegatronScaler, dict(init_scale=-1.0), ValueError, "init_scale must be > 0"),
+    (MegatronScaler, dict(hysteresis=0), ValueError, "hysteresis must be at least 1"),
+    (KerasScaler, dict(growth_interval=2.5), TypeError, "growth_interval must be a whole number of steps"),
+    (Keras3Scaler, dict(init_scale=None), TypeError, "init_scale must be a number"),
+    (JmpScaler, dict(min_scale=None), TypeError, "min_scale must be a number (jmp's min_loss_scale"),
+    (JmpScaler, dict(growth_factor="2"), TypeError, "growth_factor must be a number"),
+    (JmpScaler, dict(growth_interval=0), ValueError, "growth_interval must be at least 1 (jmp's period"),
+    (FairseqScaler, dict(world_size=0), ValueError, "world_size must be at least 1"),
+    (FairseqScaler, dict(update_freq=None), TypeError, "update_freq must be a whole number"),
+    (FairseqScaler, dict(world_size=2**15), ValueError, "world_size * update_freq must be at most 16384"),
+    (FairseqScaler, dict(raise_at_scale=None), TypeError, "raise_at_scale must be a number (fairseq's --min-loss-scale"),
+    (FairseqScaler, dict(tolerance=math.nan), ValueError, "tolerance must be a number"),
+    (MetaseqScaler, dict(no_backoff_below=None), TypeError, "no_backoff_below must be a number"),
+    (StaticScaler, dict(scale="1"), TypeError, "scale must be a number (the fixed loss scale"),
+    (StaticScaler, dict(scale=None), TypeError, "scale must be a number"),
+    (StaticScaler, dict(scale=10**400), ValueError, "scale is too large for a float"),
+    (TorchGradScaler, dict(init_scale=None), TypeError, "init_scale must be a number such as 65536.0"),
+    (TorchGradScaler, dict(growth_factor=1.0), ValueError, "growth_factor must be > 1.0"),
+])
+def test_preset_arguments_are_checked_where_they_are_given(factory, kwargs, error, message):
+    """None, 0 or a wrong type used to fail deep inside (a comparison with None, struct.error,
+    ZeroDivisionError); now one line names the argument and what to pass."""
+    with pytest.raises(error, match=re.escape(message)) as info:
+        factory(**kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_none_keeps_its_documented_meaning():
+    """Where a preset documents None (the framework's default, or no floor), None still works."""
+    assert DeepSpeedZeroScaler(init_scale=None, hysteresis=None) == DeepSpeedZeroScaler()
+    assert FairseqScaler(init_scale=None, growth_interval=None, min_scale=None) == FairseqScaler()
+    assert FairseqScaler(world_size=4).growth_interval == 2**12
+    assert ApexAmpScaler(min_scale=None).min_scale is None and ApexAmpScaler(min_scale=0).min_scale is None
+    assert MetaseqScaler(min_scale=None).min_scale is None
+    assert ApexAmpScaler(max_scale=math.inf).init_scale == 2.0**16
 
 
 def test_jmp_factor_must_be_a_power_of_two():

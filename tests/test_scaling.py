@@ -2,6 +2,8 @@
 real torch.amp.GradScaler("cpu") step for step (scale, skipped steps, growth tracker)."""
 
 import math
+import re
+import time
 
 import numpy as np
 import pytest
@@ -9,17 +11,28 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ampviz import synth
 from ampviz.formats import BF16, FP16, FP32
 from ampviz.scaling import (
-    DynamicScaler, ScalerState, StaticScaler, TorchGradScaler, overflows, simulate,
+    ApexAmpScaler, ApexHysteresisScaler, DeepSpeedScaler, DeepSpeedZeroScaler, DynamicScaler, FairseqScaler,
+    Keras3Scaler, KerasScaler, MegatronScaler, MetaseqScaler, ScalerState, StaticScaler, TorchGradScaler,
+    overflows, simulate,
 )
 
 INF = float("inf")
 
 
 # ---------------------------------------------------------------- references
-def step_by_step(policy, found_inf=None, grad_max=None, fmt=FP16):
-    """The plainest possible simulation: call ``adjust`` once per step."""
+def fp16_product_overflows(scale, g) -> bool:
+    """The fp16 overflow model as numpy's own float16 arithmetic computes it: the scale and the
+    gradient cast (through float32) to float16 and multiplied in float16."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return not np.isfinite(np.float16(np.float32(scale)) * np.float16(np.float32(g)))
+
+
+def step_by_step(policy, found_inf=None, grad_max=None, fmt=FP16, overflowed=None):
+    """The plainest possible simulation: call ``adjust`` once per step. ``overflowed(scale, g)``
+    replaces ``overflows`` for long grad_max streams (it is much faster per call)."""
     st = policy.initial_state()
     n = len(found_inf if found_inf is not None else grad_max)
     scale, skipped, tracker, hyst = [], [], [], []
@@ -29,6 +42,8 @@ def step_by_step(policy, found_inf=None, grad_max=None, fmt=FP16):
             f = True
         elif found_inf is not None:
             f = bool(found_inf[i])
+        elif overflowed is not None:
+            f = overflowed(st.scale, grad_max[i])
         else:
             f = bool(overflows(st.scale, grad_max[i], fmt))
         scale.append(s)
@@ -90,14 +105,17 @@ def assert_matches_torch(policy, found_inf):
     assert np.array_equal(trace.growth_tracker, real_tracker)
 
 
-def assert_simulate_equals_stepping(policy, **stream):
-    scale, skipped, tracker, hyst, final = step_by_step(policy, **stream)
+def assert_simulate_equals_stepping(policy, overflowed=None, **stream):
+    scale, skipped, tracker, hyst, final = step_by_step(policy, overflowed=overflowed, **stream)
     trace = simulate(policy, **stream)
+    bad = np.flatnonzero(~((trace.scale.astype(np.float64) == scale) | (np.isnan(trace.scale) & np.isnan(scale))))
+    assert bad.size == 0, f"scale differs first at step {bad[0]}: {trace.scale[bad[0]]!r} vs {scale[bad[0]]!r}"
     assert same_floats(trace.scale, scale)
     assert np.array_equal(trace.skipped, skipped)
     assert np.array_equal(trace.growth_tracker, tracker)
     assert np.array_equal(trace.hysteresis, hyst)
-    assert trace.final == final or (math.isnan(trace.final.scale) and final.stopped)
+    assert (same_floats(trace.final.scale, final.scale) and trace.final[1:] == final[1:]) \
+        or (math.isnan(trace.final.scale) and final.stopped)
 
 
 # ---------------------------------------------------------------- simulate == stepping adjust
@@ -146,6 +164,137 @@ def test_long_runs_equal_stepping():
     for policy in (TorchGradScaler(), TorchGradScaler(growth_interval=7, growth_factor=1.5, backoff_factor=0.9),
                    DynamicScaler(hysteresis=2, refill="clean", growth_interval=100, min_scale=1.0)):
         assert_simulate_equals_stepping(policy, found_inf=flags)
+
+
+# ---------------------------------------------------------------- dense streams: every step an event
+# Where overflows or growths come every step or every few steps, simulate runs step by step in
+# Python, takes whole stretches with numpy where the scale cannot move, and replaces the loop by a
+# running product where the updates are exact; each must equal stepping adjust to the bit.
+N_DENSE = 20_000  # more than one chunk of the step-by-step loop (16384 steps)
+F32_MAX = float(np.finfo(np.float32).max)
+DENSE = {
+    "gi=1, x4, 0.995 (the widget's slow case)": TorchGradScaler(growth_interval=1, growth_factor=4.0,
+                                                                  backoff_factor=0.995),
+    "gi=1 at torch's factors": TorchGradScaler(growth_interval=1),
+    "gi=1, x1.001, 0.9": TorchGradScaler(growth_interval=1, growth_factor=1.001, backoff_factor=0.9),
+    "gi=1, x1.5, 0.75 (float32 factors, not powers of 2)": TorchGradScaler(growth_interval=1, growth_factor=1.5,
+                                                                            backoff_factor=0.75),
+    "gi=3, x2.5, 0.995": TorchGradScaler(growth_interval=3, growth_factor=2.5, backoff_factor=0.995),
+    "gi=10": TorchGradScaler(growth_interval=10),
+    "gi=1 from float32's max, x1.001 (saturates)": TorchGradScaler(init_scale=F32_MAX, growth_interval=1,
+                                                                    growth_factor=1.001),
+    "gi=1 from 3e38, x4 (refused growth)": TorchGradScaler(init_scale=3e38, growth_interval=1, growth_factor=4.0),
+    "gi=1 from 2^-140, 0.9 (subnormal scales)": TorchGradScaler(init_scale=2.0**-140, growth_interval=1,
+                                                                 backoff_factor=0.9),
+    "gi=1, growth to inf allowed (float32)": DynamicScaler(init_scale=2.0**120, growth_interval=1, inf_guard=False,
+                                                            arithmetic="float32"),
+    "gi=1, growth_at_least, tracker -1": DynamicScaler(growth_interval=1, growth_at_least=True,
+                                                        tracker_after_overflow=-1),
+    "hysteresis 2, clean refill, gi=1": ApexHysteresisScaler(growth_interval=1),
+    "hysteresis 3, clean refill, gi=2000": ApexHysteresisScaler(init_scale=2.0**16, growth_interval=2000, hysteresis=3),
+    "hysteresis 2, growth refill, floor 1 (Megatron)": MegatronScaler(),
+    "hysteresis 2, floor 1, raises (DeepSpeed ZeRO)": DeepSpeedZeroScaler(growth_interval=2),
+    "float64, floor 1, tracker -1 (DeepSpeed)": DeepSpeedScaler(growth_interval=1),
+    "float64, cap 2^24 (apex amp)": ApexAmpScaler(growth_interval=1, min_scale=0.5),
+    "float32, floor 1, growth_at_least (Keras 2)": KerasScaler(growth_interval=1),
+    "float32, no floor, no guard (Keras 3)": Keras3Scaler(growth_interval=1),
+    "float64, tolerance, raises below 2^-3 (fairseq)": FairseqScaler(growth_interval=1, tolerance=0.25,
+                                                                     raise_at_scale=2.0**-3),
+    "float64, window follows the scale, no backoff below 2^-5 (metaseq)": MetaseqScaler(growth_interval=1),
+    "metaseq at its defaults": MetaseqScaler(),
+    "torch at its defaults (decays to 0)": TorchGradScaler(),
+    "0.995 at gi=2000 (decays to a subnormal fixed point)": TorchGradScaler(backoff_factor=0.995),
+    "backoff 0": TorchGradScaler(backoff_factor=0.0, growth_interval=1),
+    "NaN backoff": TorchGradScaler(backoff_factor=math.nan, growth_interval=2),
+    "negative backoff": TorchGradScaler(backoff_factor=-0.5, growth_interval=1),
+}
+
+
+def dense_found_inf(kind: str, n: int = N_DENSE) -> np.ndarray:
+    rng = np.random.default_rng(len(kind))
+    return {
+        "every step": np.ones(n, bool),
+        "alternating": np.arange(n) % 2 == 0,
+        "random half": rng.random(n) < 0.5,
+        "runs": (np.arange(n) // 700) % 3 == 0,  # 700 overflows, then 1400 clean steps
+    }[kind]
+
+
+@pytest.mark.parametrize("name", list(DENSE))
+def test_dense_found_inf_equals_stepping(name):
+    for kind in ("every step", "alternating", "random half", "runs"):
+        assert_simulate_equals_stepping(DENSE[name], found_inf=dense_found_inf(kind))
+
+
+@pytest.mark.parametrize("name", list(DENSE))
+def test_dense_grad_max_equals_stepping(name):
+    for strength in (0.5, 1.0):  # 1.0: spikes that overflow at every scale
+        g = synth.scenario("spikes", N_DENSE, strength, np.random.default_rng(4))
+        assert_simulate_equals_stepping(DENSE[name], overflowed=fp16_product_overflows, grad_max=g)
+
+
+def test_the_fast_reference_is_the_overflow_model():
+    rng = np.random.default_rng(9)
+    g = np.exp2(rng.uniform(-30, 20, 3000)).astype(np.float32)
+    g[::50] = np.inf
+    g[::77] = np.nan
+    for s in (1.0, 2.0**10, 65504.0, 65520.0, 3e38, 0.0, 2.0**-140, math.nan):
+        assert [fp16_product_overflows(s, x) for x in g] == overflows(s, g).tolist(), s
+
+
+@pytest.mark.parametrize("policy, flags", [
+    (TorchGradScaler(growth_interval=1, growth_factor=4.0, backoff_factor=0.995), "random half"),
+    (TorchGradScaler(growth_interval=1, growth_factor=4.0, backoff_factor=0.995), "alternating"),
+    (TorchGradScaler(growth_interval=1, growth_factor=1.5, backoff_factor=0.75), "random half"),
+    (TorchGradScaler(growth_interval=1, init_scale=3e38, growth_factor=1.001), "random half"),
+    (TorchGradScaler(backoff_factor=0.995), "every step"),
+    (TorchGradScaler(growth_interval=2, backoff_factor=0.5), "runs"),
+])
+def test_dense_streams_equal_the_real_gradscaler(policy, flags):
+    assert_matches_torch(policy, dense_found_inf(flags, 2500))
+
+
+def test_a_float32_running_product_is_not_torch():
+    """torch multiplies the float32 scale by the double factor and rounds once: for factors that
+    are not float32 values (1.001, 0.995) a float32 running product (numpy's cumprod of float32
+    factors, or float32 arithmetic) drifts from it, so the simulator keeps such runs step by step."""
+    flags = dense_found_inf("random half", 2500)
+    right = TorchGradScaler(growth_interval=1, growth_factor=1.001, backoff_factor=0.995)
+    assert_matches_torch(right, flags)
+    with pytest.raises(AssertionError):
+        assert_matches_torch(DynamicScaler(**torch_kwargs(right), arithmetic="float32"), flags)
+    running = np.multiply.accumulate(np.r_[np.float32(right.init_scale),
+                                           np.where(flags, np.float32(0.995), np.float32(1.001))])[:-1]
+    assert not np.array_equal(running, simulate(right, found_inf=flags).scale)
+
+
+def best_seconds(fn, repeat=3):
+    best = math.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def test_dense_streams_cost_about_what_sparse_ones_do():
+    """The speed cliff: where nearly every step is an event, simulate used to spend 20-40 us per
+    event (13-30 s per million steps; a 10M-step stream overflowing at every step took 15 minutes)
+    where a sparse stream takes milliseconds. Times are compared with a sparse stream of the same
+    length in the same test, with generous factors (the machine is shared)."""
+    n = 400_000
+    rng = np.random.default_rng(0)
+    sparse = rng.random(n) < 0.001
+    t_sparse = best_seconds(lambda: simulate(TorchGradScaler(), found_inf=sparse))
+    for policy, flags in ((TorchGradScaler(), np.ones(n, bool)),
+                          (TorchGradScaler(growth_interval=1), np.arange(n) % 2 == 0),
+                          (MegatronScaler(), np.arange(n) % 2 == 0),
+                          (ApexHysteresisScaler(), np.arange(n) % 2 == 0)):
+        assert best_seconds(lambda: simulate(policy, found_inf=flags)) < 10 * t_sparse, policy.name
+    g = synth.scenario("spikes", n, 0.5, rng)
+    t_sparse = best_seconds(lambda: simulate(TorchGradScaler(), grad_max=g))
+    dense = TorchGradScaler(growth_interval=1, growth_factor=4.0, backoff_factor=0.995)
+    assert best_seconds(lambda: simulate(dense, grad_max=g), 2) < 40 * t_sparse
 
 
 def test_static_scale():
@@ -278,17 +427,97 @@ def test_grad_max_stream_equals_real_fp16_backward():
 
 
 # ---------------------------------------------------------------- errors a learner can make
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(growth_factor=1.0), "growth_factor must be > 1.0"),
-    (dict(backoff_factor=1.0), "backoff_factor must be < 1.0"),
-    (dict(growth_interval=2.5), "growth_interval must be a whole number"),
-    (dict(init_scale=1e39), "does not fit in float32"),
-    (dict(hysteresis=0), "hysteresis must be a whole number >= 1"),
-    (dict(growth_factor="2"), "growth_factor must be a number"),
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(growth_factor=1.0), ValueError, "growth_factor must be > 1.0"),
+    (dict(backoff_factor=1.0), ValueError, "backoff_factor must be < 1.0"),
+    (dict(growth_interval=2.5), TypeError, "growth_interval must be a whole number such as 2000"),
+    (dict(init_scale=1e39), ValueError, "does not fit in float32"),
+    (dict(hysteresis=0), ValueError, "hysteresis must be a whole number >= 1"),
+    (dict(growth_factor="2"), TypeError, "growth_factor must be a number such as 2.0"),
+    (dict(init_scale=None), TypeError, "init_scale must be a number such as 65536.0, not None"),
+    (dict(min_scale="1"), TypeError, "min_scale must be a number or None"),
+    (dict(tracker_after_overflow=None), TypeError, "tracker_after_overflow must be a whole number"),
+    (dict(tracker_after_overflow=2**40), ValueError, "tracker_after_overflow must fit in an int32"),
+    (dict(inf_guard="yes"), TypeError, "inf_guard must be True or False"),
+    (dict(arithmetic=None), TypeError, "arithmetic must be a string such as 'torch'"),
+    (dict(arithmetic="bfloat16"), ValueError, "arithmetic must be one of torch, float32, float64"),
+    (dict(init_scale=10**400, arithmetic="float64"), ValueError, "init_scale is too large for a float"),
+    (dict(tolerance=math.nan), ValueError, "tolerance must be a number, not NaN"),
 ])
-def test_invalid_policies_are_clear_errors(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+def test_invalid_policies_are_clear_errors(kwargs, error, message):
+    with pytest.raises(error, match=re.escape(message)) as info:
         DynamicScaler(**kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_policy_numbers_are_python_numbers():
+    """numpy scalars are stored as Python floats and ints: a float32 factor would otherwise make
+    ``adjust`` compute in float32 (numpy's promotion) while torch computes in double."""
+    p = DynamicScaler(growth_factor=np.float32(1.5), backoff_factor=np.float64(0.5), growth_interval=np.int64(3),
+                      min_scale=np.float32(0.25), inf_guard=np.bool_(True))
+    assert type(p.growth_factor) is float and type(p.growth_interval) is int and type(p.min_scale) is float
+    assert type(p.inf_guard) is bool and p == DynamicScaler(growth_factor=1.5, growth_interval=3, min_scale=0.25)
+    st = p.adjust(p.initial_state(), False)
+    assert type(st.scale) is float
+
+
+@pytest.mark.parametrize("stream", [dict(found_inf=[]), dict(found_inf=np.zeros(0)), dict(found_inf=()),
+                                    dict(grad_max=[]), dict(grad_max=np.zeros(0, np.float32))])
+def test_an_empty_stream_is_an_empty_trace(stream):
+    """``found_inf=[]`` used to raise a misleading TypeError (numpy makes an empty list float64)."""
+    for policy in (TorchGradScaler(), StaticScaler(), DynamicScaler(hysteresis=3, window_scaling=True)):
+        t = simulate(policy, **stream)
+        assert t.steps == 0 and t.skipped_count == 0 and t.final == policy.initial_state()
+        assert t.scale.dtype == (np.float64 if policy.arithmetic == "float64" else np.float32)
+        assert t.growth_tracker.dtype == np.int32 and t.hysteresis.size == 0
+
+
+def test_found_inf_takes_bools_and_zero_one_numbers():
+    flags = [True, False, False, True, True, False]
+    ref = simulate(TorchGradScaler(growth_interval=2), found_inf=np.array(flags))
+    for same in ([int(f) for f in flags], [float(f) for f in flags], np.array(flags, np.uint8),
+                 np.array(flags, object), torch.tensor(flags), torch.tensor(flags, dtype=torch.float32)):
+        t = simulate(TorchGradScaler(growth_interval=2), found_inf=same)
+        assert np.array_equal(t.scale, ref.scale) and np.array_equal(t.skipped, ref.skipped)
+    g = simulate(TorchGradScaler(init_scale=1024.0), grad_max=torch.tensor([0.25, 1e5], dtype=torch.bfloat16))
+    assert g.skipped.tolist() == [False, True]
+
+
+@pytest.mark.parametrize("stream, error, message", [
+    (dict(found_inf=[0, 2, 1]), ValueError, "step 1 is 2"),
+    (dict(found_inf=[0.5, 1.0]), ValueError, "found_inf must be True/False (or 1/0) at every step; step 0 is 0.5"),
+    (dict(found_inf=[True, None]), ValueError, "step 1 is None"),
+    (dict(found_inf=["yes"]), TypeError, "found_inf must be booleans (one per step)"),
+    (dict(found_inf="TFT"), TypeError, "found_inf must be booleans, one per step"),
+    (dict(found_inf=[[True], [False, True]]), ValueError, "found_inf must be booleans, one per step"),
+    (dict(found_inf=[1 + 1j]), TypeError, "found_inf must be booleans (one per step), got complex128"),
+    (dict(grad_max=[True, False]), TypeError, "grad_max must be numbers (the largest |gradient| of each step), "
+                                              "not booleans; give overflow flags as found_inf="),
+    (dict(grad_max=[1.0, None]), TypeError, "grad_max must be numbers"),
+    (dict(grad_max=["1.0"]), TypeError, "grad_max must be numbers"),
+    (dict(grad_max=[1.0, 10**400]), ValueError, "grad_max has a number too large for a float"),
+    (dict(grad_max=np.zeros(2, complex)), TypeError, "grad_max must be numbers"),
+    (dict(grad_max=[1.0], fmt="fp8_e4m3"), ValueError, "saturates"),
+    (dict(grad_max=[1.0], fmt="fp7"), ValueError, "unknown format"),
+    (dict(found_inf=[True], state=(1.0, 0)), TypeError, "state must be a ScalerState"),
+    (dict(found_inf=[True], state=ScalerState("1")), TypeError, "state.scale must be a number"),
+    (dict(found_inf=[True], state=ScalerState(1.0, steps_since_rescale=-1)), ValueError,
+     "state.steps_since_rescale must be a whole number from 0"),
+])
+def test_stream_and_state_errors_say_what_to_pass(stream, error, message):
+    with pytest.raises(error, match=re.escape(message)) as info:
+        simulate(TorchGradScaler(), **stream)
+    assert "\n" not in str(info.value)
+
+
+def test_adjust_refuses_what_is_not_a_step():
+    p = TorchGradScaler()
+    with pytest.raises(TypeError, match="found_inf must be True or False"):
+        p.adjust(p.initial_state(), np.array([True, False]))
+    with pytest.raises(TypeError, match="state must be a ScalerState"):
+        p.adjust((65536.0, 0), True)
+    assert p.adjust(p.initial_state(), 1) == p.adjust(p.initial_state(), True)
+    assert p.adjust(ScalerState(65536), False) == ScalerState(65536.0, 1, 1)
 
 
 def test_stream_errors():
