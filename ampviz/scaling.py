@@ -19,14 +19,23 @@ float32, a backoff resets the growth tracker to 0, growth happens only when the 
 is no floor: repeated backoffs reach float32's subnormals and, with a factor of 0.5, exactly 0.
 
 Speed: the state only changes at overflows and growths, so ``simulate`` works per event, not per
-step: between events it fills the trace with numpy slices (the counters that fairseq's tolerance
-keeps just advance by the length of the clean stretch).
+step. Where events are far apart it searches for the next one with numpy and fills the clean
+stretch before it with slices (the counters that fairseq's tolerance keeps just advance by its
+length). Where they come every few steps (growth_interval=1, a scale that keeps overflowing) it
+runs ``adjust`` written out as a Python loop over events, and takes at once what needs no loop:
+a scale that no backoff (or no growth) moves stays until the other kind of step comes, and on a
+found_inf stream whose every update is one exactly rounded multiplication (float64, or factors
+that are float32 values) the scales are numpy's running product. Torch's rounding of a double
+product to float32 (``_mul``) cannot be batched that way for other factors (0.995, 1.001): each
+product depends on the rounding of the one before, so those runs stay a loop. The trace equals
+stepping ``adjust`` once per step in every case, to the bit.
 
 This module needs numpy only.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import numbers
@@ -212,7 +221,8 @@ class DynamicScaler:
         if not 1 <= self.hysteresis < 2**31:  # a count of overflows, kept (as torch's tracker) in an int32
             errors.append(f"hysteresis must be a whole number >= 1 (and below 2**31), not {self.hysteresis!r}")
         if not -2**31 <= self.tracker_after_overflow < 2**31:  # torch keeps the tracker in an int32
-            errors.append(f"tracker_after_overflow must fit in an int32 (such as 0 or -1), not {self.tracker_after_overflow}")
+            errors.append(f"tracker_after_overflow must fit in an int32 (such as 0 or -1), "
+                          f"not {self.tracker_after_overflow}")
         if math.isnan(self.tolerance):
             errors.append("tolerance must be a number, not NaN (0 backs off at every overflow)")
         if self.dynamic:
@@ -247,6 +257,10 @@ class DynamicScaler:
             if not (_whole_number(found_inf) and found_inf in (0, 1)):
                 raise TypeError(f"found_inf must be True or False (did the step overflow?), not {_shown(found_inf)}")
             found_inf = bool(found_inf)
+        return self._adjust(state, found_inf)
+
+    def _adjust(self, state: ScalerState, found_inf: bool) -> ScalerState:
+        """``adjust`` on a state and flag known to be well formed (the simulator's own)."""
         if state.stopped or not self.dynamic:
             return state
         counting = self.tolerance > 0  # fairseq's tolerance counters
@@ -807,14 +821,15 @@ def overflows(scale, grad_max, fmt: FloatFormat | str = FP16) -> np.ndarray:
                          f"got {s.shape} and {g.shape}") from None
     qs = np.abs(np.asarray(fmt.quantize(s), dtype=np.float64))
     qg = np.abs(np.asarray(fmt.quantize(g), dtype=np.float64))
-    return _overflowing(qs, qg, fmt)
-
-
-def _overflowing(qs, qg, fmt: FloatFormat):
-    """The overflow test on magnitudes already cast to ``fmt`` (kept in one place: every path
-    of the simulator uses it or a threshold derived from it)."""
     with np.errstate(invalid="ignore", over="ignore"):
-        return ~(qs * qg < fmt.overflow_boundary)  # NaN (0 * inf, NaN input) counts as overflow
+        return _overflowing(qs, qg, fmt.overflow_boundary)
+
+
+def _overflowing(qs, qg, boundary: float):
+    """The overflow test on magnitudes already cast to the format whose ``overflow_boundary`` is
+    given (kept in one place: every path of the simulator uses it or a threshold derived from it).
+    Called under ``np.errstate``: 0 * inf and overflow are the point."""
+    return ~(qs * qg < boundary)  # NaN (0 * inf, NaN input) counts as overflow
 
 
 def _ulp_exponent(fmt: FloatFormat, x: np.ndarray) -> np.ndarray:
@@ -976,10 +991,17 @@ class _FixedOverflows:
     def __init__(self, flags: np.ndarray):
         self.flags = flags
         self.events = np.flatnonzero(flags)
+        # few overflows (the event-by-event search sees them all): a list that bisect searches
+        self._list = self.events.tolist() if self.events.size <= flags.size // 64 else None
 
     def first(self, start: int, stop: int, scale: float):
         """The first overflowing step in [start, stop), or None."""
-        k = int(np.searchsorted(self.events, start))
+        if self._list is not None:
+            k = bisect.bisect_left(self._list, start)
+            if k < len(self._list) and self._list[k] < stop:
+                return self._list[k]
+            return None
+        k = int(self.events.searchsorted(start))
         if k < self.events.size and self.events[k] < stop:
             return int(self.events[k])
         return None
@@ -1044,7 +1066,7 @@ class _ScaleDependentOverflows:
         return qs
 
     def _over(self, qs: float, values: np.ndarray) -> np.ndarray:
-        return _overflowing(qs, self._cast(values), self.fmt)
+        return _overflowing(qs, self._cast(values), self.boundary)
 
     def first(self, start: int, stop: int, scale: float):
         """The first overflowing step in [start, stop) at ``scale``, or None."""
@@ -1099,6 +1121,8 @@ _DENSE_GAP = 128  # events this close to the one before, _DENSE_EVENTS times in 
 _DENSE_EVENTS = 8  # to the step-by-step loop
 _SPARSE_EVENTS = 64  # a chunk with fewer events hands back to the event-by-event numpy search
 _STRETCH = 256  # a fixed scale is followed to the next growth with numpy when that is this far
+_COUNTED = 8  # below this growth interval, or with more events per step than _DENSITY, torch's
+_DENSITY = 0.25  # rule runs as a loop over steps
 
 
 def _array_rounds_to_float32() -> bool:
@@ -1126,7 +1150,7 @@ class _TraceArrays:
     def step(self, k: int, scale: float, skipped: bool, tracker: int, hyst: int) -> None:
         self.scale[k] = scale
         self.skipped[k] = skipped
-        self.tracker[k] = np.int64(tracker).astype(np.int32)
+        self.tracker[k] = _int32(tracker)
         if not self.fixed_hyst:
             self.hyst[k] = hyst
 
@@ -1184,10 +1208,15 @@ class _TraceArrays:
     def tail(self, i: int, st: ScalerState, stream) -> None:
         """Steps i.. once nothing changes any more: a static scale, or a run that was stopped."""
         self.scale[i:] = np.nan if st.stopped else st.scale
-        self.tracker[i:] = np.int64(st.growth_tracker).astype(np.int32)
+        self.tracker[i:] = _int32(st.growth_tracker)
         if not self.fixed_hyst:
             self.hyst[i:] = st.hysteresis
         self.skipped[i:] = True if st.stopped else stream.mask(i, self.scale.size, st.scale)
+
+
+def _int32(x: int) -> int:
+    """x wrapped to an int32, as torch's int32 growth tracker would hold it."""
+    return x if -2**31 <= x < 2**31 else (x + 2**31) % 2**32 - 2**31
 
 
 def _identical(a: float, b: float) -> bool:
@@ -1201,9 +1230,12 @@ def _run(policy: DynamicScaler, st: ScalerState, n: int, stream) -> ScalerTrace:
     """Steps 0..n-1, each stretch by the cheaper of two methods: where events (overflows and
     growths) are far apart, event by event with numpy searches and fills (``_events``); where they
     come every few steps, step by step in Python (``_steps``). Both equal stepping ``adjust``."""
+    if type(policy).adjust is not DynamicScaler.adjust:
+        return _run_adjust(policy, st, n, stream)
     out = _TraceArrays(policy, st, n)
     stopped_at = None
-    close = 0  # events in a row that came close to the one before
+    close = near = 0  # events in a row that came within _DENSE_GAP (or the stretch limit) of the last
+    limit = _DENSE_GAP if stream.known else 16 * _DENSE_GAP
     i = 0
     while i < n:
         if st.stopped or not policy.dynamic:
@@ -1211,21 +1243,54 @@ def _run(policy: DynamicScaler, st: ScalerState, n: int, stream) -> ScalerTrace:
             break
         if close >= _DENSE_EVENTS:
             i, st, stop, _ = _steps(policy, st, i, n, stream, out)
-            close = 0
+            close = near = 0
         else:
-            i, st, stop, dense = _events(policy, st, i, n, stream, out)
-            close = close + 1 if dense else 0
+            i, st, stop, gap = _events(policy, st, i, n, stream, out, near >= 4)
+            close = close + 1 if gap < _DENSE_GAP else 0
+            near = near + 1 if gap < limit else 0
         if stop is not None:
             stopped_at = stop
     return ScalerTrace(policy=policy, scale=out.scale, skipped=out.skipped, growth_tracker=out.tracker,
                        hysteresis=out.hyst, final=st, stopped_at=stopped_at)
 
 
-def _events(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: _TraceArrays):
+def _run_adjust(policy: DynamicScaler, st: ScalerState, n: int, stream) -> ScalerTrace:
+    """A subclass that overrides ``adjust`` is stepped through its own ``adjust``, one step at a
+    time (the fast paths above are ``DynamicScaler.adjust`` written out)."""
+    out = _TraceArrays(policy, st, n)
+    out.fixed_hyst, out.hyst = False, np.empty(n, np.int32)  # whatever its adjust does
+    scale, skipped, tracker, hyst = out.scale, out.skipped, out.tracker, out.hyst
+    stopped_at = None
+    scale64 = policy.arithmetic == "float64"
+    for lo in range(0, n, _CHUNK):
+        hi = min(n, lo + _CHUNK)
+        data = stream.chunk(lo, hi, scale64)
+        for k in range(lo, hi):
+            if st.stopped:
+                scale[k], f = np.nan, True
+            else:
+                scale[k] = st.scale
+                f = bool(data[k - lo]) if stream.known else not abs(st.scale) < data[k - lo]
+            skipped[k] = f
+            was_stopped = st.stopped
+            st = policy.adjust(st, f)
+            if st.stopped and not was_stopped:
+                stopped_at = k
+            tracker[k] = _int32(st.growth_tracker)
+            if not out.fixed_hyst:
+                hyst[k] = st.hysteresis
+    return ScalerTrace(policy=policy, scale=out.scale, skipped=out.skipped, growth_tracker=out.tracker,
+                       hysteresis=out.hyst, final=st, stopped_at=stopped_at)
+
+
+def _events(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: _TraceArrays,
+            stretch: bool = False):
     """From step i to the next event (overflow or growth) and through it, with numpy: the clean
     stretch before it is filled with slices (the counters that fairseq's tolerance keeps just
-    advance by its length), the event goes through ``policy.adjust``. Returns (next step, state,
-    step where the run stopped or None, whether events now come close together)."""
+    advance by its length), the event goes through ``policy.adjust``. With ``stretch`` (overflows
+    have been coming close together), an overflow after which the scale cannot move is followed
+    by the whole stretch at that scale (``_fixed_scale``). Returns (next step, state, step where
+    the run stopped or None, the number of clean steps before the event)."""
     scale, skipped, tracker, hyst = out.scale, out.skipped, out.tracker, out.hyst
     counting = policy.tolerance > 0
     to_growth = policy._clean_steps_to_growth(st)
@@ -1237,26 +1302,55 @@ def _events(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out:
     scale[i:clean_end] = st.scale
     if plain:
         h = policy.hysteresis if policy.refill == "clean" else st.hysteresis
-        np.add(_ramp(plain), np.int64(st.growth_tracker), out=tracker[i:i + plain], casting="unsafe")
+        t = st.growth_tracker
+        np.add(_ramp(plain), t if -2**31 <= t < 2**31 else np.int64(t), out=tracker[i:i + plain], casting="unsafe")
         if not out.fixed_hyst:
             hyst[i:i + plain] = h
         st = st._replace(growth_tracker=st.growth_tracker + plain, hysteresis=h,
                          steps_since_rescale=st.steps_since_rescale + plain if counting else 0)
     if grows:
-        st = policy.adjust(st, False)
-        tracker[clean_end - 1] = np.int64(st.growth_tracker).astype(np.int32)
+        st = policy._adjust(st, False)
+        tracker[clean_end - 1] = _int32(st.growth_tracker)
         if not out.fixed_hyst:
             hyst[clean_end - 1] = st.hysteresis
-    dense = clean_end - i < _DENSE_GAP
+    gap = clean_end - i
     if j is None:
-        return clean_end, st, None, dense
+        return clean_end, st, None, gap
     scale[j] = st.scale
     skipped[j] = True
-    st = policy.adjust(st, True)
-    tracker[j] = np.int64(st.growth_tracker).astype(np.int32)
+    st = policy._adjust(st, True)
+    tracker[j] = _int32(st.growth_tracker)
     if not out.fixed_hyst:
         hyst[j] = st.hysteresis
-    return j + 1, st, (j if st.stopped else None), dense
+    if st.stopped:
+        return j + 1, st, j, gap
+    k = j + 1
+    if not (stretch and k < n and _stretches(policy)):
+        return k, st, None, gap
+    rounds = policy.arithmetic != "float64"
+    bf = _f32(policy.backoff_factor) if policy.arithmetic == "float32" else policy.backoff_factor
+    if not _cannot_move(policy, st.scale, st.hysteresis, bf, rounds):
+        return k, st, None, gap
+    # the scale stays until the next growth or backoff: take that stretch at once, looking ahead
+    # further while it lasts
+    keeps = _backoff_keeps(policy, st.scale, bf, rounds)
+    size = _CHUNK // 4
+    while k < n:
+        e = min(n, k + size)
+        g, over, t, h = _fixed_scale(policy, st.scale, st.growth_tracker, st.hysteresis,
+                                     np.asarray(stream.mask(k, e, st.scale), bool), keeps)
+        if g:
+            scale[k:k + g] = st.scale
+            skipped[k:k + g] = over
+            tracker[k:k + g] = t
+            if not out.fixed_hyst:
+                hyst[k:k + g] = h
+            st = st._replace(growth_tracker=int(t[-1]), hysteresis=int(h[-1]), steps_since_rescale=0)
+            k += g
+        if k < e:  # the growth or backoff that ends it comes next
+            break
+        size = min(2 * size, 4 * _CHUNK)
+    return k, st, None, gap if k == j + 1 else n
 
 
 def _steps(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: _TraceArrays):
@@ -1292,9 +1386,13 @@ def _steps(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: 
     plain = (full == 1 and not counting and not windowed and lo_clamp is None and hi_clamp is None
              and keep_below is None and raise_at is None and (fast or not rounds)
              and ((gi <= 1 and tao + 1 >= gi) if at_least else (gi == 1 and tao == 0)))
-    # from an overflow, this many clean steps reach a growth: long enough to search with numpy
-    to_growth = inf if windowed else (max(gi - tao, 1) if at_least else (gi - tao if tao < gi else inf))
-    stretches = not counting and not windowed and to_growth >= _STRETCH
+    # torch's rule where events come at most steps (a short growth interval, or runs of overflows
+    # at a scale that moves): a loop over steps beats one over events
+    counted = (full == 1 and not counting and not windowed and lo_clamp is None and hi_clamp is None
+               and keep_below is None and raise_at is None and (fast or not rounds) and gi > 1)
+    density = 0.0  # events per step in the last chunk
+    # a scale that cannot move is followed to the next growth with numpy (see _fixed_scale)
+    stretches = _stretches(p)
     # one correctly rounded multiplication per update, in the scale's own type (numpy can repeat it)
     exact = math.isfinite(gf) and math.isfinite(bf) and (
         scale64 or p.arithmetic == "float32" or (_f32(gf) == gf and _f32(bf) == bf))
@@ -1308,6 +1406,13 @@ def _steps(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: 
             s = _grow_or_back(s, i, e, data, known, gf, bf, guard, scale64, exact, out, tao)
             t = tao if out.skipped[e - 1] else 0
             ov = sr = 0
+            i = e
+            continue
+        if counted and h == 1 and (gi < _COUNTED or density > _DENSITY):
+            s, t = _count_steps(s, t, i, e, data, known, gf, bf, gi, at_least, tao, guard, scale64, out)
+            ov = sr = 0
+            overflowed = int(np.count_nonzero(out.skipped[i:e]))
+            density = (overflowed + (e - i - overflowed) / gi) / (e - i)  # about: growths not counted
             i = e
             continue
         if known:
@@ -1401,12 +1506,15 @@ def _steps(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: 
                         if j > k:
                             runs.append((k, j, True))
                             k = j
-                    elif stretches and (h > 1 or refill_clean and full > 1 or _backoff_keeps(p, s, bf, rounds)):
-                        j, t, h = _fixed_scale(p, s, t, h, k, e, flags if known else None, over_at, runs,
-                                               _backoff_keeps(p, s, bf, rounds))
-                        if j - k < _STRETCH // 4:  # short: not worth looking for more in this chunk
+                    elif stretches and _cannot_move(p, s, h, bf, rounds):
+                        over = np.frombuffer(flags, bool)[k - i:] if known else over_at(k, e, s)
+                        g, over, tracker, hyst = _fixed_scale(p, s, t, h, over, _backoff_keeps(p, s, bf, rounds))
+                        if g:
+                            runs.append((k, k + g, over))
+                            t, h = int(tracker[-1]), int(hyst[-1])
+                            k += g
+                        if g < _STRETCH // 4:  # short: not worth looking for more in this chunk
                             stretches = False
-                        k = j
                 continue
             # ----- a clean step k: d clean steps in a row reach the next growth
             if windowed:
@@ -1455,12 +1563,14 @@ def _steps(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: 
                     runs.append((k, j, False))
                     k = j
         out.session(i, k, s0, t0, h0, evp, evs, runs)
+        density = len(evp) / max(k - i, 1)
         if stop is not None:
             out.step(stop, s, True, t, h)
             return stop + 1, ScalerState(s, t, h, True, ov, sr, w), stop, False
-        events = len(evp) + len(runs)
+        # few events, and no long stretch taken at once: the event-by-event search is cheaper
+        covered = sum(b - a for a, b, _ in runs)
         i = k
-        if events < _SPARSE_EVENTS * (e - i0) // _CHUNK:
+        if len(evp) < _SPARSE_EVENTS * (e - i0) // _CHUNK and 2 * covered < e - i0:
             break
     return i, ScalerState(s, t, h, False, ov, sr, w), None, False
 
@@ -1480,17 +1590,12 @@ def _backoff_keeps(p: DynamicScaler, s: float, bf: float, rounds: bool) -> bool:
     return _identical(ns, s)
 
 
-def _fixed_scale(p: DynamicScaler, s: float, t: int, h: int, k: int, e: int, flags, over_at, runs: list,
-                 keeps: bool):
-    """From step k (after an overflow: tracker t, hysteresis h) while the scale s cannot move:
+def _fixed_scale(p: DynamicScaler, s: float, t: int, h: int, over: np.ndarray, keeps: bool):
+    """Steps after an overflow (tracker t, hysteresis h after it) while the scale s cannot move:
     up to the next growth, and the next overflow that backs off (unless ``keeps``: a backoff at s
-    leaves it) or ends the run. Which steps overflow is then known at once and the tracker and
-    hysteresis follow with numpy. Records the stretch in ``runs`` and returns (the step after
-    it, the tracker and hysteresis before that step)."""
-    if flags is not None:
-        over = np.frombuffer(flags, bool)[k - (e - len(flags)):]
-    else:
-        over = over_at(k, e, s)
+    leaves it) or ends the run. ``over`` says which of the steps ahead overflow at s; the
+    tracker and hysteresis then follow with numpy. Returns (how many steps the stretch has, and
+    for each of them whether it overflowed, the tracker and the hysteresis after it)."""
     size = over.size
     idx = np.arange(size)
     last = np.maximum.accumulate(np.where(over, idx, -1))
@@ -1509,10 +1614,69 @@ def _fixed_scale(p: DynamicScaler, s: float, t: int, h: int, k: int, e: int, fla
     elif not keeps:
         end |= over & (before <= 1)  # this overflow backs off (or ends the run)
     g = int(np.argmax(end)) if end.any() else size
-    if g == 0:
-        return k, t, h
-    runs.append((k, k + g, over[:g]))
-    return k + g, int(tracker[g - 1]), int(hyst[g - 1])
+    return g, over[:g], tracker[:g], hyst[:g]
+
+
+def _stretches(p: DynamicScaler) -> bool:
+    """Whether a scale that cannot move is worth following with numpy: no tolerance counters or
+    window (they change at every step), and growth far enough away from an overflow."""
+    if p.tolerance > 0 or p.window_scaling:
+        return False
+    gi, tao = p.growth_interval, p.tracker_after_overflow
+    to_growth = max(gi - tao, 1) if p.growth_at_least else (gi - tao if tao < gi else math.inf)
+    return to_growth >= _STRETCH
+
+
+def _cannot_move(p: DynamicScaler, s: float, h: int, bf: float, rounds: bool) -> bool:
+    """After an overflow, whether the next overflows may leave the scale s as it is: hysteresis
+    absorbs them, or a backoff at s gives s again."""
+    return h > 1 or (p.refill == "clean" and p.hysteresis > 1) or _backoff_keeps(p, s, bf, rounds)
+
+
+def _count_steps(s: float, t: int, i: int, e: int, steps, known: bool, gf: float, bf: float, gi: int,
+                 at_least: bool, tao: int, guard: bool, scale64: bool, out: _TraceArrays):
+    """Steps [i, e) of torch's rule (no hysteresis, floor or ceiling) with a short growth
+    interval: events come every few steps, so a loop over steps that keeps just the scale and the
+    tracker is cheaper than one over events. Writes the trace; returns (scale, tracker) after."""
+    inf = math.inf
+    first = s
+    new = array("d" if scale64 else "f")  # appending a double to an array("f") rounds it to float32
+    put = new.append
+    counts = array("q")
+    count = counts.append
+    if not known:
+        thresholds = array("d")
+        thresholds.frombytes(steps.tobytes())
+        steps = thresholds
+    for x in steps:
+        if (not x) if known else -x < s < x:  # a clean step
+            t += 1
+            if t == gi or at_least and t > gi:
+                put(s * gf)
+                t = 0
+                if guard and not -inf < new[-1] < inf:
+                    new[-1] = s  # refused: the old scale stays
+                else:
+                    s = new[-1]
+            else:
+                put(s)
+        else:
+            put(s * bf)
+            s = new[-1]
+            t = tao
+        count(t)
+    scale = out.scale[i:e]
+    scale[0] = first
+    scale[1:] = np.frombuffer(new, scale.dtype)[:-1]
+    skipped = out.skipped[i:e]
+    if known:
+        skipped[:] = np.frombuffer(steps, bool)
+    else:
+        skipped[:] = ~(np.abs(scale.astype(np.float64)) < np.frombuffer(steps, np.float64))
+    out.tracker[i:e] = np.frombuffer(counts, np.int64)
+    if not out.fixed_hyst:
+        out.hyst[i:e] = 1
+    return s, t
 
 
 def _grow_or_back(s: float, i: int, e: int, steps, known: bool, gf: float, bf: float, guard: bool,

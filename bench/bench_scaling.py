@@ -11,7 +11,9 @@ cannot move (0, a floor, float32's max) or every update is one exact multiplicat
 factors that are float32 values, on a known found_inf stream), they now take numpy time; where
 torch's rounding of a double product to float32 must be followed step by step (factors such as
 1.001 or 0.995, or a grad_max stream whose overflows depend on the scale), a Python loop over the
-events does it, at a small multiple of the plain loop's cost (the last column's ratio).
+events does it, at about the plain loop's cost ("x loop": the plain loop's time over simulate's).
+Presets are timed on found_inf streams that overflow at every other step; the last row is the
+10M-step stream that overflows at every step (it took over 15 minutes), per million steps.
 
     .venv/bin/python bench/bench_scaling.py
 """
@@ -145,13 +147,13 @@ def main():
         rows.append((f"found_inf, alternating, {name}",
                      best_ms(lambda: simulate(PRESETS[name], found_inf=alternating), 3), None))
     ten = np.ones(10 * N, bool)  # the stream that took over 15 minutes
-    rows.append(("found_inf, 10M steps all overflowing (per 1M)", best_ms(lambda: simulate(policy, found_inf=ten), 1) / 10,
-                 None))
+    rows.append(("found_inf, 10M steps all overflowing (per 1M)",
+                 best_ms(lambda: simulate(policy, found_inf=ten), 1) / 10, None))
 
     print(f"{N:,} steps; real GradScaler timed on {SAMPLE:,} steps ({1e3 * real_per_step:.1f} us/step)\n")
     real = real_per_step * N
-    print(f"{'stream':48s} {'simulate ms':>12s} {'plain loop ms':>14s} {'x loop':>8s} {'real GradScaler s':>18s} "
-          f"{'x real':>9s}")
+    print(f"{'stream (ms per 1M steps)':48s} {'simulate ms':>12s} {'plain loop ms':>14s} {'x loop':>8s} "
+          f"{'real GradScaler s':>18s} {'x real':>9s}")
     for name, sim, loop in rows:
         loop_text = f"{loop:14.1f} {loop / sim:8.1f}" if loop is not None else f"{'':14s} {'':8s}"
         print(f"{name:48s} {sim:12.2f} {loop_text} {real / 1e3:18.1f} {real / sim:9.0f}")

@@ -30,10 +30,10 @@ def fp16_product_overflows(scale, g) -> bool:
         return not np.isfinite(np.float16(np.float32(scale)) * np.float16(np.float32(g)))
 
 
-def step_by_step(policy, found_inf=None, grad_max=None, fmt=FP16, overflowed=None):
+def step_by_step(policy, found_inf=None, grad_max=None, fmt=FP16, overflowed=None, state=None):
     """The plainest possible simulation: call ``adjust`` once per step. ``overflowed(scale, g)``
     replaces ``overflows`` for long grad_max streams (it is much faster per call)."""
-    st = policy.initial_state()
+    st = policy.initial_state() if state is None else state
     n = len(found_inf if found_inf is not None else grad_max)
     scale, skipped, tracker, hyst = [], [], [], []
     for i in range(n):
@@ -105,9 +105,9 @@ def assert_matches_torch(policy, found_inf):
     assert np.array_equal(trace.growth_tracker, real_tracker)
 
 
-def assert_simulate_equals_stepping(policy, overflowed=None, **stream):
-    scale, skipped, tracker, hyst, final = step_by_step(policy, overflowed=overflowed, **stream)
-    trace = simulate(policy, **stream)
+def assert_simulate_equals_stepping(policy, overflowed=None, state=None, **stream):
+    scale, skipped, tracker, hyst, final = step_by_step(policy, overflowed=overflowed, state=state, **stream)
+    trace = simulate(policy, state=state, **stream)
     bad = np.flatnonzero(~((trace.scale.astype(np.float64) == scale) | (np.isnan(trace.scale) & np.isnan(scale))))
     assert bad.size == 0, f"scale differs first at step {bad[0]}: {trace.scale[bad[0]]!r} vs {scale[bad[0]]!r}"
     assert same_floats(trace.scale, scale)
@@ -231,6 +231,56 @@ def test_dense_grad_max_equals_stepping(name):
     for strength in (0.5, 1.0):  # 1.0: spikes that overflow at every scale
         g = synth.scenario("spikes", N_DENSE, strength, np.random.default_rng(4))
         assert_simulate_equals_stepping(DENSE[name], overflowed=fp16_product_overflows, grad_max=g)
+
+
+@pytest.mark.parametrize("policy, state", [
+    (TorchGradScaler(growth_interval=1), ScalerState(1024.0, 0, 3)),  # hysteresis left over
+    (TorchGradScaler(growth_interval=1), ScalerState(math.nan)),
+    (TorchGradScaler(growth_interval=2000), ScalerState(math.nan)),
+    (DynamicScaler(hysteresis=2, growth_interval=500), ScalerState(0.0, -1, 2)),
+    (FairseqScaler(tolerance=0.25, growth_interval=3), ScalerState(128.0, 0, 1, False, 2, 5)),
+    (DynamicScaler(raise_at_scale=2.0, min_scale=1.0, growth_interval=1000), ScalerState(1.0)),
+    (DynamicScaler(raise_at_scale=2.0, min_scale=4.0, hysteresis=3, growth_interval=1000), ScalerState(4.0, 0, 3)),
+    (MetaseqScaler(), ScalerState(2.0**-5, 7, 1, False, 0, 0, 1)),
+])
+def test_starting_states_equal_stepping(policy, state):
+    """simulate(state=...) from odd states: hysteresis left on a scaler without it, a NaN or zero
+    scale, fairseq's counters half way, a scale at which an overflow ends the run."""
+    for kind in ("every step", "alternating", "random half", "runs"):
+        assert_simulate_equals_stepping(policy, state=state, found_inf=dense_found_inf(kind, 3000))
+    g = synth.scenario("spikes", 3000, 1.0, np.random.default_rng(5))
+    assert_simulate_equals_stepping(policy, state=state, overflowed=fp16_product_overflows, grad_max=g)
+
+
+def test_refused_growth_on_a_grad_max_stream():
+    """At float32's max with gradients that never overflow in bf16, every clean step's growth is
+    refused (torch keeps the scale when the product is inf)."""
+    g = np.full(5000, 2.0**-100, np.float32)
+    g[::7] = np.inf
+    for policy in (TorchGradScaler(init_scale=F32_MAX, growth_interval=1, backoff_factor=0.999),
+                   TorchGradScaler(init_scale=3e38, growth_interval=1, growth_factor=4.0)):
+        assert_simulate_equals_stepping(policy, grad_max=g, fmt=BF16)
+
+
+def test_rounding_without_the_array_trick(monkeypatch):
+    """Where storing a double in an array('f') does not round as a C cast does, the loop rounds
+    with the struct module instead: the same traces."""
+    from ampviz import scaling
+
+    monkeypatch.setattr(scaling, "_FAST_F32", False)
+    for name in ("gi=1, x4, 0.995 (the widget's slow case)", "gi=3, x2.5, 0.995", "hysteresis 2, clean refill, gi=1"):
+        assert_simulate_equals_stepping(DENSE[name], found_inf=dense_found_inf("random half", 3000))
+        g = synth.scenario("spikes", 3000, 0.5, np.random.default_rng(6))
+        assert_simulate_equals_stepping(DENSE[name], overflowed=fp16_product_overflows, grad_max=g)
+
+
+def test_collapsed_scales_on_sparse_spikes_are_taken_at_once():
+    """Spikes that overflow at every scale, 500 steps apart, drive torch's scale to 0, which no
+    backoff moves: the steps from there to the next growth are taken with numpy at once, not
+    spike by spike (each used to cost a numpy search)."""
+    g = synth.scenario("spikes", 20_000, 1.0, np.random.default_rng(8))
+    for policy in (TorchGradScaler(), MegatronScaler(), ApexHysteresisScaler(), KerasScaler()):
+        assert_simulate_equals_stepping(policy, overflowed=fp16_product_overflows, grad_max=g)
 
 
 def test_the_fast_reference_is_the_overflow_model():
@@ -368,6 +418,19 @@ class TrackerOneAfterGrowth(DynamicScaler):
         new = super().adjust(state, found_inf)
         grew = not found_inf and new.growth_tracker == 0 and state.growth_tracker + 1 == self.growth_interval
         return new._replace(growth_tracker=1) if grew else new
+
+
+def test_a_subclass_adjust_is_what_simulate_steps():
+    """simulate's fast paths are DynamicScaler.adjust written out; a subclass that overrides
+    adjust is stepped through its own, dense streams included."""
+    variant = TrackerOneAfterGrowth(growth_interval=3, growth_factor=1.5, backoff_factor=0.9)
+    for kind in ("runs", "random half"):  # streams with growths (alternating has none at gi=3)
+        flags = dense_found_inf(kind, 3000)
+        assert_simulate_equals_stepping(variant, found_inf=flags)
+        assert not np.array_equal(simulate(variant, found_inf=flags).growth_tracker,
+                                  simulate(TorchGradScaler(2.0**16, 1.5, 0.9, 3), found_inf=flags).growth_tracker)
+    g = synth.scenario("spikes", 3000, 0.5, np.random.default_rng(3))
+    assert_simulate_equals_stepping(variant, overflowed=fp16_product_overflows, grad_max=g)
 
 
 @pytest.mark.parametrize("wrong, flags", [

@@ -4,7 +4,6 @@ input with a correct result or one ValueError/TypeError whose message is a singl
 (an event at every step) included."""
 
 import math
-from fractions import Fraction
 
 import numpy as np
 import pytest
