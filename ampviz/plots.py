@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_RANGE_FORMATS",
     "FIELD_COLORS",
     "HEAT_MODE_ORDER",
+    "LINE_POINTS",
     "LIVE_DATA_KEYS",
     "band_edges",
     "census_x_range",
@@ -580,15 +581,41 @@ def _log2_scale(scale: np.ndarray) -> np.ndarray:
     return out
 
 
-def _scale_steps(trace) -> tuple[np.ndarray, np.ndarray]:
+#: A scale line with more change points than this is drawn at screen resolution (``_scale_steps``).
+LINE_POINTS = 4000
+
+
+def _scale_steps(trace, most: int = LINE_POINTS) -> tuple[np.ndarray, np.ndarray]:
     """The steps where the scale changes (plus the first and last): a step plot of a 1M-step
-    trace needs only these, never every step."""
+    trace needs only these, never every step. Where the scale changes at more than ``most``
+    steps (a growth interval of 1 changes it at every step), the steps are cut into ``most // 4``
+    equal groups, narrower than a pixel, and each group keeps its first and last change and the
+    changes to its lowest and highest scale: the line has the same envelope at every screen
+    width, every point drawn is a real step, and between groups the line is exact."""
     s = np.asarray(trace.scale, dtype=np.float64)
     if s.size == 0:
         return np.zeros(0, np.int64), np.zeros(0)
     changed = np.flatnonzero(~((s[1:] == s[:-1]) | (np.isnan(s[1:]) & np.isnan(s[:-1])))) + 1
     idx = np.concatenate([[0], changed, [s.size - 1]])
+    if idx.size > most:
+        idx = _envelope(idx, _log2_scale(s[idx]), s.size, max(most // 4, 1))
     return idx, s[idx]
+
+
+def _envelope(idx: np.ndarray, y: np.ndarray, n: int, groups: int) -> np.ndarray:
+    """Of the points (idx, y), sorted by idx < n: per group of n / ``groups`` steps, the first,
+    the last, the first lowest and the first highest y (NaN is never lowest or highest)."""
+    group = idx * groups // n
+    starts = np.flatnonzero(np.diff(group, prepend=-1))
+    ends = np.append(starts[1:], idx.size) - 1
+    counts = ends - starts + 1
+    keep = [starts, ends]
+    for reduce in (np.fmin, np.fmax):
+        with np.errstate(invalid="ignore"):
+            target = np.repeat(reduce.reduceat(y, starts), counts)
+        hit = np.flatnonzero(y == target)
+        keep.append(hit[np.diff(group[hit], prepend=-1) != 0])  # the first hit in each group
+    return idx[np.unique(np.concatenate(keep))]
 
 
 def _thin(idx: np.ndarray, most: int) -> np.ndarray:
@@ -608,8 +635,10 @@ _WHITE = {"paper_bgcolor": "white", "plot_bgcolor": "white", "font": {"color": "
 def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 2000) -> go.Figure:
     """log2(scale) over steps for one or more ``ScalerTrace``s, skipped steps marked.
 
-    The scale is drawn as a step line through the steps where it changes (so a trace of a
-    million steps sends a few thousand points at most); skipped steps are markers, thinned to
+    The scale is drawn as a step line through the steps where it changes; a trace that changes
+    at more than ``LINE_POINTS`` steps is drawn at screen resolution (each group of steps
+    narrower than a pixel keeps its first, last, lowest and highest scale), so a figure of a
+    million steps sends a few thousand points per trace whatever the settings; skipped steps are markers, thinned to
     ``max_markers`` per trace. A scale of exactly 0 is drawn at 2^-150; a stopped run ends its
     line and gets a dashed marker. ``lost``: optional dict name -> (steps, shares) drawn in a
     lower panel, e.g. the share of gradients lost to underflow at each step's scale.

@@ -13,6 +13,7 @@ from ampviz.plots import (
     BAND_CATEGORIES,
     CATEGORY_COLORS,
     DEFAULT_RANGE_FORMATS,
+    LINE_POINTS,
     band_edges,
     census_x_range,
     format_number,
@@ -284,7 +285,7 @@ def test_plot_scale_trace_draws_change_points_and_skips():
     from ampviz.scaling import TorchGradScaler, simulate
 
     rng = np.random.default_rng(0)
-    flags = rng.random(200_000) < 0.01
+    flags = rng.random(100_000) < 0.01
     trace = simulate(TorchGradScaler(growth_interval=50), found_inf=flags)
     fig = plot_scale_trace(trace, max_markers=300)
     line, marks = fig.data
@@ -292,11 +293,63 @@ def test_plot_scale_trace_draws_change_points_and_skips():
     # every change of the scale is a vertex, nothing else is (besides first and last step)
     s = trace.scale.astype(np.float64)
     changes = np.flatnonzero(s[1:] != s[:-1]) + 1
+    assert 1000 < changes.size < LINE_POINTS - 2
     assert np.array_equal(x, np.concatenate([[0], changes, [s.size - 1]]))
     assert np.array_equal(np.asarray(line.y), np.log2(s[x]))
     assert len(x) < 20_000 and len(marks.x) == 300 < trace.skipped_count
     assert set(np.asarray(marks.x)) <= set(np.flatnonzero(trace.skipped))
     assert f"{trace.skipped_count:,} skipped" in line.name
+
+
+def _drawn_envelope_misses(trace, x, y, groups):
+    """The line (x, y) drawn as a step plot ("hv") against the trace: the groups of steps (as
+    _scale_steps cuts them) where the drawn line's lowest or highest log2(scale), or its value at
+    the group's first or last step, differs from the trace's; and the drawn points that are not
+    the trace's own."""
+    s = trace.scale.astype(np.float64)
+    with np.errstate(divide="ignore"):
+        true = np.where(s == 0, -150.0, np.log2(np.abs(s)))
+    n = s.size
+    drawn = y[np.searchsorted(x, np.arange(n), side="right") - 1]
+    group = np.arange(n) * groups // n
+    starts = np.flatnonzero(np.diff(group, prepend=-1))
+    ends = np.append(starts[1:], n) - 1
+    misses = []
+    for a, b in zip(starts, ends):
+        t, d = true[a:b + 1], drawn[a:b + 1]
+        if not (np.nanmin(t) == np.nanmin(d) and np.nanmax(t) == np.nanmax(d)
+                and np.array_equal(t[[0, -1]], d[[0, -1]], equal_nan=True)):
+            misses.append(int(group[a]))
+    wrong = np.flatnonzero(~((true[x] == y) | (np.isnan(true[x]) & np.isnan(y))))
+    return misses, wrong
+
+
+@pytest.mark.parametrize("flags", ["alternating", "random", "all"])
+def test_plot_scale_trace_of_a_scale_that_changes_at_every_step(flags):
+    """growth_interval=1 changes the scale at every step: the line is drawn at screen
+    resolution, at most LINE_POINTS real points, and reaches every group's lowest and highest
+    scale; its last point is the last step's scale. Thinning to evenly spread points instead (a
+    plausible shortcut) misses the peaks."""
+    from ampviz.plots import _thin, plot_scale_trace
+    from ampviz.scaling import TorchGradScaler, simulate
+
+    n = 300_000
+    f = {"alternating": np.arange(n) % 2 == 0, "random": np.random.default_rng(1).random(n) < 0.3,
+         "all": np.ones(n, bool)}[flags]
+    trace = simulate(TorchGradScaler(growth_interval=1, growth_factor=4.0, backoff_factor=0.995), found_inf=f)
+    fig = plot_scale_trace(trace)
+    line = fig.data[0]
+    x, y = np.asarray(line.x), np.asarray(line.y, np.float64)
+    assert x.size <= LINE_POINTS and np.all(np.diff(x) > 0) and x[0] == 0 and x[-1] == n - 1
+    assert len(line.hovertext) == x.size
+    misses, wrong = _drawn_envelope_misses(trace, x, y, LINE_POINTS // 4)
+    assert misses == [] and wrong.size == 0
+    if flags != "all":  # a scale that only falls has its envelope at the ends of each group
+        s = trace.scale.astype(np.float64)
+        changes = np.concatenate([[0], np.flatnonzero(s[1:] != s[:-1]) + 1, [n - 1]])
+        even = _thin(changes, x.size)
+        assert _drawn_envelope_misses(trace, even, np.log2(s[even]), LINE_POINTS // 4)[0] != []
+    assert len(fig.to_json()) < 1_000_000  # it was ~75 MB at 1M steps
 
 
 def test_plot_scale_trace_zero_scale_stopped_run_and_lost_panel():
