@@ -120,9 +120,11 @@ def test_the_app_also_renders_inside_jupyter_server(browser, lab):
 
 def test_closed_pages_leave_no_kernel_behind(browser):
     """Every page Voila serves starts a kernel (0.4-0.7 GB here). The project's voila.json has Voila
-    cull a kernel whose page is gone; here with shorter times, the same settings otherwise."""
+    cull a kernel whose page is gone, even one whose live training still runs (its figure updates
+    are not a user's activity); here with shorter times, the same settings otherwise."""
     config = json.loads((ROOT / "voila.json").read_text())["MappingKernelManager"]
     assert config["cull_connected"] is False and 0 < config["cull_interval"] <= config["cull_idle_timeout"] <= 600
+    assert "comm_msg" in config["untracked_message_types"]
     server = {}
     fast = {"MappingKernelManager": {"cull_idle_timeout": 4, "cull_interval": 1}}
     with voila(ROOT / "notebooks" / "explorer.ipynb", settings=fast, server=server) as url:
@@ -134,8 +136,19 @@ def test_closed_pages_leave_no_kernel_behind(browser):
             p.locator(".ampviz-explorer-app").wait_for(timeout=120_000)
             pages.append(p)
         assert len(kernel_processes(pid)) == 2
+        # the reload starts a long live run and is closed while it trains
+        training = pages[1]
+        _tab(training, "Live training")
+        steps = training.locator(".ampviz-live-steps input")
+        steps.fill("1000000")
+        steps.press("Enter")
+        training.locator(".ampviz-live-start").click()
+        training.wait_for_function(
+            "() => /^[1-9][0-9,]* \\/ /.test(document.querySelector('.ampviz-live-status').innerText)",
+            timeout=60_000)
         time.sleep(8)  # twice the idle timeout: an open page's kernel is never culled
         assert len(kernel_processes(pid)) == 2
+        assert "done" not in training.locator(".ampviz-live-status").inner_text()
         for p in pages:
             p.close()
         deadline = time.monotonic() + 60
