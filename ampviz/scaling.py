@@ -46,7 +46,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ampviz.formats import FP16, FloatFormat, get_format
+from ampviz.formats import FP16, FP32, FloatFormat, get_format
 
 __all__ = [
     "DynamicScaler",
@@ -800,18 +800,40 @@ def _overflow_format(fmt) -> FloatFormat:
     return fmt
 
 
+def _loss_format(loss_dtype, fmt: FloatFormat) -> bool:
+    """Whether ``loss_dtype`` is the low-precision format itself (the loss computed in ``fmt``)
+    rather than float32 (the loss autocast computes in fp32); anything else is one clear error."""
+    try:
+        lf = get_format(loss_dtype)
+    except (TypeError, ValueError):
+        lf = None
+    if lf is FP32:
+        return False
+    if lf is fmt:
+        return True
+    own = fmt.torch_dtype or fmt.name
+    raise ValueError(f"loss_dtype must be 'float32' (the loss autocast computes in fp32, as mse_loss and "
+                     f"cross_entropy are) or {own!r} (a loss computed in {fmt.name}), not {_shown(loss_dtype)}")
+
+
 # ------------------------------------------------------------------ overflow model
-def overflows(scale, grad_max, fmt: FloatFormat | str = FP16) -> np.ndarray:
+def overflows(scale, grad_max, fmt: FloatFormat | str = FP16, loss_dtype="float32") -> np.ndarray:
     """Whether a step whose largest unscaled gradient is ``grad_max`` overflows at ``scale``.
 
-    The model of torch's backward in a low-precision region: the incoming gradient is the scale
-    cast to ``fmt``, multiplied by the gradient cast to ``fmt``, rounded to ``fmt``:
-    ``f16(f16(scale) * f16(g))``. It overflows when that is inf or NaN; by monotone rounding the
-    largest |g| decides for a whole tensor. The product of two fp16 (or bf16, fp32) values is exact
-    in float64, so only its final rounding matters: |product| >= ``fmt.overflow_boundary``.
-    ``scale`` and ``grad_max`` are numbers or arrays of matching (broadcastable) shapes.
+    The model of torch's backward into a low-precision (``fmt``) region. Where the loss is float32
+    (``loss_dtype="float32"``, the default: autocast runs ``mse_loss``, ``cross_entropy`` and other
+    losses in fp32), the scaled gradient is computed in float32 and reaches ``fmt`` as
+    ``f16(f32(f32(scale) * f32(g)))``: it overflows when that is inf or NaN, i.e. when the
+    float32 product reaches ``fmt.overflow_boundary`` (65520 for fp16). A small gradient at
+    scale 2^16 does not overflow. Where the loss itself is in ``fmt`` (``loss_dtype="float16"``:
+    a ``.half()`` model, or a loss computed in fp16), the scale is cast to ``fmt`` first:
+    ``f16(f16(scale) * f16(g))``, so a scale of 65520 or more overflows whatever the gradients.
+    By monotone rounding the largest |g| decides for a whole tensor. Both products are exact in
+    float64, so only their roundings matter. ``scale`` and ``grad_max`` are numbers or arrays of
+    matching (broadcastable) shapes.
     """
     fmt = _overflow_format(fmt)
+    low = _loss_format(loss_dtype, fmt)
     s = _real_values("scale", scale, "a number (the loss scale) or an array of them")
     g = _real_values("grad_max", grad_max, "numbers (the largest |gradient| of each step)")
     try:
@@ -819,10 +841,20 @@ def overflows(scale, grad_max, fmt: FloatFormat | str = FP16) -> np.ndarray:
     except ValueError:
         raise ValueError(f"scale and grad_max must have matching shapes (or one be a single number); "
                          f"got {s.shape} and {g.shape}") from None
-    qs = np.abs(np.asarray(fmt.quantize(s), dtype=np.float64))
-    qg = np.abs(np.asarray(fmt.quantize(g), dtype=np.float64))
     with np.errstate(invalid="ignore", over="ignore"):
-        return _overflowing(qs, qg, fmt.overflow_boundary)
+        if low:
+            qs = np.abs(np.asarray(fmt.quantize(s), dtype=np.float64))
+            qg = np.abs(np.asarray(fmt.quantize(g), dtype=np.float64))
+            return _overflowing(qs, qg, fmt.overflow_boundary)
+        return _overflowing32(np.abs(s.astype(np.float32)).astype(np.float64),
+                              np.abs(g.astype(np.float32)).astype(np.float64), fmt.overflow_boundary)
+
+
+def _overflowing32(s32, g32, boundary: float):
+    """The fp32-loss overflow test on float32 magnitudes (held as float64, where their product is
+    exact): the product rounded to float32, then compared with the boundary. Called under
+    ``np.errstate``."""
+    return ~(np.asarray(s32 * g32).astype(np.float32) < boundary)  # NaN (0 * inf) counts as overflow
 
 
 def _overflowing(qs, qg, boundary: float):
@@ -868,12 +900,40 @@ def _thresholds(fmt: FloatFormat, qg: np.ndarray, scale64: bool) -> np.ndarray:
         c = np.where(c < mid, np.nextafter(c, up), c)
         c = np.where((c == mid) & (_cast_array(fmt, c) < v), np.nextafter(c, up), c)
         thr = np.where(v == 0, 0.0, c.astype(np.float64))
-        if not scale64:
-            return thr
+        return _thresholds64(thr) if scale64 else thr
+
+
+def _thresholds64(thr: np.ndarray) -> np.ndarray:
+    """Thresholds on a float32 scale (float32 values, 0 or inf) turned into thresholds on a float64
+    scale that is cast to float32 first: the least float64 that rounds to the threshold or above."""
+    with np.errstate(over="ignore", invalid="ignore"):
         below = np.nextafter(thr.astype(np.float32), np.float32(0)).astype(np.float64)
         mid = (below + np.where(np.isinf(thr), 2.0**128, thr)) / 2
         thr64 = np.where(mid.astype(np.float32).astype(np.float64) >= thr, mid, np.nextafter(mid, np.inf))
-        return np.where(thr == 0, 0.0, thr64)
+    return np.where(thr == 0, 0.0, thr64)
+
+
+def _thresholds32(fmt: FloatFormat, a: np.ndarray, scale64: bool) -> np.ndarray:
+    """``_thresholds`` for the fp32-loss model: for float32 gradient magnitudes ``a``, the least
+    float32 scale S with f32(S * g) >= B (B = fmt.overflow_boundary), so that a step overflows
+    exactly when ``not abs(S) < threshold``. B / g is within an ulp of it: of the float32 values
+    around it, the least that passes the test itself is taken. A zero gradient overflows only at
+    an infinite (or NaN) scale, an infinite one at every scale."""
+    B = fmt.overflow_boundary
+    g = np.asarray(a, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        c = np.minimum(B / np.where(g > 0, g, 1.0), float(np.finfo(np.float32).max)).astype(np.float32)
+        for _ in range(4):  # four float32 steps down: below the threshold whatever the binade
+            c = np.nextafter(c, np.float32(0))
+        thr = np.full(g.shape, np.inf)
+        open_ = np.ones(g.shape, bool)
+        for _ in range(8):
+            hit = open_ & (_overflowing32(c.astype(np.float64), g, B))
+            thr[hit] = c[hit]
+            open_ &= ~hit
+            c = np.nextafter(c, np.float32(np.inf))
+        thr = np.where(np.isinf(g), 0.0, np.where(g == 0, np.inf, thr))
+    return _thresholds64(thr) if scale64 else thr
 
 
 def _cast_array(fmt: FloatFormat, x: np.ndarray) -> np.ndarray:
@@ -956,14 +1016,15 @@ def _check_state(state) -> ScalerState:
     return ScalerState(scale=scale, stopped=bool(state.stopped), **ints)
 
 
-def simulate(policy: DynamicScaler, *, found_inf=None, grad_max=None, fmt=FP16,
+def simulate(policy: DynamicScaler, *, found_inf=None, grad_max=None, fmt=FP16, loss_dtype="float32",
              state: ScalerState | None = None) -> ScalerTrace:
     """Run ``policy`` over a stream of steps.
 
     Give exactly one of ``found_inf`` (bool per step: the step overflowed; 0/1 work too) or
     ``grad_max`` (the largest unscaled |gradient| per step: the step overflows when
-    ``overflows(scale, g, fmt)`` at the scale of that step). ``state`` starts from a given state
-    instead of the initial one. An empty stream gives an empty trace.
+    ``overflows(scale, g, fmt, loss_dtype)`` at the scale of that step; ``loss_dtype`` says whether
+    the loss is float32, as autocast computes it, or in ``fmt``). ``state`` starts from a given
+    state instead of the initial one. An empty stream gives an empty trace.
     """
     if not isinstance(policy, DynamicScaler):
         raise TypeError(f"policy must be a DynamicScaler (e.g. TorchGradScaler()), got {_shown(policy)}")
@@ -971,6 +1032,7 @@ def simulate(policy: DynamicScaler, *, found_inf=None, grad_max=None, fmt=FP16,
         raise ValueError("give exactly one of found_inf (bool per step) or grad_max (max |gradient| per step)")
     st = policy.initial_state() if state is None else _check_state(state)
     fmt = get_format(fmt)
+    low = _loss_format(loss_dtype, fmt)
     if found_inf is not None:
         flags = _flags(found_inf)
         n = flags.size
@@ -978,7 +1040,7 @@ def simulate(policy: DynamicScaler, *, found_inf=None, grad_max=None, fmt=FP16,
     else:
         g = _gradients(grad_max)
         n = g.size
-        stream = _ScaleDependentOverflows(g, _overflow_format(fmt))
+        stream = _ScaleDependentOverflows(g, _overflow_format(fmt), low)
     with np.errstate(over="ignore", invalid="ignore"):
         return _run(policy, st, n, stream)
 
@@ -1044,8 +1106,9 @@ class _ScaleDependentOverflows:
     known = False
     BLOCK = 512
 
-    def __init__(self, g: np.ndarray, fmt: FloatFormat):
+    def __init__(self, g: np.ndarray, fmt: FloatFormat, low: bool = False):
         self.fmt = fmt
+        self.low = low  # the loss in fmt (the scale cast to fmt), else a float32 loss
         self.boundary = fmt.overflow_boundary
         with np.errstate(over="ignore", invalid="ignore"):
             a = np.abs(np.asarray(g, dtype=np.float32))  # torch casts through float32
@@ -1057,16 +1120,18 @@ class _ScaleDependentOverflows:
         self._qs = {}
 
     def _cast(self, x: np.ndarray) -> np.ndarray:
-        return _cast_array(self.fmt, x)
+        return _cast_array(self.fmt, x) if self.low else np.asarray(x, np.float64)
 
     def _scale(self, scale: float) -> float:
         qs = self._qs.get(scale)
         if qs is None:
-            qs = self._qs[scale] = abs(_cast_scalar(self.fmt, scale))
+            qs = self._qs[scale] = abs(_cast_scalar(self.fmt, scale) if self.low else _f32(scale))
         return qs
 
     def _over(self, qs: float, values: np.ndarray) -> np.ndarray:
-        return _overflowing(qs, self._cast(values), self.boundary)
+        if self.low:
+            return _overflowing(qs, self._cast(values), self.boundary)
+        return _overflowing32(qs, self._cast(values), self.boundary)
 
     def first(self, start: int, stop: int, scale: float):
         """The first overflowing step in [start, stop) at ``scale``, or None."""
@@ -1097,6 +1162,8 @@ class _ScaleDependentOverflows:
     def chunk(self, lo: int, hi: int, scale64: bool) -> np.ndarray:
         """The steps [lo, hi) for the step-by-step loop: each step's threshold (float64)."""
         a = self.a[lo:hi]
+        if not self.low:
+            return _thresholds32(self.fmt, a, scale64)
         with np.errstate(over="ignore"):  # beyond fp16's range is inf: the point
             if self.fmt is FP16:
                 return _fp16_thresholds(scale64)[a.astype(np.float16).view(np.uint16)]

@@ -4,8 +4,9 @@ A loss scaler sees one thing per step: did the scaled gradients overflow? These 
 input in one of two forms:
 
 * ``grad_max``: a float32 array with, for each step, the largest |gradient| before scaling. A step
-  overflows in fp16 at scale ``S`` when ``fp16(fp16(S) * fp16(grad_max))`` is inf or NaN;
-  ``overflows_at`` applies that rule exactly.
+  overflows in fp16 at scale ``S`` when ``fp16(fp32(S * grad_max))`` is inf or NaN (a float32
+  loss, as autocast computes it), or ``fp16(fp16(S) * fp16(grad_max))`` (a loss computed in
+  fp16); ``overflows_at`` applies either rule exactly.
 * ``found_inf``: a bool array saying directly which steps overflowed (``found_inf_every``,
   ``found_inf_random``), for patterns that are easier to state than to produce from gradients.
 
@@ -15,10 +16,9 @@ times a standard normal draw, so ``jitter`` is measured in binades (powers of tw
 level. Scenarios change the level over time (``drift``, ``warmup``) or lift chosen steps by
 ``height``: ``spikes`` lifts single steps, ``bursts`` lifts runs of consecutive steps.
 
-Any value of 65520 or more (fp16's max, 65504, plus half an ulp) is already inf once cast to fp16,
-so it overflows at every scale. A spike
-that high stands for a batch whose gradients are inf or NaN. Values are kept between 2**-126 and
-2**127 (float32's normal range), so they are always positive and finite.
+Any value of 65520 or more (fp16's max, 65504, plus half an ulp) overflows at every scale of 1
+or more; with an fp16 loss it is inf once cast to fp16 and overflows at every scale. Values are
+kept between 2**-126 and 2**127 (float32's normal range), so they are always positive and finite.
 
 Randomness comes only from the ``rng`` argument: a ``np.random.Generator`` (as made by
 ``np.random.default_rng(seed)``) or an int seed. The same seed gives the same stream. There is no
@@ -303,17 +303,19 @@ def warmup(steps, *, start=2.0**6, end=2.0**-4, warmup_steps=500, jitter=0.5, rn
 
 
 # ------------------------------------------------------------------ found_inf streams
-def overflows_at(grad_max, scale, fmt=FP16) -> np.ndarray:
+def overflows_at(grad_max, scale, fmt=FP16, loss_dtype="float32") -> np.ndarray:
     """Which steps overflow at a fixed ``scale``: a bool array shaped like ``grad_max``.
 
-    This is the check a loss scaler makes, applied to the largest gradient of each step. The scale
-    and the gradient are each cast to ``fmt``, then multiplied, and the product is cast again.
-    The step overflows if the result is inf or NaN, just as torch reports for
-    ``torch.tensor(g, dtype=torch.float16) * torch.tensor(scale, dtype=torch.float16)``.
-    The product of two fp16 values is exact in float64, so it overflows exactly when its magnitude
-    reaches ``fmt.overflow_boundary`` (65520 for fp16: 65504 plus half an ulp, and that tie rounds
-    to inf). It also overflows when either factor is inf (a scale of 1e5 is inf in fp16) or NaN,
-    so ``inf * 0`` counts too. The sign of ``grad_max`` does not matter.
+    This is the check a loss scaler makes, applied to the largest gradient of each step, with
+    the loss scalers' own overflow model (``ampviz.scaling.overflows``). With a float32 loss (the
+    default: autocast computes ``mse_loss`` and ``cross_entropy`` in fp32) the scale times the
+    gradient is computed in float32 and then cast to ``fmt``: the step overflows when that cast
+    is inf or NaN, i.e. when the float32 product reaches ``fmt.overflow_boundary`` (65520 for
+    fp16: 65504 plus half an ulp, and that tie rounds to inf). With ``loss_dtype="float16"`` (a
+    loss computed in fp16) the scale and the gradient are each cast to fp16 first, as torch
+    computes ``torch.tensor(g, dtype=torch.float16) * torch.tensor(scale, dtype=torch.float16)``,
+    so a scale of 65520 or more overflows at every step. Either way ``inf * 0`` counts as an
+    overflow, and the sign of ``grad_max`` does not matter.
 
     ``scale`` may also be an array the same length as ``grad_max`` (one scale per step).
     ``fmt`` must be a format with inf (fp16, bf16, fp32, tf32, fp8 E5M2). fp8 E4M3 saturates at
@@ -327,7 +329,7 @@ def overflows_at(grad_max, scale, fmt=FP16) -> np.ndarray:
         raise TypeError(f"scale must be a number or an array of numbers, got {scale!r}")
     if np.any(np.isnan(s)) or np.any(s <= 0):
         raise ValueError(f"scale must be positive, got {_shown(scale)}")
-    return overflows(s, g, fmt)  # the loss scalers' own overflow model
+    return overflows(s, g, fmt, loss_dtype)  # the loss scalers' own overflow model
 
 
 def found_inf_every(steps, every, offset=0) -> np.ndarray:
@@ -394,7 +396,8 @@ def _spikes_scenario(steps, strength, rng):
     """Level 2**-4, a spike every 500 steps (from step 0), 24 * strength binades high.
 
     At 0 there are no spikes. At 0.5 a spike reaches 256, which overflows once the scale is 256
-    or more. At 1 a spike reaches 2**20, which is inf in fp16 and overflows at every scale.
+    or more. At 1 a spike reaches 2**20, beyond fp16's range: it overflows at every scale above
+    about 2**-4 (with an fp16 loss, where it is inf once cast, at every scale).
     """
     return spikes(steps, level=2.0**-4, jitter=0.5, every=500, height=2.0 ** (24 * strength),
                   rng=rng)
@@ -414,7 +417,7 @@ def _warmup_scenario(steps, strength, rng):
     """Settles at 2**-4 after a 500-step warm-up that starts 20 * strength binades higher.
 
     At 0 there is no warm-up. At 1 the warm-up starts at 2**16, at fp16's limit: many of the first
-    steps are 65520 or more, inf in fp16, and overflow at every scale.
+    steps are 65520 or more and overflow at every scale of 1 or more.
     """
     return warmup(steps, start=2.0 ** (-4 + 20 * strength), end=2.0**-4, warmup_steps=500,
                   jitter=0.5, rng=rng)

@@ -570,8 +570,9 @@ class ScalerLab(_Explorer):
 
     Controls: ``init_slider`` (log2 of init_scale), ``growth_slider``, ``backoff_slider``,
     ``interval_input`` (growth_interval), ``scenario_dropdown`` and ``strength_slider`` (the
-    gradient stream, from ``ampviz.synth``), ``overlay`` (other frameworks' scalers from
-    ``ampviz.scaling.PRESETS`` to run on the same stream). Your settings run as
+    gradient stream, from ``ampviz.synth``), ``loss_dropdown`` (the loss in float32, as autocast
+    computes it, or in fp16: ``ampviz.scaling.overflows``), ``overlay`` (other frameworks'
+    scalers from ``ampviz.scaling.PRESETS`` to run on the same stream). Your settings run as
     ``torch.amp.GradScaler`` would (``TorchGradScaler``).
 
     State: ``stream`` (per-step max |gradient|), ``traces`` (``ScalerTrace`` per scaler, yours
@@ -580,9 +581,12 @@ class ScalerLab(_Explorer):
     show a message and keep the last good figure.
     """
 
+    #: The loss-dtype choices: (label, loss_dtype for ``scaling.overflows``).
+    LOSSES = (("float32 (autocast)", "float32"), ("fp16 (a .half() model)", "float16"))
+
     def __init__(self, steps=100_000, *, scenario="spikes", strength=0.5, gradients=None, seed=0,
                  init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
-                 overlay=()):
+                 overlay=(), loss_dtype="float32"):
         self._init_common()
         self.steps = _whole("steps", steps, 1, 10**8)
         self.seed = _whole("seed", seed, 0)
@@ -602,8 +606,11 @@ class ScalerLab(_Explorer):
         strength = _real("strength", strength)
         if not 0 <= strength <= 1:
             raise ValueError(f"strength must be between 0 and 1, got {_shown(strength)}")
-        if scenario not in synth.SCENARIOS:
+        if not isinstance(scenario, str) or scenario not in synth.SCENARIOS:
             raise ValueError(f"unknown scenario {_shown(scenario)}; choose one of {', '.join(synth.SCENARIOS)}")
+        if not isinstance(loss_dtype, str) or loss_dtype not in dict(self.LOSSES).values():
+            raise ValueError(f"loss_dtype must be 'float32' (the loss autocast computes in fp32) or 'float16' "
+                             f"(a loss computed in fp16), got {_shown(loss_dtype)}")
         unknown = [name for name in overlay if name not in scaling.PRESETS or name == "torch"] \
             if not isinstance(overlay, str) else [overlay]
         if unknown:
@@ -631,13 +638,15 @@ class ScalerLab(_Explorer):
                                             description="scenario", style=style)
         self.strength_slider = W.FloatSlider(value=strength, min=0.0, max=1.0, step=0.05,
                                              description="strength", style=style, layout=wide)
+        self.loss_dropdown = W.Dropdown(options=list(self.LOSSES), value=loss_dtype, description="loss",
+                                        style=style)
         others = [name for name in scaling.PRESETS if name != "torch"]
         self.overlay = W.SelectMultiple(options=others, value=tuple(overlay) if not isinstance(overlay, str) else (overlay,), rows=min(6, max(len(others), 1)),
                                         description="compare with", style=style)
         for w, cls in ((self.init_slider, "init"), (self.growth_slider, "growth"),
                        (self.backoff_slider, "backoff"), (self.interval_input, "interval"),
                        (self.scenario_dropdown, "scenario"), (self.strength_slider, "strength"),
-                       (self.overlay, "overlay")):
+                       (self.loss_dropdown, "loss"), (self.overlay, "overlay")):
             w.add_class(f"ampviz-scaler-{cls}")
             w.observe(self._on_change, names="value")
         self.readout = W.HTML()
@@ -645,7 +654,7 @@ class ScalerLab(_Explorer):
         self.output.add_class("ampviz-scaler-figure")
         self.ui = W.VBox([
             W.HBox([W.VBox([self.init_slider, self.growth_slider, self.backoff_slider, self.interval_input]),
-                    W.VBox([self.scenario_dropdown, self.strength_slider, self.overlay])],
+                    W.VBox([self.scenario_dropdown, self.strength_slider, self.loss_dropdown, self.overlay])],
                    layout=W.Layout(flex_flow="row wrap")),
             self.message, self.readout, self.output,
         ])
@@ -697,14 +706,16 @@ class ScalerLab(_Explorer):
         """Simulate every scaler on the stream and redraw (the last good figure stays on error)."""
         mine = self.policy()
         g = self.stream
-        self.traces = [scaling.simulate(p, grad_max=g)
+        loss = self.loss_dropdown.value
+        self.traces = [scaling.simulate(p, grad_max=g, loss_dtype=loss)
                        for p in [mine, *(scaling.PRESETS[name] for name in self.overlay.value)]]
         self.lost = self._lost_share(self.traces[0], self._typical_max(g))
         self.readout.value = self._readout_html()
         self._clear_error()
         self._draw(plot_scale_trace(self.traces, lost={"your settings": self.lost},
                                     title=f"{self.scenario_dropdown.value} gradients "
-                                          f"(strength {self.strength_slider.value:g}), {self.steps:,} steps"))
+                                          f"(strength {self.strength_slider.value:g}), {self.steps:,} steps, "
+                                          f"{'float32' if loss == 'float32' else 'fp16'} loss"))
 
     def _typical_max(self, g) -> float:
         """The stream's median largest gradient (computed once per stream)."""

@@ -30,7 +30,20 @@ def fp16_product_overflows(scale, g) -> bool:
         return not np.isfinite(np.float16(np.float32(scale)) * np.float16(np.float32(g)))
 
 
-def step_by_step(policy, found_inf=None, grad_max=None, fmt=FP16, overflowed=None, state=None):
+def fp32_loss_overflows(scale, g) -> bool:
+    """The fp32-loss overflow model as numpy's own arithmetic computes it: the float32 scale times
+    the float32 gradient, rounded to float32 (numpy multiplies float32 in float32), then cast to
+    float16."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return not np.isfinite(np.float16(np.float32(scale) * np.float32(g)))
+
+
+# the two overflow models (simulate's loss_dtype), each with its plain reference
+MODELS = {"float32": fp32_loss_overflows, "float16": fp16_product_overflows}
+
+
+def step_by_step(policy, found_inf=None, grad_max=None, fmt=FP16, overflowed=None, state=None,
+                 loss_dtype="float32"):
     """The plainest possible simulation: call ``adjust`` once per step. ``overflowed(scale, g)``
     replaces ``overflows`` for long grad_max streams (it is much faster per call)."""
     st = policy.initial_state() if state is None else state
@@ -45,7 +58,7 @@ def step_by_step(policy, found_inf=None, grad_max=None, fmt=FP16, overflowed=Non
         elif overflowed is not None:
             f = overflowed(st.scale, grad_max[i])
         else:
-            f = bool(overflows(st.scale, grad_max[i], fmt))
+            f = bool(overflows(st.scale, grad_max[i], fmt, loss_dtype))
         scale.append(s)
         skipped.append(f)
         st = policy.adjust(st, f)
@@ -149,13 +162,13 @@ def test_simulate_found_inf_equals_stepping(policy, flags):
 
 @settings(max_examples=150, deadline=None)
 @given(policy=policies, seed=st.integers(0, 2**32 - 1), n=st.integers(0, 3000),
-       level=st.integers(-30, 20), fmt=st.sampled_from([FP16, BF16, FP32]))
-def test_simulate_grad_max_equals_stepping(policy, seed, n, level, fmt):
+       level=st.integers(-30, 20), fmt=st.sampled_from([FP16, BF16, FP32]), low=st.booleans())
+def test_simulate_grad_max_equals_stepping(policy, seed, n, level, fmt, low):
     rng = np.random.default_rng(seed)
     g = (2.0**level * np.exp2(rng.normal(0, 3, n))).astype(np.float32)
     g[rng.random(n) < 0.01] = np.inf
     g[rng.random(n) < 0.01] = np.nan
-    assert_simulate_equals_stepping(policy, grad_max=g, fmt=fmt)
+    assert_simulate_equals_stepping(policy, grad_max=g, fmt=fmt, loss_dtype=fmt.torch_dtype if low else "float32")
 
 
 def test_long_runs_equal_stepping():
@@ -226,11 +239,12 @@ def test_dense_found_inf_equals_stepping(name):
         assert_simulate_equals_stepping(DENSE[name], found_inf=dense_found_inf(kind))
 
 
+@pytest.mark.parametrize("loss_dtype", list(MODELS))
 @pytest.mark.parametrize("name", list(DENSE))
-def test_dense_grad_max_equals_stepping(name):
+def test_dense_grad_max_equals_stepping(name, loss_dtype):
     for strength in (0.5, 1.0):  # 1.0: spikes that overflow at every scale
         g = synth.scenario("spikes", N_DENSE, strength, np.random.default_rng(4))
-        assert_simulate_equals_stepping(DENSE[name], overflowed=fp16_product_overflows, grad_max=g)
+        assert_simulate_equals_stepping(DENSE[name], overflowed=MODELS[loss_dtype], grad_max=g, loss_dtype=loss_dtype)
 
 
 @pytest.mark.parametrize("policy, state", [
@@ -249,7 +263,8 @@ def test_starting_states_equal_stepping(policy, state):
     for kind in ("every step", "alternating", "random half", "runs"):
         assert_simulate_equals_stepping(policy, state=state, found_inf=dense_found_inf(kind, 3000))
     g = synth.scenario("spikes", 3000, 1.0, np.random.default_rng(5))
-    assert_simulate_equals_stepping(policy, state=state, overflowed=fp16_product_overflows, grad_max=g)
+    for loss_dtype, reference in MODELS.items():
+        assert_simulate_equals_stepping(policy, state=state, overflowed=reference, grad_max=g, loss_dtype=loss_dtype)
 
 
 def test_refused_growth_on_a_grad_max_stream():
@@ -259,7 +274,8 @@ def test_refused_growth_on_a_grad_max_stream():
     g[::7] = np.inf
     for policy in (TorchGradScaler(init_scale=F32_MAX, growth_interval=1, backoff_factor=0.999),
                    TorchGradScaler(init_scale=3e38, growth_interval=1, growth_factor=4.0)):
-        assert_simulate_equals_stepping(policy, grad_max=g, fmt=BF16)
+        for loss_dtype in ("float32", "bfloat16"):
+            assert_simulate_equals_stepping(policy, grad_max=g, fmt=BF16, loss_dtype=loss_dtype)
 
 
 def test_rounding_without_the_array_trick(monkeypatch):
@@ -271,7 +287,8 @@ def test_rounding_without_the_array_trick(monkeypatch):
     for name in ("gi=1, x4, 0.995 (the widget's slow case)", "gi=3, x2.5, 0.995", "hysteresis 2, clean refill, gi=1"):
         assert_simulate_equals_stepping(DENSE[name], found_inf=dense_found_inf("random half", 3000))
         g = synth.scenario("spikes", 3000, 0.5, np.random.default_rng(6))
-        assert_simulate_equals_stepping(DENSE[name], overflowed=fp16_product_overflows, grad_max=g)
+        for loss_dtype, reference in MODELS.items():
+            assert_simulate_equals_stepping(DENSE[name], overflowed=reference, grad_max=g, loss_dtype=loss_dtype)
 
 
 def test_collapsed_scales_on_sparse_spikes_are_taken_at_once():
@@ -280,7 +297,8 @@ def test_collapsed_scales_on_sparse_spikes_are_taken_at_once():
     spike by spike (each used to cost a numpy search)."""
     g = synth.scenario("spikes", 20_000, 1.0, np.random.default_rng(8))
     for policy in (TorchGradScaler(), MegatronScaler(), ApexHysteresisScaler(), KerasScaler()):
-        assert_simulate_equals_stepping(policy, overflowed=fp16_product_overflows, grad_max=g)
+        for loss_dtype, reference in MODELS.items():
+            assert_simulate_equals_stepping(policy, overflowed=reference, grad_max=g, loss_dtype=loss_dtype)
 
 
 def test_the_fast_reference_is_the_overflow_model():
@@ -289,7 +307,8 @@ def test_the_fast_reference_is_the_overflow_model():
     g[::50] = np.inf
     g[::77] = np.nan
     for s in (1.0, 2.0**10, 65504.0, 65520.0, 3e38, 0.0, 2.0**-140, math.nan):
-        assert [fp16_product_overflows(s, x) for x in g] == overflows(s, g).tolist(), s
+        for loss_dtype, reference in MODELS.items():
+            assert [reference(s, x) for x in g] == overflows(s, g, loss_dtype=loss_dtype).tolist(), (s, loss_dtype)
 
 
 @pytest.mark.parametrize("policy, flags", [
@@ -430,7 +449,8 @@ def test_a_subclass_adjust_is_what_simulate_steps():
         assert not np.array_equal(simulate(variant, found_inf=flags).growth_tracker,
                                   simulate(TorchGradScaler(2.0**16, 1.5, 0.9, 3), found_inf=flags).growth_tracker)
     g = synth.scenario("spikes", 3000, 0.5, np.random.default_rng(3))
-    assert_simulate_equals_stepping(variant, overflowed=fp16_product_overflows, grad_max=g)
+    for loss_dtype, reference in MODELS.items():
+        assert_simulate_equals_stepping(variant, overflowed=reference, grad_max=g, loss_dtype=loss_dtype)
 
 
 @pytest.mark.parametrize("wrong, flags", [
@@ -456,18 +476,95 @@ def test_wrong_variants_are_caught(wrong, flags):
 
 
 # ---------------------------------------------------------------- the overflow model
-def test_overflows_matches_torch_fp16_multiply():
+def _near_boundary(scale: float, boundary: float = 65520.0) -> np.ndarray:
+    """float32 gradients around boundary / scale: five float32 steps either side."""
+    g = np.float32(boundary / float(np.float32(scale)))
+    out = [g]
+    for _ in range(5):
+        out.insert(0, np.nextafter(out[0], np.float32(0)))
+        out.append(np.nextafter(out[-1], np.float32(np.inf)))
+    return np.array(out, np.float32)
+
+
+SPECIAL = np.array([0.0, -0.0, 1.0, -1.0, 65504, 65519, 65520, 1e5, 3.4e38, INF, -INF, np.nan, 2.0**-149], np.float32)
+
+
+@pytest.mark.parametrize("s", [1.0, 3.0, 0.7, 2.0**10, 2.0**16, 65504.0, 65520.0, 1e5, 2.0**40, 3e38, 0.0, -0.0,
+                               2.0**-149, INF, math.nan])
+def test_overflows_matches_torch_casts(s):
+    """Both models against torch's own arithmetic, at every scale, at the boundary (65520 / scale
+    and its neighbours), for +-0, inf and NaN: an fp16 loss multiplies the fp16 scale by the fp16
+    gradient in fp16; an fp32 loss multiplies in float32 and the product is cast to fp16 (and the
+    same for bf16)."""
     rng = np.random.default_rng(7)
-    g = np.concatenate([np.exp2(rng.uniform(-30, 20, 20_000)), [0, 1, 65504, 65519, 65520, 1e5, INF, np.nan]])
-    g = g.astype(np.float32)
-    for s in (1.0, 2.0**10, 2.0**16, 65504.0, 65520.0, 1e5, 0.0):
-        ref = torch.tensor(g).half() * torch.tensor(s).half()
-        assert np.array_equal(overflows(s, g), ~torch.isfinite(ref).numpy()), s
+    g = np.concatenate([np.exp2(rng.uniform(-40, 20, 20_000)), SPECIAL,
+                        _near_boundary(s) if 1e-30 < abs(s) < INF and 65520 / abs(s) < F32_MAX / 2 else []])
+    g = np.where(rng.random(g.size) < 0.3, -g, g).astype(np.float32)
+    gt, st_ = torch.tensor(g), torch.tensor(s, dtype=torch.float32)
+    for fmt, dtype, boundary in ((FP16, torch.float16, 65520.0), (BF16, torch.bfloat16, BF16.overflow_boundary)):
+        low = gt.to(dtype) * st_.to(dtype)
+        assert np.array_equal(overflows(s, g, fmt, loss_dtype=dtype), ~torch.isfinite(low).numpy()), (s, fmt)
+        high = (gt * st_).to(dtype)
+        assert np.array_equal(overflows(s, g, fmt), ~torch.isfinite(high).numpy()), (s, fmt)
+        if 1e-30 < abs(s) < INF and boundary / abs(s) < F32_MAX / 2:  # a float32 gradient reaches it
+            near = _near_boundary(s, boundary)
+            ref = ~torch.isfinite((torch.tensor(near) * st_).to(dtype)).numpy()
+            assert 0 < ref.sum() < near.size  # the boundary lies among them
+            assert np.array_equal(overflows(s, near, fmt), ref)
+
+
+def test_the_fp32_loss_model_does_not_skip_a_first_step_of_small_gradients():
+    """The old model (the scale cast to fp16 whatever the loss) says a step at the default scale
+    2^16 overflows whatever its gradients; with an fp32 loss a small gradient passes, and only an
+    fp16 loss overflows there."""
+    assert not overflows(2.0**16, 2.0**-4) and overflows(2.0**16, 2.0**-4, loss_dtype="float16")
+    trace = simulate(TorchGradScaler(), grad_max=np.full(10, 2.0**-4, np.float32))
+    assert trace.skipped_count == 0
+    assert simulate(TorchGradScaler(), grad_max=np.full(10, 2.0**-4, np.float32), loss_dtype="float16").skipped[0]
+
+
+@pytest.mark.parametrize("loss_dtype, fmt, message", [
+    ("float64", "fp16", "loss_dtype must be 'float32'"),
+    ("bfloat16", "fp16", "or 'float16' (a loss computed in fp16)"),
+    ("float16", "bf16", "or 'bfloat16' (a loss computed in bf16)"),
+    (None, "fp16", "not None"),
+    (3, "fp16", "not 3"),
+])
+def test_loss_dtype_errors(loss_dtype, fmt, message):
+    for call in (lambda: overflows(1.0, 1.0, fmt, loss_dtype=loss_dtype),
+                 lambda: simulate(TorchGradScaler(), grad_max=[1.0], fmt=fmt, loss_dtype=loss_dtype)):
+        with pytest.raises(ValueError, match=re.escape(message)) as info:
+            call()
+        assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("fmt", [FP16, BF16, FP32])
+def test_fp32_loss_thresholds_are_the_least_overflowing_scales(fmt):
+    """The step-by-step loop compares the scale with a threshold per step: the least float32 scale
+    at which the gradient overflows (and the float32 just below it does not), also for float64
+    scales; a zero gradient overflows only at an infinite scale, an infinite one at every scale."""
+    from ampviz.scaling import _thresholds32
+
+    rng = np.random.default_rng(11)
+    a = np.concatenate([np.exp2(rng.uniform(-149, 128, 40_000)), [0.0, INF, 2.0**-149, 3.4e38, 1.0, 65520.0]])
+    a = a.astype(np.float32)
+    thr = _thresholds32(fmt, a, False)
+    mid = np.isfinite(thr) & (thr > 0)
+    t = thr[mid].astype(np.float32)
+    assert overflows(t, a[mid], fmt).all()
+    assert not overflows(np.nextafter(t, np.float32(0)), a[mid], fmt).any()
+    top = np.isinf(thr)  # no finite scale overflows these
+    assert not overflows(np.float32(F32_MAX), a[top], fmt).any() and overflows(INF, a[top], fmt).all()
+    assert thr[a == INF].tolist() == [0.0] and thr[a == 0].tolist() == [INF]
+    thr64 = _thresholds32(fmt, a, True)[mid]  # the least float64 whose float32 is the threshold or above
+    assert np.array_equal(thr64.astype(np.float32), t)
+    below = np.nextafter(thr64, 0.0)
+    assert (below.astype(np.float32) < t).all()
 
 
 def test_grad_max_stream_equals_real_fp16_backward():
-    """gradscaler.md 12.22: a parameter used as p.half() * g16 in the loss; GradScaler skips a step
-    exactly when f16(f16(S) * f16(max|g|)) is not finite."""
+    """An fp16 loss: a parameter used as p.half() * g16 and summed in fp16; GradScaler skips a step
+    exactly when f16(f16(S) * f16(max|g|)) is not finite (loss_dtype="float16")."""
     rng = np.random.default_rng(8)
     g = (2.0**-2 * np.exp2(rng.normal(0, 2, 300))).astype(np.float32)
     g[::37] *= 2.0**10
@@ -483,10 +580,11 @@ def test_grad_max_stream_equals_real_fp16_backward():
         real.scaler.step(real.opt)
         real.scaler.update()
         skipped.append(real.steps_taken == before)
-    trace = simulate(policy, grad_max=g)
+    trace = simulate(policy, grad_max=g, loss_dtype="float16")  # the fp16 loss of that recipe
     assert np.array_equal(trace.scale, np.array(scales, np.float32))
     assert np.array_equal(trace.skipped, np.array(skipped))
     assert 0 < trace.skipped_count < len(g)
+    assert not np.array_equal(simulate(policy, grad_max=g).skipped, trace.skipped)  # the fp32-loss model differs
 
 
 # ---------------------------------------------------------------- errors a learner can make

@@ -80,9 +80,10 @@ valid_policies = st.one_of(
        fmt=st.one_of(st.sampled_from(["fp16", "bf16", "fp32", "fp8_e4m3", FP16, "float16"]), anything),
        state=st.one_of(st.none(), st.none(), st.builds(ScalerState, scale=scalars, growth_tracker=scalars),
                        st.builds(ScalerState, scale=st.floats(), growth_tracker=st.integers(-3, 3),
-                                 hysteresis=st.integers(-1, 3), steps_since_rescale=st.integers(-2, 3)), anything))
-def test_simulate_answers_anything(policy, found_inf, grad_max, which, fmt, state):
-    kwargs = {"fmt": fmt, "state": state}
+                                 hysteresis=st.integers(-1, 3), steps_since_rescale=st.integers(-2, 3)), anything),
+       loss_dtype=st.one_of(st.sampled_from(["float32", "float16", "bfloat16", "fp32"]), anything))
+def test_simulate_answers_anything(policy, found_inf, grad_max, which, fmt, state, loss_dtype):
+    kwargs = {"fmt": fmt, "state": state, "loss_dtype": loss_dtype}
     if which in ("found_inf", "both"):
         kwargs["found_inf"] = found_inf
     if which in ("grad_max", "both"):
@@ -101,17 +102,21 @@ def test_simulate_answers_anything(policy, found_inf, grad_max, which, fmt, stat
 
 
 @FUZZ
-@given(scale=anything, grad_max=anything, fmt=st.one_of(st.sampled_from(["fp16", "bf16", "fp8_e4m3"]), anything))
-def test_overflows_answers_anything(scale, grad_max, fmt):
-    result = outcome(overflows, scale, grad_max, fmt)
+@given(scale=anything, grad_max=anything, fmt=st.one_of(st.sampled_from(["fp16", "bf16", "fp8_e4m3"]), anything),
+       loss_dtype=st.one_of(st.sampled_from(["float32", "float16", "bfloat16"]), anything))
+def test_overflows_answers_anything(scale, grad_max, fmt, loss_dtype):
+    result = outcome(overflows, scale, grad_max, fmt, loss_dtype)
     if result is None:
         return
     assert np.asarray(result).dtype == bool
-    if fmt == "fp16":  # the model as numpy's float16 arithmetic computes it
+    if fmt == "fp16":  # the models as numpy's float32 and float16 arithmetic compute them
         s = np.asarray(scale.numpy() if isinstance(scale, torch.Tensor) else scale, dtype=np.float64)
         g = np.asarray(grad_max.float().numpy() if isinstance(grad_max, torch.Tensor) else grad_max, dtype=np.float64)
         with np.errstate(over="ignore", invalid="ignore"):
-            ref = ~np.isfinite(s.astype(np.float32).astype(np.float16) * g.astype(np.float32).astype(np.float16))
+            if loss_dtype == "float16":
+                ref = ~np.isfinite(s.astype(np.float32).astype(np.float16) * g.astype(np.float32).astype(np.float16))
+            else:
+                ref = ~np.isfinite((s.astype(np.float32) * g.astype(np.float32)).astype(np.float16))
         assert np.array_equal(result, ref)
 
 
@@ -219,8 +224,9 @@ def test_diagnose_answers_anything(scales):
 
 
 # ---------------------------------------------------------------- simulate == stepping adjust, dense too
-def stepped(policy, flags=None, grad_max=None):
-    """adjust once per step; grad_max steps overflow as numpy's float16 product does."""
+def stepped(policy, flags=None, grad_max=None, loss_dtype="float32"):
+    """adjust once per step; grad_max steps overflow as numpy computes the model: the float32
+    product cast to float16 (an fp32 loss), or the float16 product (an fp16 loss)."""
     s = policy.initial_state()
     out = []
     n = len(flags) if flags is not None else len(grad_max)
@@ -232,7 +238,10 @@ def stepped(policy, flags=None, grad_max=None):
             if flags is not None:
                 f = bool(flags[i])
             else:
-                f = not np.isfinite(np.float16(np.float32(s.scale)) * np.float16(grad_max[i]))
+                if loss_dtype == "float16":
+                    f = not np.isfinite(np.float16(np.float32(s.scale)) * np.float16(grad_max[i]))
+                else:
+                    f = not np.isfinite(np.float16(np.float32(s.scale) * np.float32(grad_max[i])))
             before = s.scale
             s = policy.adjust(s, f)
             out.append((before, f, s.growth_tracker, s.hysteresis))
@@ -296,31 +305,35 @@ def test_simulate_equals_stepping_on_dense_found_inf(policy, data):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy=dense_policies, seed=st.integers(0, 2**32 - 1), n=st.integers(0, 20_000),
-       level=st.integers(-20, 10), jitter=st.sampled_from([0.2, 2.0]), spikes=st.sampled_from([0.0, 0.01, 0.3]))
-def test_simulate_equals_stepping_on_dense_grad_max(policy, seed, n, level, jitter, spikes):
+       level=st.integers(-20, 10), jitter=st.sampled_from([0.2, 2.0]), spikes=st.sampled_from([0.0, 0.01, 0.3]),
+       loss_dtype=st.sampled_from(["float32", "float16"]))
+def test_simulate_equals_stepping_on_dense_grad_max(policy, seed, n, level, jitter, spikes, loss_dtype):
     rng = np.random.default_rng(seed)
     g = (2.0**level * np.exp2(rng.normal(0, jitter, n))).astype(np.float32)
     g[rng.random(n) < spikes] = np.inf
     g[rng.random(n) < 0.002] = np.nan
-    assert_same(policy, simulate(policy, grad_max=g), stepped(policy, grad_max=g))
+    assert_same(policy, simulate(policy, grad_max=g, loss_dtype=loss_dtype),
+                stepped(policy, grad_max=g, loss_dtype=loss_dtype))
 
 
+@pytest.mark.parametrize("low", [False, True], ids=["fp32 loss", "loss in fmt"])
 @pytest.mark.parametrize("fmt", [FP16, BF16, FP32], ids=lambda f: f.name)
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), scale64=st.booleans())
-def test_the_per_step_thresholds_are_the_overflow_model(fmt, seed, scale64):
+def test_the_per_step_thresholds_are_the_overflow_model(fmt, low, seed, scale64):
     """The step-by-step loop decides an overflow as ``not abs(scale) < threshold``: at the threshold
     and on either side of it (one ulp of the scale's type) that equals ``overflows``."""
     rng = np.random.default_rng(seed)
     g = np.exp2(rng.uniform(-140, 127, 4000)).astype(np.float32)
     g[rng.random(g.size) < 0.05] = rng.choice(np.float32([0.0, np.inf, np.nan, 65504, 65520, 2.0**-24, 1e-45]))
-    thr = scaling._ScaleDependentOverflows(g, fmt).chunk(0, g.size, scale64)
+    thr = scaling._ScaleDependentOverflows(g, fmt, low).chunk(0, g.size, scale64)
+    loss_dtype = fmt.torch_dtype if low else "float32"
     kind = np.float64 if scale64 else np.float32
     for s in (thr.astype(kind), np.nextafter(thr.astype(kind), kind(np.inf)), np.nextafter(thr.astype(kind), kind(0))):
         s = s.astype(np.float64)
-        assert np.array_equal(~(np.abs(s) < thr), overflows(s, g, fmt))
-    if fmt is FP16:  # a plausible shortcut, the boundary over the gradient, decides some steps wrongly
+        assert np.array_equal(~(np.abs(s) < thr), overflows(s, g, fmt, loss_dtype))
+    if fmt is not FP32:  # a plausible shortcut, the boundary over the gradient, decides some steps wrongly
         with np.errstate(divide="ignore", invalid="ignore"):
-            naive = FP16.overflow_boundary / np.abs(FP16.quantize(g.astype(np.float64)))
+            naive = fmt.overflow_boundary / np.abs(fmt.quantize(g.astype(np.float64)) if low else g.astype(np.float64))
         s = thr.astype(kind).astype(np.float64)
-        assert not np.array_equal(~(np.abs(s) < naive), overflows(s, g, fmt))
+        assert not np.array_equal(~(np.abs(s) < naive), overflows(s, g, fmt, loss_dtype))

@@ -179,8 +179,13 @@ def test_spike_and_burst_positions_follow_the_documented_rule(steps, every, leng
 
 
 # ------------------------------------------------------------------ overflows_at against torch
-def torch_overflows(g: np.ndarray, scale: float, dtype=torch.float16) -> np.ndarray:
-    p = torch.tensor(g, dtype=dtype) * torch.tensor(scale, dtype=dtype)
+def torch_overflows(g: np.ndarray, scale: float, dtype=torch.float16, loss_dtype="float32") -> np.ndarray:
+    """torch's own arithmetic: an fp32 loss multiplies in float32 and casts the product to dtype;
+    a loss in dtype multiplies the two casts in dtype."""
+    if loss_dtype == "float32":
+        p = (torch.tensor(g, dtype=torch.float32) * torch.tensor(scale, dtype=torch.float32)).to(dtype)
+    else:
+        p = torch.tensor(g, dtype=dtype) * torch.tensor(scale, dtype=dtype)
     return (torch.isinf(p) | torch.isnan(p)).numpy()
 
 
@@ -208,49 +213,40 @@ def edge_grads(scales) -> np.ndarray:
 SCALES = [1.0, 2.0**10, 2.0**16, 65504.0, 65520.0, 1e5, 63.0, 65.0, 3.0, 0.1, 2.0**-10, 2047.0]
 
 
-def test_overflows_at_matches_torch_fp16_multiply():
+@pytest.mark.parametrize("loss_dtype", ["float32", "float16"])
+def test_overflows_at_matches_torch_fp16_multiply(loss_dtype):
     g = edge_grads(SCALES)
     assert g.size > 100_000
     for scale in SCALES:
-        got = overflows_at(g, scale)
+        got = overflows_at(g, scale, loss_dtype=loss_dtype)
         assert got.dtype == bool and got.shape == g.shape
-        want = torch_overflows(g, scale)
+        want = torch_overflows(g, scale, loss_dtype=loss_dtype)
         bad = np.flatnonzero(got != want)
         assert bad.size == 0, f"scale {scale}: differs at g = {g[bad[:5]]}"
 
 
 def test_overflows_at_edges_that_torch_agrees_on():
-    # 63 * 1040 = 65520 exactly: the tie rounds to inf; 63 * 1039.5 is not an fp16 product
-    assert overflows_at(np.float32([1040.0, 1039.0, 1024.0]), 63.0).tolist() == [True, False, False]
+    # an fp16 loss: 63 * 1040 = 65520 exactly: the tie rounds to inf; 63 * 1039.5 is not an fp16 product
+    low = {"loss_dtype": "float16"}
+    assert overflows_at(np.float32([1040.0, 1039.0, 1024.0]), 63.0, **low).tolist() == [True, False, False]
     # a scale of 1e5 (or 65520) is inf in fp16: even a zero gradient gives inf * 0 = NaN
-    assert overflows_at(np.float32([0.0, 2.0**-20]), 1e5).all()
+    assert overflows_at(np.float32([0.0, 2.0**-20]), 1e5, **low).all()
+    # with an fp32 loss the scale is not cast: a small gradient at 1e5 passes, a zero one too
+    assert not overflows_at(np.float32([0.0, 2.0**-20]), 1e5).any()
     assert overflows_at(np.float32([0.0]), 65504.0).tolist() == [False]
     assert overflows_at(np.float32([np.nan]), 1.0).tolist() == [True]
     g = np.float32([0, 1, 65504, 65519, 65520, np.inf])
-    assert np.array_equal(overflows_at(g, 1.0), torch_overflows(g, 1.0))
-    assert overflows_at(g, 1.0).tolist() == [False, False, False, False, True, True]
+    for kw in ({}, low):
+        assert np.array_equal(overflows_at(g, 1.0, **kw), torch_overflows(g, 1.0, **kw))
+        assert overflows_at(g, 1.0, **kw).tolist() == [False, False, False, False, True, True]
 
 
-def test_overflows_at_bf16_matches_torch():
+@pytest.mark.parametrize("loss_dtype", ["float32", "bfloat16"])
+def test_overflows_at_bf16_matches_torch(loss_dtype):
     g = edge_grads([1.0, 2.0**100, 3.0])
     for scale in (1.0, 2.0**100, 3.0, 2.0**127):
-        assert np.array_equal(overflows_at(g, scale, fmt=BF16),
-                              torch_overflows(g, scale, dtype=torch.bfloat16))
-
-
-def test_overflows_at_takes_one_scale_per_step():
-    g = steady(5000, level=2.0**-4, jitter=2.0, rng=8)
-    scales = 2.0 ** np.random.default_rng(9).integers(0, 24, g.size)
-    per_step = overflows_at(g, scales)
-    assert np.array_equal(per_step, [overflows_at(g[i:i + 1], s)[0] for i, s in enumerate(scales)])
-    assert 0 < per_step.sum() < g.size
-
-
-def test_inf_spikes_overflow_exactly_on_the_clock():
-    steps, every = 30_000, 500
-    g = spikes(steps, every=every, height=2.0**24, rng=10)  # 2**20: inf in fp16
-    for scale in (2.0**-24, 1.0, 2.0**10):
-        assert np.array_equal(overflows_at(g, scale), found_inf_every(steps, every))
+        assert np.array_equal(overflows_at(g, scale, fmt=BF16, loss_dtype=loss_dtype),
+                              torch_overflows(g, scale, dtype=torch.bfloat16, loss_dtype=loss_dtype))
 
 
 # ------------------------------------------------------------------ found_inf patterns
@@ -311,8 +307,10 @@ def test_spikes_scenario_strengths():
     half = scenario("spikes", steps, 0.5, 0)  # spikes near 256
     assert np.array_equal(overflows_at(half, 2.0**10), clock)
     assert not overflows_at(half, 2.0**4).any()
-    full = scenario("spikes", steps, 1, 0)  # spikes are inf in fp16
-    assert np.array_equal(overflows_at(full, 2.0**-24), clock)
+    full = scenario("spikes", steps, 1, 0)  # spikes beyond fp16's range
+    assert np.array_equal(overflows_at(full, 1.0), clock)  # with an fp32 loss: at every scale from 1
+    assert not overflows_at(full, 2.0**-8).any()  # (spikes near 2^20 times 2^-8 are finite in fp16)
+    assert np.array_equal(overflows_at(full, 2.0**-24, loss_dtype="float16"), clock)  # fp16 loss: every scale
 
 
 @pytest.mark.parametrize("strength,length", [(0, 1), (0.5, 5), (1, 8)])
@@ -327,7 +325,8 @@ def test_warmup_scenario():
     mild, severe = scenario("warmup", 5000, 0, 0), scenario("warmup", 5000, 1, 0)
     assert not overflows_at(mild, 2.0**10).any()
     assert np.median(severe[:10]) > 2.0**15  # starts near 2**16 ...
-    assert overflows_at(severe[:10], 2.0**-24).any()  # ... so some first steps are inf in fp16
+    assert overflows_at(severe[:10], 1.0).any()  # ... so some first steps are beyond fp16's range
+    assert overflows_at(severe[:10], 2.0**-24, loss_dtype="float16").any()  # (an fp16 loss: at any scale)
     assert not overflows_at(severe[500:], 2.0**10).any()  # then settled
 
 

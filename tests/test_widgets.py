@@ -343,6 +343,25 @@ def test_scaler_lab_simulates_torchs_rule_on_the_scenario_stream():
     mine = lab.traces[0]
     assert np.array_equal(mine.scale, ref.scale) and np.array_equal(mine.skipped, ref.skipped)
     assert mine.skipped_count > 0 and f"{mine.skipped_count:,}" in lab.readout.value
+
+
+def test_scaler_lab_loss_dtype_is_the_overflow_model():
+    """The loss control picks the overflow model: with a float32 loss (the default, as autocast
+    computes it) small gradients pass at 2^16 and the scale grows past it; with an fp16 loss the
+    scale itself is inf in fp16 there, so every step at 2^16 overflows."""
+    from ampviz import synth
+    from ampviz.scaling import TorchGradScaler, simulate
+
+    lab = _lab(scenario="steady", strength=0.0, growth_interval=100)
+    assert lab.loss_dropdown.value == "float32" and lab.traces[0].scale.max() > 2.0**16
+    assert "float32 loss" in lab.figure.layout.title.text
+    lab.loss_dropdown.value = "float16"
+    stream = synth.scenario("steady", 20_000, 0.0, np.random.default_rng(0))
+    ref = simulate(TorchGradScaler(growth_interval=100), grad_max=stream, loss_dtype="float16")
+    assert np.array_equal(lab.traces[0].scale, ref.scale) and lab.traces[0].skipped[0]
+    assert lab.traces[0].scale.max() == 2.0**16 and "fp16 loss" in lab.figure.layout.title.text
+    with pytest.raises(ValueError, match="loss_dtype must be 'float32'"):
+        _lab(loss_dtype="bfloat16")
     assert "ampviz-scaler-lab" in css(lab.ui) and lab.figure is not None and lab.error is None
 
 

@@ -118,11 +118,12 @@ def lab():
 @given(init=st.integers(-20, 50), growth=st.floats(0, 5), backoff=st.floats(-0.5, 1.5),
        interval=st.integers(-5, 10**8), scenario=st.sampled_from(list(synth.SCENARIOS)),
        strength=st.floats(0, 1), overlay=st.lists(st.sampled_from([n for n in scaling.PRESETS if n != "torch"]),
-                                                 max_size=2, unique=True))
-def test_scaler_lab_controls(lab, init, growth, backoff, interval, scenario, strength, overlay):
+                                                 max_size=2, unique=True),
+       loss=st.sampled_from(["float32", "float16"]))
+def test_scaler_lab_controls(lab, init, growth, backoff, interval, scenario, strength, overlay, loss):
     for control, value in ((lab.init_slider, init), (lab.growth_slider, growth), (lab.backoff_slider, backoff),
                            (lab.interval_input, interval), (lab.scenario_dropdown, scenario),
-                           (lab.strength_slider, strength), (lab.overlay, tuple(overlay))):
+                           (lab.strength_slider, strength), (lab.loss_dropdown, loss), (lab.overlay, tuple(overlay))):
         control.value = value
     gf, bf, gi = lab.growth_slider.value, lab.backoff_slider.value, lab.interval_input.value
     valid = gf > 1 and 0 < bf < 1 and gi >= 1
@@ -130,7 +131,7 @@ def test_scaler_lab_controls(lab, init, growth, backoff, interval, scenario, str
         assert one_line(lab.error)
         return
     assert lab.error is None
-    mine = scaling.simulate(lab.policy(), grad_max=lab.stream)
+    mine = scaling.simulate(lab.policy(), grad_max=lab.stream, loss_dtype=loss)
     np.testing.assert_array_equal(lab.traces[0].scale, mine.scale)
     np.testing.assert_array_equal(lab.traces[0].skipped, mine.skipped)
     assert [t.policy.name for t in lab.traces[1:]] == list(lab.overlay.value)
@@ -138,7 +139,8 @@ def test_scaler_lab_controls(lab, init, growth, backoff, interval, scenario, str
 
 @settings(max_examples=80, deadline=None)
 @given(kwargs=st.dictionaries(st.sampled_from(["init_scale", "growth_factor", "backoff_factor", "growth_interval",
-                                               "strength", "scenario", "overlay", "steps", "seed"]),
+                                               "strength", "scenario", "overlay", "steps", "seed",
+                                               "loss_dtype"]),
                               ANYTHING, max_size=3))
 def test_scaler_lab_constructor(kwargs):
     if isinstance(kwargs.get("steps"), int) and kwargs["steps"] > 5000:
