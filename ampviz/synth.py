@@ -222,8 +222,9 @@ def spikes(steps, *, level=2.0**-4, jitter=0.5, every=500, height=2.0**8,
     If a spike overflows at the current scale and spikes come more often than once per growth
     interval (torch's default is 2000 steps), the scaler backs off more often than it grows. This
     is the "loss scale keeps decreasing" failure. A spike of 65520 or more (for example
-    ``level * height`` with ``height=2**24``) is inf in fp16 and overflows at every scale, so the
-    scale falls by half at every spike and never recovers.
+    ``level * height`` with ``height=2**24``) overflows at every scale of 1 or more (with an fp16
+    loss, at every scale), so the scale falls by half at every spike until it is small enough for
+    the spike to fit.
     """
     steps = _steps(steps)
     level = _positive("level", level)

@@ -29,8 +29,12 @@ CELLS = [
     ## 1. The sawtooth: one skipped step per growth interval
 
     Notebook 03 took `torch.amp.GradScaler` apart. Now we run its rule (`TorchGradScaler`, bit for
-    bit the same) over long streams. Each step, the stream gives the largest gradient; the step
-    overflows when that gradient times the scale is inf in fp16. First, steady gradients around 2^-4:
+    bit the same) over long streams. Each step, the stream gives the largest unscaled gradient that
+    passes through an fp16 layer. Autocast computes the loss in float32 (`mse_loss`,
+    `cross_entropy`), so the scaled gradient `scale × g` is computed in float32 and overflows when
+    it reaches 65520 on its way into fp16 (`simulate`'s default, `loss_dtype="float32"`; a test
+    replays a real 400-step GradScaler run with it, step for step). First, steady gradients around
+    2^-4:
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -41,11 +45,29 @@ CELLS = [
     print(write_log(sawtooth))
     """),
     md("""
-    Notice: the scale starts at 2^16 = 65536, which is itself inf in fp16 (everything from 65520
-    up is), so the first step overflows whatever the gradients; one backoff later it fits. After
-    2,000 clean steps in a row the scale doubles back to 65536, overflows once, halves, and the
-    cycle repeats: one skipped step in 2,000, each logged as "Gradient overflow. Skipping step".
-    That is the scaler doing its job.
+    Notice: at 2^16 = 65536 even the largest gradients (up to about 0.25) give about 16,000, far
+    from 65520, so nothing overflows. Every 2,000 clean steps the scale doubles; at 2^19 a
+    gradient of 1/8 or more reaches 65520, that step is skipped and the scale halves to 2^18. From then on
+    the cycle repeats: the scale climbs back to 2^19 and overflows once per 2,000 steps or so,
+    each time logged by apex as "Gradient overflow. Skipping step" (torch itself prints nothing,
+    section 5). That is the scaler doing its job: it keeps the scale as high as the gradients
+    allow.
+
+    A loss computed in fp16 is different (a `.half()` model, or a loss autocast leaves in fp16,
+    such as `out.sum()` of an fp16 output): the backward starts from the scale cast to fp16, and
+    2^16 is already inf in fp16 (everything from 65520 up is). The same stream with
+    `loss_dtype="float16"`:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    fp16_loss = simulate(TorchGradScaler(), grad_max=steady, loss_dtype="float16")
+    print(f"first step skipped: {bool(fp16_loss.skipped[0])}, {fp16_loss.skipped_count} skipped in all, "
+          f"highest scale {fp16_loss.scale.max():g}, final {fp16_loss.final.scale:g}")
+    """),
+    md("""
+    Notice: with an fp16 loss the first step overflows whatever the gradients, and every return
+    to 65536 overflows again: the scale can never rise above 32,768, one skipped step per growth
+    interval. Which loss you have decides which sawtooth you see.
     """),
     code("""
     plot_scale_trace(sawtooth, title="Steady gradients: the harmless sawtooth")
@@ -162,9 +184,10 @@ CELLS = [
     ## Try it
 
     Move the sliders: a smaller `growth_interval` lets the scale recover between spikes; a
-    `backoff_factor` closer to 1 falls more slowly; raise the spike `strength` to 1 (an inf every
-    500 steps) and compare with the frameworks you select. The lower panel shows the share of a
-    fixed sample of gradients lost to fp16 underflow at your scale.
+    `backoff_factor` closer to 1 falls more slowly; raise the spike `strength` to 1 (spikes of
+    2^20, beyond fp16's range: they overflow at every scale above about 2^-4) and compare with the
+    frameworks you select; switch the `loss` to fp16 to see the scale capped below 65520. The lower
+    panel shows the share of a fixed sample of gradients lost to fp16 underflow at your scale.
     """),
     code("""
     ScalerLab(steps=200_000, scenario="spikes", strength=0.5, overlay=("DeepSpeed ZeRO", "Megatron"))
@@ -199,7 +222,10 @@ CELLS = [
     The lesson's claims, checked:
     """),
     code("""
-    assert sawtooth.skipped_count == 10 and sawtooth.final.scale == 2.0**15  # one skip per interval
+    assert 0.24 < steady.max() < 0.25 and 2.0**16 * steady.max() < 16_100  # far from 65520 at 2^16
+    assert not sawtooth.skipped[:6000].any() and sawtooth.scale.max() == 2.0**19  # grows past 2^16
+    assert sawtooth.skipped_count == 7 and sawtooth.final.scale == 2.0**18  # then one skip per interval
+    assert fp16_loss.skipped[0] and fp16_loss.skipped_count == 10 and fp16_loss.scale.max() == 2.0**16
     assert ratchet.final.scale == 0.0625 == 2.0**16 / 2**20  # 20 spikes, 20 halvings, no growth
     nemo, zero, megatron = spike_runs[1:]
     assert nemo.final.scale == 65536 and nemo.skipped_count == 20  # hysteresis absorbs each spike
