@@ -581,6 +581,9 @@ class ScalerLab(_Explorer):
     show a message and keep the last good figure.
     """
 
+    #: The sliders' usual ranges (every position valid; a valid value given beyond them widens them).
+    GROWTH_RANGE = (1.001, 4.0)
+    BACKOFF_RANGE = (0.005, 0.995)
     #: The loss-dtype choices: (label, loss_dtype for ``scaling.overflows``).
     LOSSES = (("float32 (autocast)", "float32"), ("fp16 (a .half() model)", "float16"))
 
@@ -602,7 +605,7 @@ class ScalerLab(_Explorer):
 
         log2_init = self._log2_init(init_scale)
         growth_factor, backoff_factor = _real("growth_factor", growth_factor), _real("backoff_factor", backoff_factor)
-        growth_interval = _whole("growth_interval", growth_interval, 0, 10**7)
+        growth_interval = _whole("growth_interval", growth_interval, 1, 10**7)
         strength = _real("strength", strength)
         if not 0 <= strength <= 1:
             raise ValueError(f"strength must be between 0 and 1, got {_shown(strength)}")
@@ -616,23 +619,29 @@ class ScalerLab(_Explorer):
         if unknown:
             raise ValueError(f"cannot compare with {unknown[0]!r}; choose from "
                              f"{', '.join(n for n in scaling.PRESETS if n != 'torch')}")
-        for name, v in (("growth_factor", growth_factor), ("backoff_factor", backoff_factor)):
-            if not math.isfinite(v):
-                raise ValueError(f"{name} must be a finite number, got {_shown(v)}")
+        if not (math.isfinite(growth_factor) and growth_factor > 1):
+            raise ValueError(f"growth_factor must be a finite number above 1 (the scale must be able to grow), "
+                             f"got {_shown(growth_factor)}")
+        if not 0 < backoff_factor < 1:
+            raise ValueError(f"backoff_factor must be between 0 and 1 (both excluded), got {_shown(backoff_factor)}")
         style = {"description_width": "110px"}
         wide = W.Layout(width="420px")
         self.init_slider = W.IntSlider(value=log2_init, min=-10, max=40,
                                        description="log2 init_scale", style=style, layout=wide)
-        # a growth factor beyond the slider's 4.0 (torch accepts any above 1) widens it: shown as given
-        self.growth_slider = W.FloatSlider(value=growth_factor, min=min(1.0, growth_factor),
-                                           max=max(4.0, growth_factor), step=0.001,
+        # Every position of a slider is a valid setting (Home and End included): growth above 1,
+        # backoff strictly between 0 and 1. A valid value beyond the usual range widens it: shown
+        # as given, never moved.
+        g_lo, g_hi = self.GROWTH_RANGE
+        b_lo, b_hi = self.BACKOFF_RANGE
+        self.growth_slider = W.FloatSlider(value=growth_factor, min=min(g_lo, growth_factor),
+                                           max=max(g_hi, growth_factor), step=0.001,
                                            readout_format=".4g", description="growth_factor",
                                            style=style, layout=wide)
-        self.backoff_slider = W.FloatSlider(value=backoff_factor, min=min(0.0, backoff_factor),
-                                            max=max(1.0, backoff_factor), step=0.005,
+        self.backoff_slider = W.FloatSlider(value=backoff_factor, min=min(b_lo, backoff_factor),
+                                            max=max(b_hi, backoff_factor), step=0.005,
                                             readout_format=".4g", description="backoff_factor",
                                             style=style, layout=wide)
-        self.interval_input = W.BoundedIntText(value=growth_interval, min=0, max=10**7,
+        self.interval_input = W.BoundedIntText(value=growth_interval, min=1, max=10**7,
                                                description="growth_interval", style=style)
         self.scenario_dropdown = W.Dropdown(options=list(synth.SCENARIOS), value=scenario,
                                             description="scenario", style=style)

@@ -386,20 +386,51 @@ def test_scaler_lab_controls_redraw():
     assert len(lost) == 1 and lab.lost is not None
 
 
-@pytest.mark.parametrize("control, value, message", [
-    ("growth_slider", 1.0, "growth_factor must be above 1"),
-    ("backoff_slider", 1.0, "backoff_factor must be between 0 and 1"),
-    ("backoff_slider", 0.0, "backoff_factor must be between 0 and 1"),
-    ("interval_input", 0, "growth_interval must be at least 1"),
-])
-def test_scaler_lab_invalid_settings_keep_the_last_good_figure(control, value, message):
+def test_scaler_lab_every_control_position_is_valid():
+    """Home and End on a slider (or any value a front end sends) land on a valid setting: growth
+    above 1, backoff strictly between 0 and 1, an interval of at least 1. The old ranges reached
+    1.0 (growth), 0 and 1.0 (backoff): each was an error and the plot stopped following."""
     lab = _lab()
-    good_figure, good_traces = lab.figure, lab.traces
-    getattr(lab, control).value = value
-    assert message in lab.error and message in lab.message.value
-    assert lab.figure is good_figure and lab.traces is good_traces
-    lab.growth_slider.value, lab.backoff_slider.value, lab.interval_input.value = 2.0, 0.5, 2000
-    assert lab.error is None and lab.figure is not good_figure
+    for control in (lab.init_slider, lab.growth_slider, lab.backoff_slider, lab.strength_slider):
+        for end in (control.min, control.max):
+            control.value = end
+            assert lab.error is None, (control.description, end)
+            assert lab.traces[0].policy.name == "your settings"
+        control.value = control.min if control is not lab.backoff_slider else 0.5
+    assert lab.growth_slider.min > 1 and 0 < lab.backoff_slider.min and lab.backoff_slider.max < 1
+    for value in (1.0, 0.0, -3.0):  # beyond the ends, a value is clamped to the nearest valid one
+        lab.growth_slider.value = value
+        assert lab.growth_slider.value == lab.growth_slider.min and lab.error is None
+    for value in (0.0, -3.0):
+        lab.backoff_slider.value = value
+        assert lab.backoff_slider.value == lab.backoff_slider.min and lab.error is None
+    lab.backoff_slider.value = 1.0
+    assert lab.backoff_slider.value == lab.backoff_slider.max < 1 and lab.error is None
+    lab.interval_input.value = 0
+    assert lab.interval_input.value == 1 and lab.error is None
+    lab.interval_input.value = 10**8
+    assert lab.interval_input.value == 10**7 and lab.error is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(growth_factor=1.0), "growth_factor must be a finite number above 1"),
+    (dict(growth_factor=0.5), "growth_factor must be a finite number above 1"),
+    (dict(backoff_factor=1.0), "backoff_factor must be between 0 and 1"),
+    (dict(backoff_factor=0.0), "backoff_factor must be between 0 and 1"),
+    (dict(growth_interval=0), "growth_interval must be"),
+])
+def test_scaler_lab_refuses_settings_no_slider_can_show(kwargs, message):
+    from ampviz.widgets import ScalerLab
+
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        ScalerLab(steps=100, **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_scaler_lab_valid_values_beyond_the_usual_range_are_shown_as_given():
+    lab = _lab(growth_factor=1.0005, backoff_factor=0.9999, growth_interval=1)
+    assert (lab.growth_slider.value, lab.backoff_slider.value) == (1.0005, 0.9999) and lab.error is None
+    assert lab.growth_slider.min == 1.0005 and lab.backoff_slider.max == 0.9999
 
 
 def test_scaler_lab_overlays_presets():

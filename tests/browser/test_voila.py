@@ -83,6 +83,16 @@ def test_scaling_tab_sliders_change_the_scale_curve(page):
     page.wait_for_function("() => document.querySelector('.ampviz-scaler-growth .widget-readout')"
                            ".innerText.trim() === '2.020'", timeout=30_000)
     lab.screenshot(path=str(OUTPUT / "voila_scaling_moved.png"))
+    # Home and End reach the ends of each factor's slider: valid settings, the curve follows
+    for slider, key, end in (("ampviz-scaler-growth", "Home", "1.001"), ("ampviz-scaler-backoff", "End", "0.995"),
+                             ("ampviz-scaler-backoff", "Home", "0.005")):
+        before = page.evaluate(SCALE_Y)
+        press_slider(lab, slider, 1, key=key)
+        page.wait_for_function(f"() => parseFloat(document.querySelector('.{slider} .widget-readout').innerText) === {end}",
+                               timeout=30_000)
+        page.wait_for_function(f"(prev) => {{ const y = ({SCALE_Y})(); return y && y !== prev; }}",
+                               arg=before, timeout=30_000)
+        assert lab.locator(".ampviz-message").inner_text().strip() == ""
 
 
 def test_live_tab_trains_and_draws(page):
