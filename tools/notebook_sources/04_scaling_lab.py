@@ -19,7 +19,7 @@ CELLS = [
     from ampviz import synth
     from ampviz.lessons import check_hysteresis_skips, check_log_verdict, check_scale_direction, trace_table
     from ampviz.plots import plot_scale_trace
-    from ampviz.scalelog import diagnose, read_log, write_log
+    from ampviz.scalelog import diagnose, read_log, scale_lines, write_log
     from ampviz.scaling import PRESETS, ApexHysteresisScaler, TorchGradScaler, simulate
     from ampviz.widgets import ScalerLab
 
@@ -152,9 +152,15 @@ CELLS = [
     md("""
     ## 5. Reading a real log
 
-    When a run prints "Gradient overflow. Skipping step", look at the scale *after* each message.
-    `read_log` pulls it out of apex, DeepSpeed and fairseq log lines; `diagnose` says whether it
-    keeps coming back (harmless), keeps falling (ratchet), or reached 1 or less (collapse):
+    Not every framework prints a line when it skips a step. apex, fairseq, metaseq and DeepSpeed
+    (since 0.17.6 only with `"log_level": "info"` in its config) print one per overflow, with the
+    new scale; Megatron reports only a count of skipped iterations and the scale in its periodic
+    progress line. `torch.amp.GradScaler`, PyTorch Lightning, NeMo, Keras and jmp print nothing.
+
+    When a run does print "Gradient overflow. Skipping step", look at the scale *after* each
+    message. `read_log` pulls it out of every one of those frameworks' lines; `diagnose` says
+    whether it keeps coming back (harmless), keeps falling (ratchet), or reached 1 or less
+    (collapse):
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -179,6 +185,18 @@ CELLS = [
     Notice: the same message means different things. In the sawtooth it appears once per growth
     interval and the scale returns to the same level; in the log above the scale halves eight
     times in a row: something overflows every few steps.
+
+    With torch or Lightning, write the log yourself: record `scaler.get_scale()` before training
+    and after every `scaler.update()` (Lightning's scaler is `trainer.precision_plugin.scaler`). A
+    drop means that step was skipped; `scale_lines` turns the record into lines `read_log` reads.
+    Here, the scales the sawtooth run used, as such a record would hold them:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    recorded = [*sawtooth.scale.tolist(), sawtooth.final.scale]  # get_scale() before each step, and after the last
+    lines = scale_lines(recorded)
+    print(lines.splitlines()[0])
+    print(diagnose(read_log(lines)))
     """),
     md("""
     ## Try it
