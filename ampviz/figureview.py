@@ -37,6 +37,8 @@ _WIRE = {"float64": "f8", "float32": "f4", "int32": "i4", "int16": "i2", "int8":
 
 
 def _pack_array(a: np.ndarray):
+    if a.ndim == 0:
+        return _pack_value(a.item())
     if a.dtype.kind in "OUS" or a.ndim > 2:
         return _pack_value(a.tolist())
     if a.dtype.kind == "b":
@@ -66,14 +68,43 @@ def _pack_value(v):
         return _pack_value(v.item())
     if isinstance(v, float) and not math.isfinite(v):
         return None  # JSON has no NaN or inf; plotly reads null as "no value"
-    return v
+    if v is None or isinstance(v, (str, bool, int, float)):
+        return v
+    raise TypeError(f"cannot send a {type(v).__name__} to a figure: use numbers, strings, lists, dicts "
+                    f"or numpy arrays of numbers")
 
 
 def pack(value):
     """``value`` (traces, a layout: dicts, lists, numpy arrays, numbers, strings) as widget state:
     numeric arrays and lists become ``{"ampviz_nd": dtype, "shape": [...], "b64": base64 of the
-    little-endian bytes}`` (decoded into arrays in the browser), non-finite scalars None."""
+    little-endian bytes}`` (decoded into arrays in the browser), non-finite scalars None. Anything
+    else (a set, bytes, a complex number, an object) is a TypeError that says what to pass."""
     return _pack_value(value)
+
+
+def _check(value) -> None:
+    """What ``pack`` would refuse, refused now (without encoding anything): a figure part is
+    checked when it is assigned, not when it is sent."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "fiub" or value.ndim == 0:
+            if value.ndim == 0:
+                _check(value.item())
+            return
+        if value.dtype.kind in "OUS" or value.ndim > 2:
+            for x in value.ravel().tolist():
+                _check(x)
+            return
+        raise TypeError(f"cannot send an array of dtype {value.dtype} to a figure: use numbers or strings")
+    if isinstance(value, dict):
+        for x in value.values():
+            _check(x)
+    elif isinstance(value, (list, tuple)):
+        for x in value:
+            _check(x)
+    elif not (value is None or isinstance(value, (str, bool, int, float, np.generic))) or \
+            isinstance(value, (np.complexfloating, np.datetime64, np.timedelta64, np.void)):
+        raise TypeError(f"cannot send a {type(value).__name__} to a figure: use numbers, strings, lists, "
+                        f"dicts or numpy arrays of numbers")
 
 
 def _to_json(value, widget):
@@ -88,8 +119,11 @@ def _figure_parts(figure) -> tuple[list, dict]:
         raise TypeError(f"a figure must be a plotly Figure or a dict with data and layout, got {type(figure).__name__}")
     data = figure.get("data", [])
     layout = figure.get("layout", {})
-    if not isinstance(data, (list, tuple)) or not isinstance(layout, dict):
-        raise TypeError("a figure's data must be a list of traces and its layout a dict")
+    if not isinstance(data, (list, tuple)) or not all(isinstance(t, dict) for t in data) \
+            or not isinstance(layout, dict):
+        raise TypeError("a figure's data must be a list of trace dicts and its layout a dict")
+    _check(data)
+    _check(layout)
     return list(data), dict(layout)
 
 
@@ -242,6 +276,7 @@ class FigureView(anywidget.AnyWidget):
         """Replace the traces (a list of trace dicts) and keep the layout."""
         if not isinstance(data, (list, tuple)) or not all(isinstance(t, dict) for t in data):
             raise TypeError("set_data takes a list of trace dicts, e.g. [{'type': 'scatter', 'x': ..., 'y': ...}]")
+        _check(data)
         with self.hold_sync():
             self.data = list(data)
             self.revision += 1
@@ -250,6 +285,7 @@ class FigureView(anywidget.AnyWidget):
         """Replace the layout and keep the traces."""
         if not isinstance(layout, dict):
             raise TypeError("set_layout takes a layout dict")
+        _check(layout)
         with self.hold_sync():
             self.layout = dict(layout)
             self.revision += 1
