@@ -6,7 +6,8 @@ The notebooks show their results through these functions so that they hold no lo
   compared against stored ones);
 * ``format_table``, ``cast_table``, ``bits_table``: what a format can hold, what a cast does to
   given values, and their bit patterns;
-* ``add``, ``largest_lost_update``, ``update_table``, ``accumulate``, ``stall_table``: why a weight
+* ``add``, ``update_lost``, ``lost_band``, ``largest_lost_update``, ``update_table``,
+  ``accumulate``, ``stall_table``: which updates a weight loses, why a weight
   stops learning when it is stored in a low-precision format (and why AMP keeps fp32 master weights);
 * ``largest_safe_scale``, ``census_table``, ``layer_table``: choosing a static loss scale and
   seeing what it does;
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ampviz.census import census
-from ampviz.formats import get_format
+from ampviz.formats import FP32, get_format
 
 __all__ = [
     "Table",
@@ -37,6 +38,8 @@ __all__ = [
     "cast_table",
     "bits_table",
     "add",
+    "update_lost",
+    "lost_band",
     "largest_lost_update",
     "update_table",
     "accumulate",
@@ -51,6 +54,7 @@ __all__ = [
     "check_smallest_subnormal",
     "check_fp16_cast_65520",
     "check_bf16_lost_ratio",
+    "check_update_lost",
     "check_lost_share",
     "check_safe_scale",
     "check_overflow_action",
@@ -208,32 +212,163 @@ def add(a, b, fmt):
     return fmt.quantize(s if np.ndim(s) else float(s))
 
 
+def _brief(x, limit: int = 40) -> str:
+    """``repr(x)`` on one line, cut to ``limit`` characters, for a message."""
+    text = " ".join(repr(x).split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _update_via(via):
+    """None, or FP32: the format an update and the sum pass through (see ``update_lost``)."""
+    if via is None:
+        return None
+    try:
+        v = get_format(via)
+    except (TypeError, ValueError):
+        v = None
+    if v is not FP32:
+        raise ValueError(f"via must be None (the update is stored in fmt) or 'fp32' (the update and the sum "
+                         f"are fp32 values), got {_brief(via)}")
+    return v
+
+
+def _stored_weights(w, fmt):
+    """w stored in fmt, as a float64 array."""
+    return np.asarray(fmt.quantize(w), dtype=np.float64)
+
+
+def _lost(wq: np.ndarray, u, fmt, via) -> np.ndarray:
+    """Whether fmt(wq + u) == wq, for weights wq already stored in fmt (see ``update_lost``)."""
+    if via is None:
+        s = np.asarray(add(wq, u, fmt), dtype=np.float64)
+    else:
+        s = np.asarray(fmt.quantize(np.asarray(add(wq, u, via), dtype=np.float64)), dtype=np.float64)
+    return s == wq
+
+
+def update_lost(w, u, fmt, *, via=None):
+    """Whether adding the update ``u`` to the weight ``w`` leaves the weight unchanged in ``fmt``.
+
+    The weight is first stored in ``fmt`` (as it would be in a tensor of that dtype). An update is
+    lost exactly when the rounded sum is the stored weight again: when |u| is at most half the gap
+    between w and its neighbour on u's side, a tie (exactly half) being lost only when w's last
+    mantissa bit is 0 (round to nearest, ties to even). In fp16 that is between 1/4096 and 1/2048
+    of |w|, depending on where w sits in its binade (for |w| >= 0.25; fp16 holds the updates of
+    smaller weights only coarsely); at a power of two the gap below w is half the gap above, so on
+    w = 1 the update 2^-11 is lost and -2^-11 is not (0.99951 is kept).
+
+    ``via`` says how the update reaches the weight, as torch (CPU) computes it:
+
+    * ``None`` (default): u is stored in ``fmt`` too and the exact sum is rounded once, as in
+      torch's ``w + u`` and ``w.add_(u)`` for a weight tensor ``w`` of that dtype and a Python
+      number ``u`` (torch casts it to w's dtype, through float32, before adding) or a tensor ``u``
+      of w's dtype. This is ``add(w, u, fmt) == w``.
+    * ``"fp32"``: u is an fp32 value and the sum is rounded to fp32 before it is rounded into
+      ``fmt``, as in ``w.add_(u)`` with an fp32 tensor ``u`` of w's shape, and in an optimizer
+      step on an fp16 or bf16 weight: SGD's ``p.add_(grad, alpha=-lr)`` casts ``-lr`` to p's dtype,
+      multiplies it by the gradient and adds in fp32, then rounds into p's dtype (so pass
+      ``u = fmt(-lr) * grad``). The fp32 rounding can turn an update a hair past half the gap into
+      the tie itself (or one a hair short of it into a value past it): the edges of the band move
+      by at most one fp32 step of w + u (about 2^-23 of w).
+
+    ``w`` and ``u`` are numbers or arrays that broadcast together (lists, numpy arrays, tensors).
+    The answer is a bool for two numbers, else a numpy bool array. A NaN weight or result is never
+    "lost" (NaN equals nothing); an infinite weight loses every finite update.
+    """
+    fmt = get_format(fmt)
+    via = _update_via(via)
+    wq = _stored_weights(w, fmt)
+    uq = np.asarray((fmt if via is None else via).quantize(u), dtype=np.float64)  # refuses non-numbers
+    try:
+        np.broadcast_shapes(wq.shape, uq.shape)
+    except ValueError:
+        raise ValueError(f"w and u must be numbers or arrays of shapes that broadcast together, got shapes "
+                         f"{wq.shape} and {uq.shape}") from None
+    lost = _lost(wq, uq, fmt, via)
+    return bool(lost) if lost.ndim == 0 else lost
+
+
+def _search_patterns(wq: np.ndarray, sign: float, fmt, via) -> np.ndarray:
+    """The largest |u| of the update format (fmt, or ``via``) with u of the given sign lost on each
+    weight of ``wq``: a bisection over the update format's non-negative bit patterns, whose values
+    grow with the pattern; the lost updates of one sign are those from 0 up to that |u|."""
+    v = fmt if via is None else via
+    top = int(v.encode(np.inf)) if v.specials == "ieee" else int(v.encode(v.max))  # largest pattern to try
+    lo = np.zeros(wq.shape, dtype=np.int64)  # u = 0 is always lost on a finite weight
+    hi = np.full(wq.shape, top + 1, dtype=np.int64)  # beyond the last pattern: "not lost"
+    while True:
+        open_ = hi - lo > 1
+        if not open_.any():
+            break
+        mid = (lo + hi) // 2
+        lost = _lost(wq, sign * np.asarray(v.decode(np.where(open_, mid, 0)), dtype=np.float64), fmt, via)
+        lo = np.where(open_ & lost, mid, lo)
+        hi = np.where(open_ & ~lost, mid, hi)
+    return np.asarray(v.decode(lo), dtype=np.float64)
+
+
+def lost_band(w, fmt, *, via=None):
+    """(most negative, most positive) update lost on the weight ``w`` in ``fmt``, as exact values.
+
+    The updates are values of ``fmt`` (with ``via="fp32"``: fp32 values), and ``update_lost``
+    agrees: ``update_lost(w, u, fmt)`` is true exactly when ``lo <= fmt(u) <= hi`` (with
+    ``via="fp32"``, when ``lo <= fp32(u) <= hi``).
+    Roughly ±half the gap between w and its neighbour on each side: at w = 1 in fp16 the band is
+    (-2^-12, 2^-11), at w = 1.5 it is (-2^-11, 2^-11), so relative to w each edge runs from 1/2048
+    (just above a power of two) down to 1/4096 (just below the next). Where half the gap is not
+    itself lost (a tie on a weight whose last mantissa bit is 1, or a value the update format
+    cannot hold) the edge is the update value just inside it; it is 0 where no update of that sign
+    is lost (e.g. on fp16's subnormals). In a saturating format ("fn") every larger update is lost
+    on its max.
+
+    ``w``: a finite number, or an array of them (after storing in ``fmt``); an array gives two arrays.
+    """
+    fmt = get_format(fmt)
+    via = _update_via(via)
+    wq = _stored_weights(w, fmt)
+    if not np.all(np.isfinite(wq)):
+        stored = number(wq[~np.isfinite(wq)][0] if wq.ndim else wq)
+        raise ValueError(f"w must be finite once stored in {fmt.name} (inf and NaN have no band of lost "
+                         f"updates), got a weight that stores as {stored}")
+    hi = _search_patterns(wq, 1.0, fmt, via)
+    lo = -_search_patterns(wq, -1.0, fmt, via) + 0.0  # (+ 0.0: no -0)
+    if wq.ndim == 0:
+        return float(lo), float(hi)
+    return lo, hi
+
+
 def largest_lost_update(w, fmt) -> float:
     """The largest positive update u (a value of ``fmt``) with ``w + u == w`` in ``fmt``.
 
-    Anything smaller is lost too. For w = 1 this is half of ``eps`` (the tie rounds to the even
-    neighbour, 1), so an update is lost once the weight is 2 / eps times larger.
+    Every smaller positive update is lost too; ``lost_band`` gives both sides. It is about half
+    the gap between w and the next value above it: for w = 1 that is eps / 2 (the tie rounds to
+    the even neighbour, 1), for w = 1.5 too, so relative to w the lost updates reach 1/2048 of w
+    just above a power of two and only about 1/4096 just below the next. A negative update is lost
+    up to half the gap below w, which at a power of two is half as wide (on 1.0, -2^-12).
     """
     fmt = get_format(fmt)
-    q = float(fmt.quantize(w))
+    q = fmt.quantize(w)
+    if np.ndim(q) != 0:
+        raise TypeError(f"w must be one number, got {np.size(q)} values; lost_band(w, fmt) takes arrays")
     if not math.isfinite(q) or q == 0:
-        raise ValueError(f"w must be a nonzero finite value of {fmt.name}, got {w!r}")
-    half_ulp = fmt.ulp(q) / 2
-    u = float(fmt.quantize(half_ulp))
-    if u > half_ulp or add(q, u, fmt) != q:
-        u = fmt.neighbours(u)[0]  # the representable value just below
-    return max(u, 0.0)
+        raise ValueError(f"w must be a nonzero finite value of {fmt.name}, got {_brief(w)}")
+    return lost_band(q, fmt)[1]
 
 
 def update_table(w=1.0, formats=("fp32", "bf16", "fp16")) -> Table:
-    """For each format: eps, the largest update lost on ``w``, and how many times smaller it is."""
+    """For each format: eps, the largest positive and the most negative update lost on ``w``, and
+    how many times smaller than w each is. The two differ where w is a power of two (the gap
+    below it is half the gap above it), so an update is not simply lost once the weight is some
+    fixed number of times larger."""
     rows = []
     for f in map(get_format, formats):
-        u = largest_lost_update(w, f)
-        ratio = float(f.quantize(w)) / u if u else math.inf
-        rows.append((f.name, number(f.eps), number(u), f"{ratio:,.0f}"))
-    return Table(("format", "eps", f"largest update lost on w = {number(w)}",
-                  "weight / update"), rows)
+        hi = largest_lost_update(w, f)
+        lo = lost_band(w, f)[0]
+        q = abs(float(f.quantize(w)))
+        ratios = [f"{q / abs(u):,.0f}" if u else "inf" for u in (hi, lo)]
+        rows.append((f.name, number(f.eps), number(hi), number(lo), *ratios))
+    return Table(("format", "eps", f"largest u > 0 lost on w = {number(w)}", "most negative u lost",
+                  "w / u", "w / |u| (u < 0)"), rows)
 
 
 def accumulate(w0, update, steps: int, fmt) -> np.ndarray:
@@ -465,10 +600,20 @@ def check_fp16_cast_65520(answer) -> Check:
 
 
 def check_bf16_lost_ratio(answer) -> Check:
-    """Q: how many times larger than an update a bf16 weight of 1.0 must be for the update to vanish."""
+    """Q: how many times larger than a positive update a bf16 weight of 1.0 must be for the update
+    to vanish (256; a negative update on 1.0 must be 512 times smaller)."""
     bf16 = get_format("bf16")
     return check(answer, 1.0 / largest_lost_update(1.0, bf16),
                  hint="bf16 keeps 7 mantissa bits; count one more for rounding")
+
+
+def check_update_lost(answer, w=1.0, u=-(2.0**-11), fmt="fp16") -> Check:
+    """Q: is the update ``u`` lost on a weight ``w`` kept in ``fmt`` (does ``w + u`` round back to
+    w)? "yes" or "no" (or True/False). The default is 1.0 - 2^-11 in fp16: "no", it is kept."""
+    lost = update_lost(w, u, fmt)
+    return check(answer, "yes" if lost else "no", accept=_yes_no(lost),
+                 hint="compare |u| with half the gap between w and its neighbour on u's side "
+                      "(below a power of two the gap is half as wide)")
 
 
 # ----- 02: loss scaling -----
@@ -524,7 +669,8 @@ def check_mode_without_loss(answer) -> Check:
 
 
 def check_fp16_lost_ratio(answer) -> Check:
-    """Q: how many times larger than an update an fp16 weight of 1.0 must be for the update to vanish."""
+    """Q: how many times larger than a positive update an fp16 weight of 1.0 must be for the update
+    to vanish (2048; a negative update on 1.0 must be 4096 times smaller)."""
     return check(answer, 1.0 / largest_lost_update(1.0, "fp16"),
                  hint="fp16 keeps 10 mantissa bits; count one more for rounding")
 

@@ -123,8 +123,9 @@ def test_largest_lost_update_at_one(fmt, expected):
 
 def test_largest_lost_update_is_the_largest_for_many_weights():
     rng = np.random.default_rng(2)
-    for w in _random_values("fp16", 300, rng):
-        if w == 0 or abs(w) < FP16.smallest_normal:
+    weights = np.concatenate([_random_values("fp16", 300, rng), [-1.0, -2.0, -0.5, 1.0, 2.0**-14, 65504.0]])
+    for w in weights:
+        if w == 0:
             continue
         u = L.largest_lost_update(w, "fp16")
         assert L.add(w, u, "fp16") == w
@@ -136,10 +137,24 @@ def test_largest_lost_update_is_the_largest_for_many_weights():
         L.largest_lost_update(math.inf, "fp16")
 
 
+def test_largest_lost_update_on_negative_powers_of_two():
+    """On -1 a positive update moves towards 0, where the gap is half as wide: 2^-12, not 2^-11
+    (-1 + 2^-11 = -0.99951 is an fp16 value)."""
+    assert L.largest_lost_update(-1.0, "fp16") == 2**-12
+    assert L.add(-1.0, 2**-12, "fp16") == -1.0 and L.add(-1.0, 2**-11, "fp16") == -1 + 2**-11
+    assert L.largest_lost_update(2**-14, "fp16") == 0.0  # 2^-25 is no fp16 value; 2^-24 moves it
+    assert L.largest_lost_update(448, "fp8_e4m3") == 448  # a saturating format keeps its max
+
+
 def test_update_table_ratios():
     t = L.update_table(1.0, ("fp32", "bf16", "fp16"))
-    assert t.column("weight / update") == ("16,777,216", "256", "2,048")
+    assert t.column("w / u") == ("16,777,216", "256", "2,048")
+    assert t.column("w / |u| (u < 0)") == ("33,554,432", "512", "4,096")  # below 1 the gap is half as wide
+    assert t.column("most negative u lost") == ("-2^-25", "-2^-9", "-2^-12")
     assert t.column("eps") == ("2^-23", "2^-7", "2^-10")
+    t = L.update_table(1.5, ("fp16",))
+    assert t.rows == (("fp16", "2^-10", "2^-11", "-2^-11", "3,072", "3,072"),)
+    assert L.update_table(2**-14, ("fp16",)).rows[0][-2:] == ("inf", "inf")  # no fp16 update is lost
 
 
 @pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp32"])
@@ -257,6 +272,10 @@ def test_later_question_checkers():
     assert L.check_log_verdict("'sawtooth'", [1024.0] * 8)
     assert L.check_mode_without_loss("fp16+scaler") and not L.check_mode_without_loss("fp16")
     assert L.check_fp16_lost_ratio(2048) and not L.check_fp16_lost_ratio(1024)
+    assert L.check_update_lost("no") and L.check_update_lost(False) and not L.check_update_lost("yes")
+    assert L.check_update_lost("no", w=1.5, u=1.5 / 3000) and not L.check_update_lost("yes", w=1.5, u=1.5 / 3000)
+    assert L.check_update_lost("yes", w=1.0, u=-2**-12) and not L.check_update_lost("no", w=1.0, u=-2**-12)
+    assert L.check_update_lost(" Yes ", w=1.0, u=2**-11) and L.check_update_lost(None).status == "unanswered"
 
     class Diagnosis:
         scale_range = (2.0**7, 2.0**20)

@@ -20,7 +20,7 @@ CELLS = [
     from ampviz import FP16, FP8_E4M3, FP8_E5M2
     from ampviz import lessons
     from ampviz.lessons import bits_table, cast_table, format_table, stall_table, update_table
-    from ampviz.plots import plot_census, plot_format_ranges
+    from ampviz.plots import plot_census, plot_format_ranges, plot_lost_band
     from ampviz.training import torch_accumulate, torch_add, torch_cast
     from ampviz.widgets import FormatExplorer, RangeExplorer
 
@@ -103,17 +103,49 @@ CELLS = [
     md("""
     ## 5. Why a weight stops learning in fp16
 
-    An optimizer step adds a small update to each weight. If the weight is 1.0 and the update is
-    2^-11 or smaller (the weight is 2048× larger or more), fp16 rounds the sum back to 1.0. The
-    threshold for a weight of 1 in each format:
+    An optimizer step adds a small update u to each weight w, and fp16 rounds w + u to the nearest
+    fp16 value. So the update is **lost** (w + u == w) exactly when |u| is at most **half the gap
+    between w and its neighbour on u's side**; at exactly half (a tie) it is lost only if w's last
+    mantissa bit is 0 (ties go to the even neighbour). Below a power of two the gap is half as wide
+    as above it, so on w = 1 the direction matters:
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
     update_table(w=1.0, formats=("fp32", "bf16", "fp16"))
     """),
     md("""
-    bf16 is worse here: with 7 mantissa bits, a weight of 1 ignores any update 256× smaller.
-    Now 1000 steps that each add 1e-4 (say learning rate 0.01 × gradient 0.01). The weight should
+    bf16 is worse: with 7 mantissa bits, a weight of 1 ignores any positive update 256× smaller.
+    A rule like "lost once the weight is 2048× larger than the update" is right only when w is a
+    power of two and the update moves it away from 0. The gap is the same across a binade while w
+    grows, so relative to w the band of lost updates shrinks from 1/2048 just above a power of two
+    to 1/4096 just below the next:
+    """),
+    code("""
+    plot_lost_band("fp16", 1.0, 4.0, points=[(1.9004, 1.9004 / 3000), (1.0, -2**-11), (1.0, 2**-11)])
+    """),
+    md("""
+    Every fp16 weight from 1 to 4 is on the x axis; the updates inside the blue band are lost.
+    Two of the marked updates are kept although the weight is 2048× larger or more:
+    1.9004 + 1.9004/3000 (above the band) and 1.0 − 2^-11 (below it). The package and torch agree:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    examples = {"1.9004 + 1.9004/3000": (1.9004, 1.9004 / 3000), "1.0 - 2^-11": (1.0, -2**-11),
+                "1.0 + 2^-11": (1.0, 2**-11), "1.0 - 2^-12": (1.0, -2**-12)}
+    for text, (w, u) in examples.items():
+        lost = lessons.update_lost(w, u, "fp16")
+        print(f"{text:21} -> {lessons.add(w, u, 'fp16'):<13.11g} {'lost' if lost else 'kept'}"
+              f"   torch: {torch_add(w, u, 'fp16'):.11g}")
+    lo, hi = lessons.lost_band(1.9004, "fp16")
+    print(f"lost on w = 1.9004: u from {lo} to {hi}, |u| up to w / {FP16.quantize(1.9004) / hi:.0f}")
+    """),
+    md("""
+    (An optimizer such as SGD computes lr × gradient and the sum in fp32 before rounding into
+    fp16; that moves the band's edges by at most one fp32 step:
+    `lessons.update_lost(w, u, "fp16", via="fp32")`.)
+
+    Now 1000 steps that each add 1e-4 (say learning rate 0.01 × gradient 0.01) to a weight of 1.
+    1e-4 is less than 1/4096 of the weight, inside the band: every step is lost. The weight should
     move by 0.1:
     """),
     code("""
@@ -189,9 +221,22 @@ CELLS = [
     lessons.check_fp16_cast_65520(answer)
     """),
     code("""
-    # A bf16 weight is 1.0. How many times larger than an update must it be for the update to vanish?
+    # A bf16 weight is 1.0. How many times larger than a positive update must it be
+    # for the update to vanish?
     answer = None
     lessons.check_bf16_lost_ratio(answer)
+    """),
+    code("""
+    # An fp16 weight is 1.0. Is the update -2**-11 lost, i.e. does 1.0 - 2**-11 round back
+    # to 1.0? "yes" or "no"
+    answer = None
+    lessons.check_update_lost(answer, w=1.0, u=-2**-11)
+    """),
+    code("""
+    # An fp16 weight is 1.5; the update is 1.5 / 3000, so the weight is 3000 times larger.
+    # Is the update lost? "yes" or "no"
+    answer = None
+    lessons.check_update_lost(answer, w=1.5, u=1.5 / 3000)
     """),
     md("""
     The lesson's claims, checked against torch's own casts and arithmetic:
@@ -200,7 +245,10 @@ CELLS = [
     assert FP16.smallest_subnormal == 2**-24 and FP16.smallest_normal == 2**-14 and FP16.max == 65504
     assert torch_cast([2**-25, 1.5 * 2**-25, 65519, 65520], "fp16").tolist() == [0, 2**-24, 65504, np.inf]
     assert torch_add(1, 2**-11, "fp16") == 1 and torch_add(1, 2**-10, "fp16") == 1 + 2**-10
-    assert lessons.largest_lost_update(1.0, "fp16") == 2**-11  # lost once the weight is 2048x larger
+    assert lessons.lost_band(1.0, "fp16") == (-2**-12, 2**-11)  # below 1 the gap is half as wide
+    assert torch_add(1, -2**-11, "fp16") == 1 - 2**-11 and not lessons.update_lost(1, -2**-11, "fp16")
+    assert torch_add(1.9004, 1.9004 / 3000, "fp16") != FP16.quantize(1.9004)  # 3000x smaller, kept
+    assert not lessons.update_lost(1.9004, 1.9004 / 3000, "fp16")
     fp16_weight = torch_accumulate(1.0, 1e-4, 1000, "fp16")
     assert (fp16_weight == 1.0).all()  # the stalled weight, in torch
     assert (lessons.accumulate(1.0, 1e-4, 1000, "fp16") == fp16_weight).all()
@@ -214,8 +262,10 @@ CELLS = [
     - A format's exponent bits set its range, its mantissa bits its precision (eps = 2^-mantissa bits).
     - fp16 stores 2^-24 to 65504. 2^-25 and below become 0; 65520 and above become inf.
       Subnormals (2^-24 to 2^-14) survive with fewer significant bits.
-    - An update up to half the grid spacing at a weight is lost: for a weight of 1 in fp16 that is
-      anything 2048× smaller (bf16: 256×). AMP keeps fp32 master weights so small updates add up.
+    - An update is lost when it is at most half the gap between the weight and its neighbour on the
+      update's side (a tie is lost only on an even weight): in fp16 between 1/4096 and 1/2048 of the
+      weight, depending on where it sits in its binade (bf16: 1/512 to 1/256). On w = 1, +2^-11 is
+      lost but −2^-11 is kept. AMP keeps fp32 master weights so small updates add up.
     - fp8 E4M3 saturates at 448; E5M2 overflows to inf from 61440.
 
     **Next:** [02 · Loss scaling: keeping small gradients alive in fp16](02_loss_scaling.ipynb) puts real
@@ -228,8 +278,9 @@ CELLS = [
        `bits_table([448], "fp8_e4m3")`.)
     3. bf16 is fp32 with the mantissa *rounded* to 7 bits. Find a value where truncating instead of
        rounding gives a different bf16 number.
-    4. For w = 1.5 instead of 1.0, what is `lessons.largest_lost_update(1.5, "fp16")`? Why is the
-       ratio not 2048?
+    4. For w = 1.5 instead of 1.0, what is `lessons.lost_band(1.5, "fp16")`? Why is w / u not 2048,
+       and why are both sides the same here but not at 1.0? Which fp16 weight in [1, 2) has the
+       narrowest band relative to itself?
     """),
 ]
 
@@ -240,4 +291,6 @@ SOLUTIONS = {
     "smallest positive number fp16": ("2**-24", "2**-14"),
     "What does 65520.0 become": ("float('inf')", "65504"),
     "A bf16 weight is 1.0": ("256", "2048"),
+    "Is the update -2**-11 lost": ('"no"', '"yes"'),
+    "the weight is 3000 times larger": ('"no"', '"yes"'),
 }

@@ -96,7 +96,9 @@ CELLS = [
     md("""
     ## 4. Pure fp16 weights stop learning
 
-    Notebook 01 showed that an update is lost when the weight is ≥ 2^11 = 2048 times larger than it.
+    Notebook 01 showed that an update is lost when it is at most half the gap between the weight
+    and its fp16 neighbour on the update's side: between 1/4096 and 1/2048 of the weight,
+    depending on where the weight sits in its binade.
     In `half` mode the optimizer adds each update to the fp16 weight itself; with fp32 master
     weights (`fp16+scaler`) it adds it in fp32. Which weights moved at all in 100 steps?
     """),
@@ -106,7 +108,7 @@ CELLS = [
     md("""
     Notice: with fp32 master weights practically every weight of fc1 moved (over 99.9%); in pure
     fp16 only about 1% did. The first layers' updates (learning rate × gradients around 10^-6) are
-    far below 1/2048 of their weights, so they are rounded away step after step: those layers are
+    far below 1/4096 of their weights, so they are rounded away step after step: those layers are
     frozen. Only the last layers, whose gradients are larger, learn; the loss curve hides this for
     a while. (After 100 steps of fp16 arithmetic the exact shares differ a little from one CPU to
     another, so this table's output is not checked; its claims are, at the end of the notebook.)
@@ -208,8 +210,8 @@ CELLS = [
       weight gradients, up to 7% in early layers. A loss scaler (here 2^16) loses none.
     - bf16 has fp32's range: nothing underflows at scale 1, so it trains without a scaler; it pays
       in precision (7 mantissa bits), not in range.
-    - Pure fp16 weights (`model.half()`) freeze the layers whose updates are < 1/2048 of their
-      weights; fp32 master weights keep every update.
+    - Pure fp16 weights (`model.half()`) freeze the layers whose updates are below half the fp16
+      gap at their weights (1/4096 to 1/2048 of a weight); fp32 master weights keep every update.
     - Speed depends on the hardware: read it off the speed table on yours, never assume it.
     - `examine(model, batch)` recommends an initial loss scale range, or tells you to use bf16.
 
