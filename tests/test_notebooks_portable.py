@@ -3,8 +3,9 @@ one, and torch's CPU kernels for another instruction set (``ATEN_CPU_CAPABILITY`
 plain C++ kernels, and "avx2"). A checked output must state what the lesson needs at a precision
 every CPU reproduces; these runs are how a machine with another CPU is tried here.
 
-Only the notebooks whose checked outputs come from torch are run (01 and 04 compute with numpy
-alone). Each variant runs them through nbval, as ``make test`` does, in a kernel of its own."""
+Only the notebooks whose checked outputs come from torch's kernels are run (04 computes with
+numpy alone; 01 prints torch's casts and additions of single numbers, which IEEE rounding fixes
+on every CPU). Each variant runs them through nbval, as ``make test`` does, in a kernel of its own."""
 
 import os
 import subprocess
