@@ -18,6 +18,11 @@ float32, a backoff resets the growth tracker to 0, growth happens only when the 
 ``growth_interval`` (and resets it to 0), growth that would give inf (or NaN) is refused, and there
 is no floor: repeated backoffs reach float32's subnormals and, with a factor of 0.5, exactly 0.
 
+Some frameworks end the run by raising: DeepSpeed ZeRO and fairseq at their minimum scale, apex amp
+(and fairseq and metaseq) at a scale of 0, which they divide by, DeepSpeed ZeRO at an overflow once
+its scale is inf. The state then says ``stopped``, and the trace gives the step and the exception
+(``ScalerTrace.stopped_at``, ``ScalerTrace.stop_reason``).
+
 Speed: the state only changes at overflows and growths, so ``simulate`` works per event, not per
 step. Where events are far apart it searches for the next one with numpy and fills the clean
 stretch before it with slices (the counters that fairseq's tolerance keeps just advance by its
@@ -39,6 +44,7 @@ import bisect
 import dataclasses
 import math
 import numbers
+import re
 import struct
 from array import array
 from dataclasses import dataclass, field
@@ -106,8 +112,9 @@ class ScalerState(NamedTuple):
 
     ``scale`` is the scale the next step uses; ``growth_tracker`` the clean steps counted toward
     the next growth; ``hysteresis`` the overflows still tolerated before a backoff (1: the next
-    overflow backs off); ``stopped`` is true once a scaler that raises at its minimum scale has
-    ended the run. ``overflows_since_rescale`` (overflows since the last backoff) and
+    overflow backs off); ``stopped`` is true once the framework's scaler has ended the run by
+    raising (at its minimum scale, or at a scale of 0 or inf; see ``DynamicScaler``).
+    ``overflows_since_rescale`` (overflows since the last backoff) and
     ``steps_since_rescale`` (steps since the last growth or backoff) are fairseq's tolerance
     counters, kept only by a policy with a ``tolerance`` (0 otherwise). ``window`` is the growth
     window of a policy with ``window_scaling`` (0 otherwise).
@@ -134,7 +141,8 @@ class DynamicScaler:
       at every overflow). ``refill``: when the hysteresis budget is restored, ``"growth"`` (at each
       growth: DeepSpeed, Megatron) or ``"clean"`` (at every clean step: Apex/NeMo).
     - ``min_scale`` / ``max_scale``: clamps (None: none). ``raise_at_min``: an overflow that would
-      back off while the scale is already at ``min_scale`` ends the run (DeepSpeed ZeRO).
+      back off while the scale is already at (equal to) ``min_scale`` ends the run (DeepSpeed
+      ZeRO; a scale below the minimum backs off to it first).
     - ``growth_at_least``: grow when the tracker reaches ``growth_interval`` or more (Keras 2),
       instead of exactly equals (torch).
     - ``inf_guard``: refuse a growth whose result is not finite (torch, Keras 2, jmp).
@@ -156,6 +164,16 @@ class DynamicScaler:
       A window below 1 never grows and never changes.
     - ``arithmetic``: how the scale is rounded, see ``_mul``.
     - ``dynamic``: False for a static scale, which never changes.
+    - ``raise_at_zero``: a step taken at a scale of exactly 0 ends the run, whether it overflows or
+      not (apex amp unscales the gradients by ``1./scale``, fairseq and metaseq compute
+      ``1.0 / loss_scale`` before each step: ``ZeroDivisionError``).
+    - ``raise_at_inf``: an overflow at a scale that is not finite ends the run, hysteresis or not
+      (DeepSpeed ZeRO formats ``int(scale)`` into its overflow message: ``OverflowError`` at inf,
+      ``ValueError`` at NaN). Checked before ``raise_at_min``.
+
+    A run that ends keeps its state (``ScalerState.stopped`` is set); ``simulate`` reports the step
+    (``ScalerTrace.stopped_at``) and the exception the framework raises there
+    (``ScalerTrace.stop_reason``).
     """
 
     name: str = "custom"
@@ -177,6 +195,8 @@ class DynamicScaler:
     window_scaling: bool = False
     arithmetic: str = "torch"
     dynamic: bool = True
+    raise_at_zero: bool = False
+    raise_at_inf: bool = False
     source: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -206,7 +226,8 @@ class DynamicScaler:
                 object.__setattr__(self, name, float(value))
             except OverflowError:
                 raise ValueError(f"{name} is too large for a float: {_shown(value)}") from None
-        for name in ("raise_at_min", "growth_at_least", "inf_guard", "window_scaling", "dynamic"):
+        for name in ("raise_at_min", "growth_at_least", "inf_guard", "window_scaling", "dynamic", "raise_at_zero",
+                     "raise_at_inf"):
             value = getattr(self, name)
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{name} must be True or False, not {_shown(value)}")
@@ -263,8 +284,12 @@ class DynamicScaler:
         """``adjust`` on a state and flag known to be well formed (the simulator's own)."""
         if state.stopped or not self.dynamic:
             return state
+        if self.raise_at_zero and state.scale == 0:  # the step divides by the scale
+            return state._replace(stopped=True)
         counting = self.tolerance > 0  # fairseq's tolerance counters
         if found_inf:
+            if self.raise_at_inf and not -math.inf < state.scale < math.inf:  # int(scale) in the message
+                return state._replace(stopped=True)
             overflows = state.overflows_since_rescale + 1 if counting else 0
             steps = state.steps_since_rescale + 1 if counting else 0
             if state.hysteresis > 1:  # tolerated: skip the step, keep the scale
@@ -275,7 +300,7 @@ class DynamicScaler:
                 new = state._replace(growth_tracker=self.tracker_after_overflow,
                                      overflows_since_rescale=overflows, steps_since_rescale=steps)
             else:
-                if self.raise_at_min and self.min_scale is not None and state.scale <= self.min_scale:
+                if self.raise_at_min and self.min_scale is not None and state.scale == self.min_scale:
                     return state._replace(stopped=True)
                 scale = _mul(state.scale, self.backoff_factor, self.arithmetic)
                 if self.min_scale is not None:
@@ -299,6 +324,31 @@ class DynamicScaler:
             return ScalerState(scale, 0, hyst, False, state.overflows_since_rescale, 0)
         return ScalerState(state.scale, tracker, hyst, False, state.overflows_since_rescale,
                            state.steps_since_rescale + 1 if counting else 0, state.window)
+
+    def _stop_reason(self, state: ScalerState, found_inf: bool) -> str | None:
+        """The exception that ends the run at a step taken from ``state`` (not yet stopped) that did
+        or did not overflow, as the last line of the framework's traceback; None if that step does
+        not end the run. The checks come in ``_adjust``'s order."""
+        if state.stopped or not self.dynamic:
+            return None
+        scale = state.scale
+        if self.raise_at_zero and scale == 0:
+            return "ZeroDivisionError: float division by zero"
+        if not found_inf:
+            return None
+        if self.raise_at_inf and not -math.inf < scale < math.inf:
+            return ("ValueError: cannot convert float NaN to integer" if scale != scale
+                    else "OverflowError: cannot convert float infinity to integer")
+        if self.tolerance > 0:
+            below = not (state.overflows_since_rescale + 1) / (state.steps_since_rescale + 1) >= self.tolerance
+        else:
+            below = False
+        if (state.hysteresis <= 1 and not below and self.raise_at_min and self.min_scale is not None
+                and scale == self.min_scale):
+            return f"Exception: {_AT_MINIMUM}"
+        if self._adjust(state, True).stopped:  # raise_at_scale
+            return f"FloatingPointError: {_MINIMUM_REACHED.format(self.raise_at_scale)}"
+        return None
 
     def _grows(self, tracker: int, window: int = 0) -> bool:
         """Whether the clean step that brings the tracker to ``tracker`` grows the scale."""
@@ -359,6 +409,12 @@ def _shown(value, limit: int = 60) -> str:
 
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(DynamicScaler)}
+
+# The messages with which DeepSpeed (loss_scaler.py, DynamicLossScaler.update_scale) and fairseq
+# (optim/dynamic_loss_scaler.py, check_overflow) end a run at their minimum scale.
+_AT_MINIMUM = "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run."
+_MINIMUM_REACHED = ("Minimum loss scale reached ({}). Your loss is probably exploding. Try lowering the learning "
+                    "rate, using gradient clipping or increasing the batch size.")
 
 
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -433,8 +489,13 @@ def ApexAmpScaler(init_scale=2.0**16, growth_interval=2000, min_scale=None, max_
     and resets the count of unskipped steps; the ``scale_window``-th unskipped step in a row doubles
     it, capped at ``max_loss_scale``. The factors are hard-coded (``scale_factor`` is stored but
     unused), the scale is a Python float, and it starts at ``min(max_loss_scale, init_scale)``.
-    Apex's names: ``init_scale``, ``scale_window`` (growth_interval), ``min_loss_scale`` (None or 0:
-    no floor), ``max_loss_scale`` (``math.inf``: no cap).
+    Without a floor, 1,091 backoffs in a row take 2**16 to exactly 0.0, and the next step ends the
+    run: ``amp.scale_loss`` unscales the gradients by ``1./scale`` before it checks them
+    (``LossScaler.unscale``), so that step raises ``ZeroDivisionError: float division by zero``
+    whether it overflows or not (``raise_at_zero``). An infinite scale (``max_loss_scale=math.inf``)
+    ends nothing: ``1./inf`` is 0. Apex's names: ``init_scale``, ``scale_window``
+    (growth_interval), ``min_loss_scale`` (None or 0: no floor), ``max_loss_scale`` (``math.inf``:
+    no cap).
     """
     init_scale = _real("init_scale", init_scale, "apex's init_scale, such as 2**16")
     growth_interval = _steps_count("growth_interval", growth_interval, "apex's scale_window, such as 2000")
@@ -443,8 +504,9 @@ def ApexAmpScaler(init_scale=2.0**16, growth_interval=2000, min_scale=None, max_
     max_scale = _real("max_scale", max_scale, "apex's max_loss_scale, such as 2**24, or math.inf for no cap")
     return DynamicScaler(
         name="apex amp", init_scale=min(max_scale, init_scale), growth_interval=growth_interval,
-        min_scale=min_scale or None, max_scale=max_scale, inf_guard=False, arithmetic="float64",
-        source="NVIDIA/apex@cb65b8ed^: apex/amp/scaler.py (LossScaler.update_scale), apex/amp/frontend.py",
+        min_scale=min_scale or None, max_scale=max_scale, inf_guard=False, raise_at_zero=True, arithmetic="float64",
+        source="NVIDIA/apex@cb65b8ed^: apex/amp/scaler.py (LossScaler.update_scale, unscale), apex/amp/handle.py "
+               "(scale_loss), apex/amp/frontend.py",
     )
 
 
@@ -472,26 +534,46 @@ def ApexHysteresisScaler(init_scale=2.0**32, growth_factor=2.0, backoff_factor=0
 
 
 def DeepSpeedZeroScaler(init_scale=None, growth_interval=1000, hysteresis=None, min_scale=1.0,
-                        consecutive_hysteresis=False, raise_at_min=True, *, config_defaults=True) -> DynamicScaler:
-    """DeepSpeed's ``DynamicLossScaler`` as ZeRO stages 1-3 build it.
+                        consecutive_hysteresis=False, raise_at_min=True, *, version=None,
+                        config_defaults=True) -> DynamicScaler:
+    """DeepSpeed's ``DynamicLossScaler`` as ZeRO stages 1-3 build it for fp16.
 
-    Source: ``microsoft/DeepSpeed@38327e07: deepspeed/runtime/fp16/loss_scaler.py``
-    (``DynamicLossScaler.update_scale``, ``CreateLossScaler``), with ``runtime/config.py``
-    (``get_dynamic_loss_scale_args``). Rule: an overflow while hysteresis is left only uses one up
-    (skip, scale kept); otherwise it halves the scale, not below ``min_loss_scale``, and if the
-    scale is already at the minimum it raises ("Current loss scale already at minimum", which ends
-    the run: ``ScalerState.stopped``). Growth: x2 when ``(iteration - last_overflow) % window == 0``
-    (the ``window``-th clean step after an overflow or growth), refilling the hysteresis (on every
-    clean step instead with ``consecutive_hysteresis``). No inf guard; the scale is a Python float.
+    Source: ``deepspeedai/DeepSpeed@cf443004`` (v0.19.5; this rule is unchanged since v0.17.1):
+    ``deepspeed/runtime/fp16/loss_scaler.py`` (``DynamicLossScaler.update_scale``,
+    ``CreateLossScaler``) and ``deepspeed/runtime/precision_config.py``
+    (``DeepSpeedFP16Config.dynamic_loss_scale_args``). Rule: an overflow while hysteresis is left
+    only uses one up (skip, scale kept); otherwise it halves the scale, not below
+    ``min_loss_scale``, and if the scale already equals the minimum it raises ``Exception("Current
+    loss scale already at minimum - cannot decrease scale anymore. Exiting run.")``, which ends the
+    run (``ScalerState.stopped``). Growth: x2 on a clean step when ``stable_interval = iteration -
+    last_overflow - 1`` is positive and a multiple of the window: the window-th clean step after a
+    growth, the (window+1)-th after an overflow or at the start (the growth tracker starts, and
+    restarts after an overflow, at -1, as in ``DeepSpeedScaler``). Growth refills the hysteresis
+    (every clean step does, with ``consecutive_hysteresis``). No inf guard: the scale is a Python
+    float that can grow to inf, and the next overflow then ends the run with ``OverflowError:
+    cannot convert float infinity to integer`` (rank 0's overflow message formats ``int(scale)``),
+    hysteresis or not.
 
-    ``config_defaults=True``: the ``fp16`` config defaults (``initial_scale_power`` 16,
-    ``loss_scale_window`` 1000, ``hysteresis`` 2, ``min_loss_scale`` 1). DeepSpeed passes these only
-    when one of those keys is in the ``fp16`` block; with just ``{"enabled": true}`` it uses the
-    class defaults instead (``init_scale=2**32``, hysteresis ``delayed_shift=1``):
-    ``config_defaults=False``. Given arguments override either. (The raise tests
-    ``scale == min``: the same as here for ``init_scale >= min_scale``.)
+    Defaults: the ``fp16`` config's (``initial_scale_power`` 16, ``loss_scale_window`` 1000,
+    ``hysteresis`` 2, ``min_loss_scale`` 1, ``consecutive_hysteresis`` false), which DeepSpeed
+    passes whatever the ``fp16`` block names. Given arguments override them. ``init_scale`` and
+    ``min_scale`` must be above 0 (DeepSpeed checks ``min_loss_scale > 0`` since 0.19.3).
+
+    ``version``: the DeepSpeed release to follow, such as ``"0.17.0"`` (0.9.3 or later); None, the
+    default, follows the current one. Releases before 0.17.1 (``deepspeedai/DeepSpeed@720787e7``,
+    v0.17.0) grow one step earlier, when ``(iteration - last_overflow) % window == 0`` (the
+    window-th clean step after an overflow, a growth or the start), and pass the config's values
+    only when the ``fp16`` block names one of ``initial_scale_power``, ``loss_scale_window``,
+    ``min_loss_scale``, ``hysteresis`` or ``consecutive_hysteresis``; with just ``{"enabled":
+    true}`` they use the class defaults instead (``init_scale=2**32``, ``delayed_shift=1``):
+    ``config_defaults=False``, which only those releases accept. DeepSpeed PR #6976 (commit
+    ``e440506b``, released in 0.17.1) changed both.
     """
+    before = _deepspeed_before_0_17_1(version)
     config_defaults = _flag("config_defaults", config_defaults, "True: the fp16 config's defaults")
+    if not config_defaults and not before:
+        raise ValueError("config_defaults=False (the class defaults 2**32 and hysteresis 1) exists only in "
+                         "DeepSpeed before 0.17.1: pass version='0.17.0' with it, or leave config_defaults=True")
     if init_scale is None:
         init_scale = 2.0**16 if config_defaults else 2.0**32
     if hysteresis is None:
@@ -499,40 +581,81 @@ def DeepSpeedZeroScaler(init_scale=None, growth_interval=1000, hysteresis=None, 
     init_scale = _real("init_scale", init_scale, "2 ** initial_scale_power, or None for the default")
     growth_interval = _steps_count("growth_interval", growth_interval, "DeepSpeed's loss_scale_window, such as 1000")
     hysteresis = _steps_count("hysteresis", hysteresis, "DeepSpeed's hysteresis, such as 2, or None for the default")
-    min_scale = _real("min_scale", min_scale, "DeepSpeed's min_loss_scale, such as 1")
+    init_scale, min_scale = _deepspeed_scales(init_scale, min_scale)
     consecutive_hysteresis = _flag("consecutive_hysteresis", consecutive_hysteresis, "DeepSpeed's setting")
     raise_at_min = _flag("raise_at_min", raise_at_min, "True: DeepSpeed's raise_error_at_min_scale")
+    if before:
+        name = "DeepSpeed ZeRO < 0.17.1" + ("" if config_defaults else " (class defaults)")
+        source = ("deepspeedai/DeepSpeed@720787e7: deepspeed/runtime/fp16/loss_scaler.py (DynamicLossScaler, "
+                  "CreateLossScaler), runtime/config.py (get_dynamic_loss_scale_args), runtime/constants.py")
+    else:
+        name = "DeepSpeed ZeRO"
+        source = ("deepspeedai/DeepSpeed@cf443004: deepspeed/runtime/fp16/loss_scaler.py (DynamicLossScaler, "
+                  "CreateLossScaler), runtime/precision_config.py (dynamic_loss_scale_args)")
     return DynamicScaler(
-        name="DeepSpeed ZeRO" if config_defaults else "DeepSpeed ZeRO (class defaults)",
-        init_scale=init_scale, growth_interval=growth_interval, hysteresis=hysteresis,
-        refill="clean" if consecutive_hysteresis else "growth", min_scale=min_scale,
-        raise_at_min=raise_at_min, inf_guard=False, arithmetic="float64",
-        source="microsoft/DeepSpeed@38327e07: deepspeed/runtime/fp16/loss_scaler.py (DynamicLossScaler, "
-               "CreateLossScaler), runtime/config.py (get_dynamic_loss_scale_args), runtime/constants.py",
+        name=name, init_scale=init_scale, growth_interval=growth_interval, hysteresis=hysteresis,
+        refill="clean" if consecutive_hysteresis else "growth", min_scale=min_scale, raise_at_min=raise_at_min,
+        raise_at_inf=True, tracker_after_overflow=0 if before else -1, inf_guard=False, arithmetic="float64",
+        source=source,
     )
+
+
+def _deepspeed_before_0_17_1(version) -> bool:
+    """Whether ``version`` (a DeepSpeed release such as "0.17.0", or None: the current one) comes
+    before 0.17.1, which changed ZeRO's growth step and its defaults."""
+    what = "a DeepSpeed release such as '0.17.0' or '0.19.5', or None for the current one"
+    if version is None:
+        return False
+    if not isinstance(version, str):
+        raise TypeError(f"version must be {what}, not {_shown(version)}")
+    match = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)", version.strip())
+    if match is None:
+        raise ValueError(f"version must be {what}, not {_shown(version)}")
+    release = tuple(int(x) for x in match.groups())
+    if release < (0, 9, 3):
+        raise ValueError(f"version must be 0.9.3 or later (the rule modelled here, consecutive_hysteresis "
+                         f"included, dates from 0.9.3), not {_shown(version)}")
+    return release < (0, 17, 1)
+
+
+def _deepspeed_scales(init_scale: float, min_scale) -> tuple:
+    """DeepSpeed's starting scale and minimum, both above 0: DeepSpeed divides by the scale (a
+    scale of 0 would end the run in its optimizer step), and rejects ``min_loss_scale <= 0``."""
+    min_scale = _real("min_scale", min_scale, "DeepSpeed's min_loss_scale, such as 1")
+    if not 0 < min_scale < math.inf:
+        raise ValueError(f"min_scale must be a finite number above 0 (DeepSpeed's min_loss_scale, such as 1), "
+                         f"not {min_scale!r}")
+    if not init_scale > 0:
+        raise ValueError(f"init_scale must be above 0 (2 ** initial_scale_power, such as 2**16), not {init_scale!r}")
+    return init_scale, min_scale
 
 
 def DeepSpeedScaler(init_scale=2.0**16, growth_interval=1000, min_scale=1.0) -> DynamicScaler:
     """DeepSpeed without ZeRO: ``FP16_Optimizer`` / ``FP16_UnfusedOptimizer``'s own ``_update_scale``.
 
-    Source: ``microsoft/DeepSpeed: deepspeed/runtime/fp16/fused_optimizer.py`` (lines 385-407) and
-    ``unfused_optimizer.py`` (275-297). Rule: an overflow halves the scale, not below
+    Source: ``deepspeedai/DeepSpeed@cf443004`` (v0.19.5):
+    ``deepspeed/runtime/fp16/fused_optimizer.py`` (``FP16_Optimizer._update_scale``) and
+    ``unfused_optimizer.py`` (``FP16_UnfusedOptimizer._update_scale``); DeepSpeed PR #6976
+    (0.17.1) left this rule as it was. Rule: an overflow halves the scale, not below
     ``min_loss_scale``; a clean step doubles it when ``stable = iteration - last_overflow - 1`` is
     positive and a multiple of the window. That is the window-th clean step after a growth but the
     (window+1)-th after an overflow or at the start: the growth tracker starts, and restarts after
-    an overflow, at -1. There is no hysteresis (the config's ``hysteresis`` is ignored), no raise,
-    no inf guard. The scale is a Python number: the int ``2**initial_scale_power`` doubled by the int
-    2 until the first backoff makes it a float, which float64 follows exactly below 2**1024.
-    Defaults: ``initial_scale_power`` 16, window 1000, min 1.
+    an overflow, at -1. There is no hysteresis (the config's ``hysteresis`` is ignored), no raise
+    (the overflow messages print the scale with ``{}``, inf included), no inf guard. The scale is
+    a Python number, ``2**initial_scale_power`` times ``scale_factor``: 2.0 since DeepSpeed 0.19.0,
+    so it is a float after the first growth and reaches inf beyond float64's range, as here; the
+    fused optimizer's int 2 before 0.19.0 kept it an exact int until the first backoff, which
+    float64 follows exactly below 2**1024. Defaults: ``initial_scale_power`` 16, window 1000, min
+    1; ``init_scale`` and ``min_scale`` must be above 0, as for ``DeepSpeedZeroScaler``.
     """
     init_scale = _real("init_scale", init_scale, "2 ** initial_scale_power, such as 2**16")
     growth_interval = _steps_count("growth_interval", growth_interval, "DeepSpeed's loss_scale_window, such as 1000")
-    min_scale = _real("min_scale", min_scale, "DeepSpeed's min_loss_scale, such as 1")
+    init_scale, min_scale = _deepspeed_scales(init_scale, min_scale)
     return DynamicScaler(
         name="DeepSpeed", init_scale=init_scale, growth_interval=growth_interval, min_scale=min_scale,
         tracker_after_overflow=-1, inf_guard=False, arithmetic="float64",
-        source="microsoft/DeepSpeed: deepspeed/runtime/fp16/fused_optimizer.py:385-407 (FP16_Optimizer._update_scale), "
-               "unfused_optimizer.py:275-297",
+        source="deepspeedai/DeepSpeed@cf443004: deepspeed/runtime/fp16/fused_optimizer.py "
+               "(FP16_Optimizer._update_scale), unfused_optimizer.py (FP16_UnfusedOptimizer._update_scale)",
     )
 
 
@@ -636,7 +759,11 @@ def FairseqScaler(init_scale=None, growth_interval=None, tolerance=0.0, min_scal
     kept; either way the step is skipped, and if the scale would then be at or below
     ``min_loss_scale`` it is kept and ``FloatingPointError("Minimum loss scale reached ...")`` ends
     the run. A clean step doubles it when ``(iteration - last_overflow) % window == 0``. No inf
-    guard; the scale is a Python float.
+    guard; the scale is a Python float. The trainer computes ``1.0 / loss_scale`` before every step
+    (``zero_grad``), so a starting scale of 0 ends the run at once with ``ZeroDivisionError``
+    (``raise_at_zero``); a scale that halves to 0 would end it the same way at that overflow (the
+    trainer calls ``zero_grad`` after it), which only a negative ``--min-loss-scale`` allows, so
+    ``raise_at_scale`` below 0 needs a floor ``min_scale`` above 0.
 
     fairseq's names: ``--fp16-init-scale``, ``--fp16-scale-window`` (growth_interval),
     ``--fp16-scale-tolerance``, ``--threshold-loss-scale`` (min_scale, a floor),
@@ -661,12 +788,15 @@ def FairseqScaler(init_scale=None, growth_interval=None, tolerance=0.0, min_scal
     if min_scale is not None:
         min_scale = _real("min_scale", min_scale, "fairseq's --threshold-loss-scale, or None for no floor")
     raise_at_scale = _real("raise_at_scale", raise_at_scale, "fairseq's --min-loss-scale, such as 1e-4")
+    if not raise_at_scale >= 0 and not (min_scale is not None and min_scale > 0):
+        raise ValueError(f"raise_at_scale (fairseq's --min-loss-scale) must be at least 0 unless min_scale "
+                         f"(--threshold-loss-scale) is above 0, not {raise_at_scale!r}: the scale would halve to 0")
     return DynamicScaler(
         name="fairseq" if cli_defaults else "fairseq (class defaults)", init_scale=init_scale,
         growth_interval=growth_interval, tolerance=tolerance, min_scale=min_scale,
-        raise_at_scale=raise_at_scale, inf_guard=False, arithmetic="float64",
+        raise_at_scale=raise_at_scale, raise_at_zero=True, inf_guard=False, arithmetic="float64",
         source="facebookresearch/fairseq@0d77035e: fairseq/optim/dynamic_loss_scaler.py, "
-               "fairseq/optim/fp16_optimizer.py, fairseq/dataclass/configs.py",
+               "fairseq/optim/fp16_optimizer.py, fairseq/dataclass/configs.py, fairseq/trainer.py",
     )
 
 
@@ -681,7 +811,10 @@ def MetaseqScaler(init_scale=4.0, growth_interval=256, tolerance=0.0, min_scale=
     ``min_loss_scale`` keeps the old scale and it "just continue[s] to skip grad". No inf guard; the
     scale is a Python float. Defaults are the class's: init 4, window 256, min 2**-5. metaseq's
     names: ``scale_window`` (growth_interval), ``threshold`` (min_scale, a floor),
-    ``min_loss_scale`` (no_backoff_below).
+    ``min_loss_scale`` (no_backoff_below). As in fairseq, the trainer computes ``1.0 /
+    loss_scale`` before every step and after every overflow: a starting scale of 0 ends the run
+    with ``ZeroDivisionError`` (``raise_at_zero``), and ``no_backoff_below`` must be above 0 unless
+    ``min_scale`` is (otherwise the scale could halve to 0).
     """
     init_scale = _real("init_scale", init_scale, "metaseq's init_scale, such as 4.0")
     growth_interval = _steps_count("growth_interval", growth_interval, "metaseq's scale_window, such as 256")
@@ -689,18 +822,21 @@ def MetaseqScaler(init_scale=4.0, growth_interval=256, tolerance=0.0, min_scale=
     if min_scale is not None:
         min_scale = _real("min_scale", min_scale, "metaseq's threshold, or None for no floor")
     no_backoff_below = _real("no_backoff_below", no_backoff_below, "metaseq's min_loss_scale, such as 2**-5")
+    if not no_backoff_below > 0 and not (min_scale is not None and min_scale > 0):
+        raise ValueError(f"no_backoff_below (metaseq's min_loss_scale) must be above 0 unless min_scale (its "
+                         f"threshold) is, not {no_backoff_below!r}: the scale would halve to 0")
     return DynamicScaler(
         name="metaseq", init_scale=init_scale, growth_interval=growth_interval, tolerance=tolerance,
-        min_scale=min_scale, no_backoff_below=no_backoff_below, window_scaling=True, inf_guard=False,
-        arithmetic="float64",
-        source="facebookresearch/metaseq@0ba5657a: metaseq/optim/dynamic_loss_scaler.py",
+        min_scale=min_scale, no_backoff_below=no_backoff_below, window_scaling=True, raise_at_zero=True,
+        inf_guard=False, arithmetic="float64",
+        source="facebookresearch/metaseq@0ba5657a: metaseq/optim/dynamic_loss_scaler.py, metaseq/trainer.py",
     )
 
 
+#: Each framework's scaler at its defaults, as its current release (apex amp: its last) runs it, by name.
 PRESETS = {p.name: p for p in (
-    TorchGradScaler(), ApexAmpScaler(), ApexHysteresisScaler(), DeepSpeedZeroScaler(),
-    DeepSpeedZeroScaler(config_defaults=False), DeepSpeedScaler(), MegatronScaler(), KerasScaler(),
-    Keras3Scaler(), JmpScaler(), FairseqScaler(), MetaseqScaler(), StaticScaler(),
+    TorchGradScaler(), ApexAmpScaler(), ApexHysteresisScaler(), DeepSpeedZeroScaler(), DeepSpeedScaler(),
+    MegatronScaler(), KerasScaler(), Keras3Scaler(), JmpScaler(), FairseqScaler(), MetaseqScaler(), StaticScaler(),
 )}
 
 
@@ -962,10 +1098,12 @@ class ScalerTrace:
     """A simulated run, one entry per step.
 
     ``scale``: the scale in effect at each step, before that step's update (float32 for torch
-    arithmetic, float64 otherwise; NaN after a run was stopped); ``skipped``: the step overflowed
-    (or came after the run was stopped); ``growth_tracker`` and ``hysteresis``: the state after
-    each step's update; ``stopped_at``: the step at which a scaler that raises at its minimum
-    ended the run, or None.
+    arithmetic, float64 otherwise; NaN after a run was stopped); ``skipped``: the step overflowed,
+    ended the run, or came after it; ``growth_tracker`` and ``hysteresis``: the state after
+    each step's update; ``stopped_at``: the step at which the framework's scaler ended the run
+    (it raised: at its minimum scale, or dividing by a scale of 0, or formatting an infinite one),
+    or None; ``stop_reason``: the exception it raised there, as the last line of its traceback
+    (such as ``"ZeroDivisionError: float division by zero"``), or None.
     """
 
     policy: DynamicScaler
@@ -975,6 +1113,7 @@ class ScalerTrace:
     hysteresis: np.ndarray
     final: ScalerState
     stopped_at: int | None = None
+    stop_reason: str | None = None
 
     @property
     def steps(self) -> int:
@@ -1308,6 +1447,11 @@ def _run(policy: DynamicScaler, st: ScalerState, n: int, stream) -> ScalerTrace:
         if st.stopped or not policy.dynamic:
             out.tail(i, st, stream)
             break
+        if policy.raise_at_zero and st.scale == 0:  # this step divides by the scale: the run ends
+            out.step(i, st.scale, True, st.growth_tracker, st.hysteresis)
+            st, stopped_at = st._replace(stopped=True), i
+            i += 1
+            continue
         if close >= _DENSE_EVENTS:
             i, st, stop, _ = _steps(policy, st, i, n, stream, out)
             close = near = 0
@@ -1317,8 +1461,12 @@ def _run(policy: DynamicScaler, st: ScalerState, n: int, stream) -> ScalerTrace:
             near = near + 1 if gap < limit else 0
         if stop is not None:
             stopped_at = stop
+    reason = None
+    if stopped_at is not None:  # the state before that step is the final one, stopped
+        found = bool(np.asarray(stream.mask(stopped_at, stopped_at + 1, st.scale))[0])
+        reason = policy._stop_reason(st._replace(stopped=False), found)
     return ScalerTrace(policy=policy, scale=out.scale, skipped=out.skipped, growth_tracker=out.tracker,
-                       hysteresis=out.hyst, final=st, stopped_at=stopped_at)
+                       hysteresis=out.hyst, final=st, stopped_at=stopped_at, stop_reason=reason)
 
 
 def _run_adjust(policy: DynamicScaler, st: ScalerState, n: int, stream) -> ScalerTrace:
@@ -1327,7 +1475,7 @@ def _run_adjust(policy: DynamicScaler, st: ScalerState, n: int, stream) -> Scale
     out = _TraceArrays(policy, st, n)
     out.fixed_hyst, out.hyst = False, np.empty(n, np.int32)  # whatever its adjust does
     scale, skipped, tracker, hyst = out.scale, out.skipped, out.tracker, out.hyst
-    stopped_at = None
+    stopped_at = reason = None
     scale64 = policy.arithmetic == "float64"
     for lo in range(0, n, _CHUNK):
         hi = min(n, lo + _CHUNK)
@@ -1338,16 +1486,18 @@ def _run_adjust(policy: DynamicScaler, st: ScalerState, n: int, stream) -> Scale
             else:
                 scale[k] = st.scale
                 f = bool(data[k - lo]) if stream.known else not abs(st.scale) < data[k - lo]
-            skipped[k] = f
-            was_stopped = st.stopped
+            before = st
             st = policy.adjust(st, f)
-            if st.stopped and not was_stopped:
+            if st.stopped and not before.stopped:
                 stopped_at = k
+                reason = policy._stop_reason(before, f)
+                f = True  # the step that ends the run is not taken
+            skipped[k] = f
             tracker[k] = _int32(st.growth_tracker)
             if not out.fixed_hyst:
                 hyst[k] = st.hysteresis
     return ScalerTrace(policy=policy, scale=out.scale, skipped=out.skipped, growth_tracker=out.tracker,
-                       hysteresis=out.hyst, final=st, stopped_at=stopped_at)
+                       hysteresis=out.hyst, final=st, stopped_at=stopped_at, stop_reason=reason)
 
 
 def _events(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: _TraceArrays,
@@ -1392,7 +1542,7 @@ def _events(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out:
     if st.stopped:
         return j + 1, st, j, gap
     k = j + 1
-    if not (stretch and k < n and _stretches(policy)):
+    if not (stretch and k < n and _stretches(policy)) or policy.raise_at_zero and st.scale == 0:
         return k, st, None, gap
     rounds = policy.arithmetic != "float64"
     bf = _f32(policy.backoff_factor) if policy.arithmetic == "float32" else policy.backoff_factor
@@ -1442,6 +1592,7 @@ def _steps(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: 
     lo_clamp, hi_clamp, guard = p.min_scale, p.max_scale, p.inf_guard
     raise_min = p.raise_at_min and lo_clamp is not None
     raise_at, keep_below = p.raise_at_scale, p.no_backoff_below
+    raise_zero, raise_inf = p.raise_at_zero, p.raise_at_inf
     tol = p.tolerance
     counting = tol > 0
     windowed = p.window_scaling
@@ -1451,12 +1602,13 @@ def _steps(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: 
     inf = math.inf
     # every clean step grows and every overflow just backs off: the short loop applies
     plain = (full == 1 and not counting and not windowed and lo_clamp is None and hi_clamp is None
-             and keep_below is None and raise_at is None and (fast or not rounds)
+             and keep_below is None and raise_at is None and not raise_zero and not raise_inf and (fast or not rounds)
              and ((gi <= 1 and tao + 1 >= gi) if at_least else (gi == 1 and tao == 0)))
     # torch's rule where events come at most steps (a short growth interval, or runs of overflows
     # at a scale that moves): a loop over steps beats one over events
     counted = (full == 1 and not counting and not windowed and lo_clamp is None and hi_clamp is None
-               and keep_below is None and raise_at is None and (fast or not rounds) and gi > 1)
+               and keep_below is None and raise_at is None and not raise_zero and not raise_inf
+               and (fast or not rounds) and gi > 1)
     density = 0.0  # events per step in the last chunk
     # a scale that cannot move is followed to the next growth with numpy (see _fixed_scale)
     stretches = _stretches(p)
@@ -1530,6 +1682,9 @@ def _steps(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: 
         while k < e:
             if flags[k - i] if known else not -(x := ta[k - i]) < s < x:
                 # ----- an overflow at step k (DynamicScaler.adjust, found_inf=True)
+                if raise_inf and not -inf < s < inf:
+                    stop = k
+                    break
                 if counting:
                     o2, s2 = ov + 1, sr + 1
                 else:
@@ -1539,7 +1694,7 @@ def _steps(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: 
                 elif counting and not o2 / s2 >= tol:  # below tolerance: keep the scale
                     ns, nh, nw = s, h, w
                 else:
-                    if raise_min and s <= lo_clamp:
+                    if raise_min and s == lo_clamp:
                         stop = k
                         break
                     if fast:
@@ -1567,6 +1722,9 @@ def _steps(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: 
                         and _identical(ns, s))
                 s, t, h, w, ov, sr = ns, tao, nh, nw, o2, s2
                 k += 1
+                if raise_zero and s == 0 and k < n:  # the next step divides by the scale: the run ends
+                    stop = k
+                    break
                 if k < e:
                     if same:  # every overflow from here leaves the state as it is
                         j = next_clean(k, e, s)
@@ -1624,6 +1782,9 @@ def _steps(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: 
             same = (ns == s or ns != ns) and nt == t and full == h and nw == w and sr == 0 and _identical(ns, s)
             s, t, h, w, sr = ns, nt, full, nw, 0
             k += 1
+            if raise_zero and s == 0 and k < n:  # a ceiling of 0: the next step divides by it
+                stop = k
+                break
             if same and k < e:  # every clean step from here grows to the same state
                 j = next_over(k, e, s)
                 if j > k:
@@ -1645,9 +1806,9 @@ def _steps(policy: DynamicScaler, st: ScalerState, i: int, n: int, stream, out: 
 def _backoff_keeps(p: DynamicScaler, s: float, bf: float, rounds: bool) -> bool:
     """Whether a backoff at scale s leaves it exactly as it is (0, a floor, a subnormal fixed point,
     NaN), and ends nothing (no raise at this scale)."""
-    if p.raise_at_min and p.min_scale is not None and s <= p.min_scale:
+    if p.raise_at_min and p.min_scale is not None and s == p.min_scale:
         return False
-    if p.raise_at_scale is not None and s <= p.raise_at_scale:
+    if _overflow_ends(p, s) or p.raise_at_zero and s == 0:
         return False
     ns = _f32(s * bf) if rounds else s * bf
     if p.min_scale is not None:
@@ -1676,12 +1837,19 @@ def _fixed_scale(p: DynamicScaler, s: float, t: int, h: int, over: np.ndarray, k
     start = np.where(lastr >= 0, np.int64(p.hysteresis), np.int64(h))
     hyst = np.maximum(start - since, np.minimum(start, 1))
     before = np.concatenate(([h], hyst[:-1]))
-    if p.raise_at_scale is not None and s <= p.raise_at_scale:
+    if _overflow_ends(p, s):
         end |= over  # any overflow here ends the run
     elif not keeps:
         end |= over & (before <= 1)  # this overflow backs off (or ends the run)
     g = int(np.argmax(end)) if end.any() else size
     return g, over[:g], tracker[:g], hyst[:g]
+
+
+def _overflow_ends(p: DynamicScaler, s: float) -> bool:
+    """Whether any overflow at scale s ends the run, hysteresis or tolerance notwithstanding (an
+    overflow that keeps the scale leaves it at or below ``raise_at_scale``; an infinite or NaN
+    scale with ``raise_at_inf``)."""
+    return (p.raise_at_scale is not None and s <= p.raise_at_scale) or (p.raise_at_inf and not -math.inf < s < math.inf)
 
 
 def _stretches(p: DynamicScaler) -> bool:

@@ -6,7 +6,9 @@ The transcriptions below follow each project's source (file and revision in the 
 docstring) line by line, in the project's own variable names, storing the scale as the project
 does: Python floats (apex amp, DeepSpeed, fairseq, metaseq), numpy float32 scalars for float32
 tensors (Megatron, Keras, jmp), and a double product rounded to float for the CUDA kernels (torch,
-apex's hysteresis kernel). None of them uses DynamicScaler.
+apex's hysteresis kernel). None of them uses DynamicScaler. Where a framework ends the run by
+raising, its transcription raises the same exception from the same expression (a division by the
+scale, ``int(scale)`` in a message), and the preset's trace must name it (``stop_reason``).
 """
 
 import math
@@ -73,6 +75,9 @@ class ApexAmpLossScaler:
     scale = property(lambda self: self._loss_scale)
 
     def step(self, has_overflow):
+        # amp.scale_loss on exit: LossScaler.unscale multiplies the gradients by 1./scale (the fused
+        # kernel's argument, or scale_check_overflow_python's) before update_scale runs
+        self.unscale_factor = 1. / self._loss_scale
         if has_overflow:
             should_skip = True
             if self._min_loss_scale:
@@ -127,12 +132,15 @@ class ApexUpdateScaleHysteresis:
 
 
 class DeepSpeedDynamicLossScaler:
-    """deepspeed/runtime/fp16/loss_scaler.py@38327e07 ``DynamicLossScaler.update_scale`` (logging left out)."""
+    """deepspeed/runtime/fp16/loss_scaler.py ``DynamicLossScaler.update_scale`` on rank 0 for fp16, as
+    of deepspeedai/DeepSpeed@cf443004 (v0.19.5; unchanged since v0.17.1), or with ``before_0_17_1``
+    as of @720787e7 (v0.17.0), whose growth test and class defaults differ. The overflow messages
+    are built as DeepSpeed builds them (``int(self.cur_scale)``) and then dropped (``logger.info``)."""
 
     END = "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run."
 
     def __init__(self, init_scale=2**32, scale_factor=2.0, scale_window=1000, min_scale=1, delayed_shift=1,
-                 consecutive_hysteresis=False, raise_error_at_min_scale=True):
+                 consecutive_hysteresis=False, raise_error_at_min_scale=True, before_0_17_1=False):
         self.cur_scale = init_scale
         self.cur_iter = 0
         self.last_overflow_iter = -1
@@ -143,6 +151,7 @@ class DeepSpeedDynamicLossScaler:
         self.cur_hysteresis = delayed_shift
         self.consecutive_hysteresis = consecutive_hysteresis
         self.raise_error_at_min_scale = raise_error_at_min_scale
+        self.before_0_17_1 = before_0_17_1
 
     scale = property(lambda self: self.cur_scale)
 
@@ -153,14 +162,24 @@ class DeepSpeedDynamicLossScaler:
                     raise Exception(self.END)
                 else:
                     next_scale = max(self.cur_scale / self.scale_factor, self.min_scale)
+                    overflow_msg = "[deepspeed] OVERFLOW! Rank 0 Skipping step."
+                    overflow_msg += f" Attempted loss scale: {int(self.cur_scale)}, reducing to {int(next_scale)}"
                     self.cur_scale = next_scale
             else:
+                overflow_msg = "[deepspeed] OVERFLOW! Rank 0 Skipping step."
+                overflow_msg += (f" Attempted loss scale: {int(self.cur_scale)}, but hysteresis is "
+                                 f"{self.cur_hysteresis}. Reducing hysteresis to {self.cur_hysteresis-1}")
                 self.cur_hysteresis -= 1
             self.last_overflow_iter = self.cur_iter
         else:
             if self.consecutive_hysteresis:
                 self.cur_hysteresis = self.delayed_shift
-            if (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
+            if self.before_0_17_1:
+                grows = (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0
+            else:
+                stable_interval = (self.cur_iter - self.last_overflow_iter) - 1
+                grows = (stable_interval > 0) and (stable_interval % self.scale_window == 0)
+            if grows:
                 if not self.consecutive_hysteresis:
                     self.cur_hysteresis = self.delayed_shift
                 self.cur_scale *= self.scale_factor
@@ -168,26 +187,28 @@ class DeepSpeedDynamicLossScaler:
         return overflow
 
 
-def deepspeed_zero(config: dict) -> DeepSpeedDynamicLossScaler:
-    """What ZeRO builds from the ``fp16`` config block (runtime/config.py
-    ``get_dynamic_loss_scale_args`` + ``CreateLossScaler``)."""
+def deepspeed_zero(config: dict, before_0_17_1=False) -> DeepSpeedDynamicLossScaler:
+    """What ZeRO builds from the ``fp16`` config block: since 0.17.1 ``precision_config.py``
+    ``dynamic_loss_scale_args`` always passes the config's values (defaults filled in); before,
+    ``runtime/config.py`` ``get_dynamic_loss_scale_args`` passed them only if the block named one of
+    the five keys, and ``CreateLossScaler`` otherwise used the class defaults."""
     keys = ("initial_scale_power", "loss_scale_window", "min_loss_scale", "hysteresis", "consecutive_hysteresis")
-    if not any(k in config for k in keys):
-        return DeepSpeedDynamicLossScaler()  # the class defaults
+    if before_0_17_1 and not any(k in config for k in keys):
+        return DeepSpeedDynamicLossScaler(before_0_17_1=True)  # the class defaults
     return DeepSpeedDynamicLossScaler(
         init_scale=2 ** config.get("initial_scale_power", 16), scale_window=config.get("loss_scale_window", 1000),
         delayed_shift=config.get("hysteresis", 2), consecutive_hysteresis=config.get("consecutive_hysteresis", False),
-        min_scale=config.get("min_loss_scale", 1))
+        min_scale=config.get("min_loss_scale", 1), before_0_17_1=before_0_17_1)
 
 
 class DeepSpeedFP16Optimizer:
-    """deepspeed/runtime/fp16/fused_optimizer.py ``FP16_Optimizer._update_scale`` (dynamic; logging
-    left out) with its ``__init__`` settings: scale_factor 2, last_overflow_iter -1."""
+    """deepspeed/runtime/fp16/fused_optimizer.py@cf443004 ``FP16_Optimizer._update_scale`` (dynamic;
+    logging left out) with ``LossScaleConfig``'s settings: scale_factor 2.0, last_overflow_iter -1."""
 
     def __init__(self, initial_dynamic_scale=2**16, scale_window=1000, min_loss_scale=1):
         self.cur_iter = 0
         self.last_overflow_iter = -1
-        self.scale_factor = 2
+        self.scale_factor = 2.0
         self.cur_scale = initial_dynamic_scale
         self.scale_window = scale_window
         self.min_loss_scale = min_loss_scale
@@ -369,14 +390,24 @@ class FairseqDynamicLossScaler:
                 self._overflows_since_rescale = 0
             if self.loss_scale <= self.min_loss_scale:
                 self.loss_scale = prev_scale
-                raise FloatingPointError(f"{self.END} ({self.min_loss_scale}). Your loss is probably exploding.")
+                raise FloatingPointError(
+                    (
+                        "Minimum loss scale reached ({}). Your loss is probably exploding. "
+                        "Try lowering the learning rate, using gradient clipping or "
+                        "increasing the batch size."
+                    ).format(self.min_loss_scale)
+                )
             self._iter += 1
             raise OverflowError("setting loss scale to: " + str(self.loss_scale))
 
     def step(self, overflow):
+        # fairseq/trainer.py train_step begins with zero_grad(), and its OverflowError handler calls
+        # it again: FP16Optimizer.zero_grad sets _multiply_factor = 1.0 / float(self.scaler.loss_scale)
+        self.multiply_factor = 1.0 / float(self.loss_scale)
         try:
             self.check_overflow(overflow)
         except OverflowError:
+            self.multiply_factor = 1.0 / float(self.loss_scale)
             return True
         self.update()
         return False
@@ -431,20 +462,27 @@ class MetaseqDynamicLossScaler:
             raise OverflowError("setting loss scale to: " + str(self.loss_scale))
 
     def step(self, overflow):
+        self.multiply_factor = 1.0 / float(self.loss_scale)  # metaseq/trainer.py: zero_grad(), as fairseq's
         try:
             self.check_overflow(math.inf if overflow else 1.0)
         except OverflowError:
+            self.multiply_factor = 1.0 / float(self.loss_scale)
             return True
         self.update()
         return False
 
 
 # ================================================================ running and comparing
+# How the frameworks end a run: the exception types their transcriptions may raise
+ENDS = (Exception, FloatingPointError, ZeroDivisionError, OverflowError, ValueError)
+
+
 def run_reference(ref, steps: int, overflowed):
-    """Step a transcription: the scale before each step, whether the step was skipped, and the step
-    at which it ended the run (None). ``overflowed(i, scale)`` says whether step i overflows."""
-    scale, skipped, stopped_at = [], [], None
-    with np.errstate(over="ignore"):  # float32 growth to inf is part of some rules
+    """Step a transcription: the scale before each step, whether the step was skipped, the step at
+    which it ended the run (None), and how: the exception as its traceback's last line.
+    ``overflowed(i, scale)`` says whether step i overflows."""
+    scale, skipped, stopped_at, reason = [], [], None, None
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # float32 growth to inf, x / 0
         for i in range(steps):
             if stopped_at is not None:
                 scale.append(math.nan)
@@ -454,14 +492,11 @@ def run_reference(ref, steps: int, overflowed):
             scale.append(s)
             try:
                 skipped.append(bool(ref.step(bool(overflowed(i, s)))))
-            except Exception as e:  # DeepSpeed and fairseq end the run by raising
-                if type(e) is FloatingPointError:
-                    assert str(e).startswith(FairseqDynamicLossScaler.END), e
-                else:
-                    assert type(e) is Exception and str(e) == DeepSpeedDynamicLossScaler.END, repr(e)
-                stopped_at = i
+            except Exception as e:  # DeepSpeed, fairseq, metaseq and apex amp end the run by raising
+                assert type(e) in ENDS, repr(e)  # exactly these types: a bug in a transcription is not an end
+                stopped_at, reason = i, f"{type(e).__name__}: {e}"
                 skipped.append(True)
-    return np.array(scale, np.float64), np.array(skipped, bool), stopped_at
+    return np.array(scale, np.float64), np.array(skipped, bool), stopped_at, reason
 
 
 def same_floats(a, b) -> bool:
@@ -472,13 +507,14 @@ def same_floats(a, b) -> bool:
 def assert_matches(preset: DynamicScaler, make_ref, found_inf):
     """simulate(preset, found_inf=...) equals the transcription step for step."""
     flags = np.asarray(found_inf, bool)
-    scale, skipped, stopped_at = run_reference(make_ref(), flags.size, lambda i, s: flags[i])
+    scale, skipped, stopped_at, reason = run_reference(make_ref(), flags.size, lambda i, s: flags[i])
     trace = simulate(preset, found_inf=flags)
     got = trace.scale.astype(np.float64)
     bad = np.flatnonzero(~((got == scale) | (np.isnan(got) & np.isnan(scale))))
     assert bad.size == 0, f"{preset.name}: scale differs first at step {bad[0]}: {got[bad[0]]!r} vs {scale[bad[0]]!r}"
     assert np.array_equal(trace.skipped, skipped), f"{preset.name}: skipped steps differ"
     assert trace.stopped_at == stopped_at, f"{preset.name}: stopped at {trace.stopped_at}, reference {stopped_at}"
+    assert trace.stop_reason == reason, f"{preset.name}: ended with {trace.stop_reason!r}, reference {reason!r}"
 
 
 # ================================================================ presets against transcriptions
@@ -504,7 +540,9 @@ def torch_case(draw):
 
 @st.composite
 def apex_amp_case(draw):
-    init, window = draw(st.sampled_from([2.0**16, 2.0**30, 3.0, 1.0, 2.0**-3])), draw(WINDOWS)
+    # 2**-1070 and 0.0 reach 0 at once (the next step divides by it); 2**1000 with no cap reaches inf
+    init = draw(st.sampled_from([2.0**16, 2.0**30, 3.0, 1.0, 2.0**-3, 2.0**-1070, 0.0, 2.0**1000]))
+    window = draw(WINDOWS)
     lo, hi = draw(st.sampled_from([None, 0.0, 1.0, 0.3])), draw(st.sampled_from([2.0**24, 2.0**5, math.inf]))
     return (ApexAmpScaler(init, window, lo, hi),
             lambda: ApexAmpLossScaler(init_scale=init, scale_window=window, min_loss_scale=lo, max_loss_scale=hi))
@@ -519,32 +557,40 @@ def apex_hysteresis_case(draw):
     return ApexHysteresisScaler(**kw), lambda: ApexUpdateScaleHysteresis(**kw)
 
 
+VERSIONS = {None: False, "0.19.5": False, "0.17.1": False, "0.17.0": True, "0.9.3": True}  # before 0.17.1?
+
+
 @st.composite
 def deepspeed_zero_case(draw):
+    version = draw(st.sampled_from(list(VERSIONS)))
+    before = VERSIONS[version]
     config = {}
-    for key, values in (("initial_scale_power", st.sampled_from([16, 32, 3, 0])),
+    # 2**-1 starts below the minimum of 1 (it backs off to it first); 2**1000 reaches inf within a few
+    # dozen growths, and the next overflow ends the run (int(inf) in the overflow message)
+    for key, values in (("initial_scale_power", st.sampled_from([16, 32, 3, 0, -1, 1000])),
                         ("loss_scale_window", WINDOWS), ("hysteresis", st.integers(1, 4)),
-                        ("consecutive_hysteresis", st.booleans()), ("min_loss_scale", st.sampled_from([1, 0.25]))):
+                        ("consecutive_hysteresis", st.booleans()), ("min_loss_scale", st.sampled_from([1, 0.25, 2]))):
         if draw(st.booleans()):
             config[key] = draw(values)
-    ref = deepspeed_zero(config)
-    if not config:  # {"enabled": true}: the class defaults
-        return DeepSpeedZeroScaler(config_defaults=False), lambda: deepspeed_zero({})
+    ref = deepspeed_zero(config, before)
+    if before and not config:  # {"enabled": true} before 0.17.1: the class defaults
+        return (DeepSpeedZeroScaler(version=version, config_defaults=False),
+                lambda: deepspeed_zero({}, before_0_17_1=True))
     preset = DeepSpeedZeroScaler(
         init_scale=2.0 ** config.get("initial_scale_power", 16), growth_interval=config.get("loss_scale_window", 1000),
         hysteresis=config.get("hysteresis", 2), min_scale=config.get("min_loss_scale", 1),
-        consecutive_hysteresis=config.get("consecutive_hysteresis", False))
+        consecutive_hysteresis=config.get("consecutive_hysteresis", False), version=version)
     assert preset.init_scale == ref.cur_scale and preset.min_scale == ref.min_scale
-    return preset, lambda: deepspeed_zero(config)
+    return preset, lambda: deepspeed_zero(config, before)
 
 
 @st.composite
 def deepspeed_case(draw):
-    # FP16_Optimizer's scale_factor is the int 2 and its start 2**power an int, so its scale stays an
-    # exact int until the first backoff; the float64 simulation agrees up to float64's 2**1024,
-    # which these windows (>= 2) cannot reach from 2**32 within 1,500 steps.
-    power = draw(st.sampled_from([16, 32, 3, 0]))
-    window, lo = draw(st.integers(2, 12)), draw(st.sampled_from([1, 0.25]))
+    # FP16_Optimizer's scale_factor is 2.0 (since DeepSpeed 0.19.0), so its scale is a Python float
+    # from the first growth on, as the float64 simulation's is; 2**1000 with a window of 1 reaches inf,
+    # which ends nothing here.
+    power = draw(st.sampled_from([16, 32, 3, 0, 1000]))
+    window, lo = draw(WINDOWS), draw(st.sampled_from([1, 0.25]))
     return (DeepSpeedScaler(2.0**power, window, lo),
             lambda: DeepSpeedFP16Optimizer(initial_dynamic_scale=2**power, scale_window=window, min_loss_scale=lo))
 
@@ -582,8 +628,9 @@ TOLERANCES = st.sampled_from([0.0, 0.0, 0.01, 0.05, 0.25, 1.0, 2.0])
 
 @st.composite
 def fairseq_case(draw):
-    init, window, tol = draw(st.sampled_from([2.0**7, 2.0**15, 1e-3, 3.0])), draw(WINDOWS), draw(TOLERANCES)
-    threshold, lo = draw(st.sampled_from([None, 0.5, 2.0**-10])), draw(st.sampled_from([1e-4, 1.0, 0.5]))
+    init = draw(st.sampled_from([2.0**7, 2.0**15, 1e-3, 3.0, 0.0, 2.0**1000]))  # 0: zero_grad divides by it
+    window, tol = draw(WINDOWS), draw(TOLERANCES)
+    threshold, lo = draw(st.sampled_from([None, 0.5, 2.0**-10])), draw(st.sampled_from([1e-4, 1.0, 0.5, 0.0]))
     return (FairseqScaler(init, window, tol, threshold, lo),
             lambda: FairseqDynamicLossScaler(init_scale=init, scale_window=window, tolerance=tol, threshold=threshold,
                                              min_loss_scale=lo))
@@ -591,7 +638,8 @@ def fairseq_case(draw):
 
 @st.composite
 def metaseq_case(draw):
-    init, window, tol = draw(st.sampled_from([4.0, 2.0**15, 3.0, 2.0**-5])), draw(WINDOWS), draw(TOLERANCES)
+    init = draw(st.sampled_from([4.0, 2.0**15, 3.0, 2.0**-5, 0.0]))  # 0: zero_grad divides by it
+    window, tol = draw(WINDOWS), draw(TOLERANCES)
     threshold, lo = draw(st.sampled_from([None, 2.0**-3, 2.0**-10])), draw(st.sampled_from([2.0**-5, 1.0, 0.3]))
     return (MetaseqScaler(init, window, tol, threshold, lo),
             lambda: MetaseqDynamicLossScaler(init_scale=init, scale_window=window, tolerance=tol, threshold=threshold,
@@ -618,8 +666,9 @@ DEFAULTS = [  # each preset at its defaults, and the transcription at the framew
     (TorchGradScaler(), TorchUpdateScale),
     (ApexAmpScaler(), ApexAmpLossScaler),
     (ApexHysteresisScaler(), ApexUpdateScaleHysteresis),
-    (DeepSpeedZeroScaler(), lambda: deepspeed_zero({"hysteresis": 2})),  # any key: the config defaults
-    (DeepSpeedZeroScaler(config_defaults=False), lambda: deepspeed_zero({})),
+    (DeepSpeedZeroScaler(), lambda: deepspeed_zero({})),  # since 0.17.1 always the config's defaults
+    (DeepSpeedZeroScaler(version="0.17.0"), lambda: deepspeed_zero({"hysteresis": 2}, True)),  # any key: the config's
+    (DeepSpeedZeroScaler(version="0.17.0", config_defaults=False), lambda: deepspeed_zero({}, True)),
     (DeepSpeedScaler(), DeepSpeedFP16Optimizer),
     (MegatronScaler(), MegatronDynamicGradScaler),
     (KerasScaler(), KerasDynamicLossScaleState),
@@ -662,6 +711,14 @@ DENSE_CASES = [  # the frameworks' rules with windows of 1 and 2: growth at near
      lambda: ApexUpdateScaleHysteresis(growth_interval=1, growth_factor=1.001, backoff_factor=0.995)),
     (DeepSpeedZeroScaler(growth_interval=1, consecutive_hysteresis=True, min_scale=2.0**-20),
      lambda: deepspeed_zero({"loss_scale_window": 1, "consecutive_hysteresis": True, "min_loss_scale": 2.0**-20})),
+    (DeepSpeedZeroScaler(growth_interval=1, consecutive_hysteresis=True, min_scale=2.0**-20, version="0.17.0"),
+     lambda: deepspeed_zero({"loss_scale_window": 1, "consecutive_hysteresis": True, "min_loss_scale": 2.0**-20},
+                            True)),
+    # growth to inf within the stream, then an overflow there ends the run (OverflowError)
+    (DeepSpeedZeroScaler(init_scale=2.0**1000, growth_interval=1, hysteresis=1),
+     lambda: deepspeed_zero({"initial_scale_power": 1000, "loss_scale_window": 1, "hysteresis": 1})),
+    (ApexAmpScaler(init_scale=2.0**-1070, growth_interval=2),  # no floor: 0 after five backoffs, then the end
+     lambda: ApexAmpLossScaler(init_scale=2.0**-1070, scale_window=2)),
     (DeepSpeedScaler(growth_interval=2), lambda: DeepSpeedFP16Optimizer(scale_window=2)),
     (MegatronScaler(growth_interval=1, min_scale=2.0**-10),
      lambda: MegatronDynamicGradScaler(growth_interval=1, min_scale=2.0**-10)),
@@ -697,11 +754,13 @@ def trace_numbers(run):
 
 
 # design/loss-scalers.md, "Behaviour traces": overflow when S * gmax > 65504, 10,000 steps at defaults.
+# Its DeepSpeed ZeRO row (1001 and 999) is DeepSpeed before 0.17.1; since then ZeRO grows a step later.
 # (scaler, transcription, gmax=1: skipped, first growth; gmax=8: skipped; no overflows: first growth)
 TRACE_TABLE = [
     (TorchGradScaler(), TorchUpdateScale, 5, 2000, 8, 1999),
     (ApexAmpScaler(), ApexAmpLossScaler, 5, 2000, 8, 1999),
-    (DeepSpeedZeroScaler(), lambda: deepspeed_zero({"hysteresis": 2}), 20, 1001, 23, 999),
+    (DeepSpeedZeroScaler(), lambda: deepspeed_zero({}), 20, 1002, 23, 1000),
+    (DeepSpeedZeroScaler(version="0.17.0"), lambda: deepspeed_zero({"hysteresis": 2}, True), 20, 1001, 23, 999),
     (DeepSpeedScaler(), DeepSpeedFP16Optimizer, 10, 1001, 13, 1000),
     (MegatronScaler(), MegatronDynamicGradScaler, 36, 1017, 39, 999),
     (KerasScaler(), KerasDynamicLossScaleState, 4, 1999, 7, 1999),
@@ -766,12 +825,16 @@ def test_spurious_spike_scenario():
 
     # DeepSpeed ZeRO (config defaults): hysteresis is refilled only at growth, which never comes,
     # so after one tolerated spike each spike halves the scale: 2**16 -> 1 after 16 backoffs, and
-    # the 18th spike, at step 8750, raises "Current loss scale already at minimum".
-    t = simulate(DeepSpeedZeroScaler(), found_inf=flags)
-    assert t.stopped_at == 8750 and t.final.scale == 1.0
-    assert run_reference(deepspeed_zero({"hysteresis": 2}), flags.size, lambda i, s: flags[i])[2] == 8750
-    # With the class defaults (2**32, no hysteresis) the same run survives: 2**32 / 2**20.
-    assert simulate(DeepSpeedZeroScaler(config_defaults=False), found_inf=flags).final.scale == 4096.0
+    # the 18th spike, at step 8750, raises "Current loss scale already at minimum". The same before
+    # 0.17.1: 500 steps between spikes are too few for either growth step.
+    for version, ref in ((None, deepspeed_zero({})), ("0.17.0", deepspeed_zero({"hysteresis": 2}, True))):
+        t = simulate(DeepSpeedZeroScaler(version=version), found_inf=flags)
+        assert t.stopped_at == 8750 and t.final.scale == 1.0
+        assert t.stop_reason == f"Exception: {DeepSpeedDynamicLossScaler.END}"
+        assert run_reference(ref, flags.size, lambda i, s: flags[i])[2:] == (8750, t.stop_reason)
+    # Before 0.17.1, with {"enabled": true} alone (2**32, no hysteresis), the same run survived:
+    # 2**32 / 2**20.
+    assert simulate(DeepSpeedZeroScaler(version="0.17.0", config_defaults=False), found_inf=flags).final.scale == 4096.0
 
     # Megatron: one tolerated spike, then 19 backoffs from 2**32: 8192. The design notes say "falls
     # to 32"; that does not follow from Megatron's rule (hysteresis refilled only at growth) on
@@ -786,9 +849,7 @@ def test_spurious_spike_scenario():
 
 # ================================================================ plausible wrong configurations fail
 def fields(preset: DynamicScaler) -> dict:
-    keep = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "hysteresis", "refill", "min_scale",
-            "max_scale", "raise_at_min", "growth_at_least", "inf_guard", "tracker_after_overflow", "tolerance",
-            "raise_at_scale", "no_backoff_below", "window_scaling", "arithmetic")
+    keep = [f for f in DynamicScaler.__dataclass_fields__ if f not in ("name", "source")]
     return {k: getattr(preset, k) for k in keep}
 
 
@@ -796,7 +857,9 @@ def variant(preset: DynamicScaler, **changes) -> DynamicScaler:
     return DynamicScaler(**{**fields(preset), **changes})
 
 
-ZERO, ZERO_REF = DeepSpeedZeroScaler(), (lambda: deepspeed_zero({"hysteresis": 2}))
+ZERO, ZERO_REF = DeepSpeedZeroScaler(), (lambda: deepspeed_zero({}))
+ZERO_HIGH = DeepSpeedZeroScaler(init_scale=2.0**1000, growth_interval=1)  # inf after 24 growths
+ZERO_HIGH_REF = (lambda: deepspeed_zero({"initial_scale_power": 1000, "loss_scale_window": 1}))
 MEGATRON_HIGH = MegatronScaler(init_scale=2.0**125, growth_interval=1)
 FAIRSEQ_LOW = FairseqScaler(init_scale=1.0, raise_at_scale=0.25)
 FAIRSEQ_TOL = FairseqScaler(tolerance=0.25, growth_interval=100)
@@ -807,6 +870,18 @@ WRONG = [
      ZERO, variant(ZERO, refill="clean"), ZERO_REF, spike_stream()),
     ("DeepSpeed ZeRO without the raise at the minimum",
      ZERO, variant(ZERO, raise_at_min=False), ZERO_REF, spike_stream()),
+    ("DeepSpeed ZeRO growing at the step of releases before 0.17.1 (one step early)",
+     ZERO, variant(ZERO, tracker_after_overflow=0), ZERO_REF, np.zeros(1500, bool)),
+    ("DeepSpeed ZeRO before 0.17.1 growing at the current step (one step late)",
+     DeepSpeedZeroScaler(version="0.17.0"), variant(DeepSpeedZeroScaler(version="0.17.0"), tracker_after_overflow=-1),
+     lambda: deepspeed_zero({"hysteresis": 2}, True), np.zeros(1500, bool)),
+    ("DeepSpeed ZeRO running on at an infinite scale", ZERO_HIGH, variant(ZERO_HIGH, raise_at_inf=False),
+     ZERO_HIGH_REF, np.r_[np.zeros(40, bool), np.ones(3, bool), np.zeros(3, bool)]),
+    ("apex amp running on at a scale of 0", ApexAmpScaler(), variant(ApexAmpScaler(), raise_at_zero=False),
+     ApexAmpLossScaler, np.ones(1100, bool)),
+    ("fairseq running on from a scale of 0", FairseqScaler(init_scale=0.0),
+     variant(FairseqScaler(init_scale=0.0), raise_at_zero=False),
+     lambda: FairseqDynamicLossScaler(init_scale=0.0, scale_window=2**14), np.zeros(5, bool)),
     ("DeepSpeed non-ZeRO growing at ZeRO's step",
      DeepSpeedScaler(), variant(DeepSpeedScaler(), tracker_after_overflow=0), DeepSpeedFP16Optimizer,
      np.zeros(1500, bool)),
@@ -847,8 +922,8 @@ FACTORIES = [TorchGradScaler, ApexAmpScaler, ApexHysteresisScaler, DeepSpeedZero
 def test_presets_are_listed_and_cite_their_source():
     assert {f.__name__ for f in FACTORIES} <= set(scaling.__all__)
     assert all(name == p.name for name, p in PRESETS.items())
-    assert {p.name for p in PRESETS.values()} >= {f().name for f in FACTORIES}
-    assert "DeepSpeed ZeRO (class defaults)" in PRESETS
+    assert {p.name for p in PRESETS.values()} == {f().name for f in FACTORIES}  # one each, at its defaults
+    assert "DeepSpeed ZeRO" in PRESETS and not any("0.17" in name or "class defaults" in name for name in PRESETS)
     for f in FACTORIES[1:-1]:  # the framework presets: the docstring cites the file that `source` names
         source = f().source
         repo, first_file = re.match(r"([\w.-]+/[\w.-]+)\S*: ([\w/.]+\.(?:py|cu))", source).groups()
@@ -870,14 +945,122 @@ def test_each_preset_rounds_as_its_framework_stores_the_scale(name, arithmetic):
     assert PRESETS[name].arithmetic == arithmetic
 
 
-def test_deepspeed_zero_config_gotcha():
-    """With only {"enabled": true} ZeRO uses the class defaults: 2**32 and no hysteresis."""
-    cfg, cls = DeepSpeedZeroScaler(), DeepSpeedZeroScaler(config_defaults=False)
+def test_deepspeed_zero_defaults_by_version():
+    """Since 0.17.1 ZeRO always passes the fp16 config's values (2**16, hysteresis 2), and grows one
+    step later than before. Before 0.17.1, with only {"enabled": true}, ZeRO used the class defaults
+    (2**32, no hysteresis): that configuration exists only with a version before 0.17.1."""
+    cfg = DeepSpeedZeroScaler()
     assert (cfg.init_scale, cfg.hysteresis, cfg.growth_interval, cfg.min_scale) == (2.0**16, 2, 1000, 1.0)
-    assert (cls.init_scale, cls.hysteresis, cls.growth_interval, cls.min_scale) == (2.0**32, 1, 1000, 1.0)
+    assert cfg.tracker_after_overflow == -1 and cfg.raise_at_inf and cfg.name == "DeepSpeed ZeRO"
     ref = deepspeed_zero({})
-    assert (ref.cur_scale, ref.delayed_shift) == (2**32, 1)
-    assert DeepSpeedZeroScaler(hysteresis=3, config_defaults=False).hysteresis == 3
+    assert (ref.cur_scale, ref.delayed_shift, ref.scale_window, ref.min_scale) == (2**16, 2, 1000, 1)
+    for version in ("0.17.1", "0.19.5", "v0.19.8", "1.0.0"):
+        assert DeepSpeedZeroScaler(version=version) == cfg
+    old = DeepSpeedZeroScaler(version="0.17.0")
+    assert (old.init_scale, old.hysteresis, old.tracker_after_overflow) == (2.0**16, 2, 0)
+    assert DeepSpeedZeroScaler(version="0.9.3") == old and old.name == "DeepSpeed ZeRO < 0.17.1"
+    cls = DeepSpeedZeroScaler(version="0.17.0", config_defaults=False)
+    assert (cls.init_scale, cls.hysteresis, cls.growth_interval, cls.min_scale) == (2.0**32, 1, 1000, 1.0)
+    assert cls.name == "DeepSpeed ZeRO < 0.17.1 (class defaults)"
+    old_ref = deepspeed_zero({}, before_0_17_1=True)
+    assert (old_ref.cur_scale, old_ref.delayed_shift) == (2**32, 1)
+    assert DeepSpeedZeroScaler(hysteresis=3, version="0.16.4", config_defaults=False).hysteresis == 3
+    # a clean stream: the first growth is at step 1000 now (step 999 before 0.17.1)
+    clean = np.zeros(1001, bool)
+    assert simulate(cfg, found_inf=clean).scale[1000] == 2.0**16
+    assert simulate(old, found_inf=clean).scale[1000] == 2.0**17
+    assert_matches(cfg, lambda: deepspeed_zero({}), clean)
+    assert_matches(old, lambda: deepspeed_zero({"hysteresis": 2}, True), clean)
+
+
+def test_deepspeed_zero_raises_at_the_minimum_it_has_reached():
+    """DeepSpeed raises when the scale *equals* min_loss_scale: a scale that starts below it (2**-1
+    with a minimum of 1) first backs off up to the minimum, and the next overflow raises."""
+    preset = DeepSpeedZeroScaler(init_scale=0.5, hysteresis=1)
+    t = simulate(preset, found_inf=np.ones(4, bool))
+    assert t.scale[:2].tolist() == [0.5, 1.0] and t.stopped_at == 1
+    assert_matches(preset, lambda: deepspeed_zero({"initial_scale_power": -1, "hysteresis": 1}), np.ones(4, bool))
+
+
+# ================================================================ runs that end, and runs that go on
+INF, TINIEST = math.inf, 2.0**-1074
+ZERO_END = "ZeroDivisionError: float division by zero"
+INF_END = "OverflowError: cannot convert float infinity to integer"
+
+# (case, preset, transcription, stream, the step that ends the run, the scale it was taken at, the exception)
+ENDINGS = [
+    ("apex amp: 1,091 backoffs reach 0.0; the next step divides by it", ApexAmpScaler(), ApexAmpLossScaler,
+     np.ones(1200, bool), 1091, 0.0, ZERO_END),
+    ("apex amp: that step ends the run even without an overflow", ApexAmpScaler(), ApexAmpLossScaler,
+     np.r_[np.ones(1091, bool), np.zeros(20, bool)], 1091, 0.0, ZERO_END),
+    ("apex amp starting at 0", ApexAmpScaler(init_scale=0.0), lambda: ApexAmpLossScaler(init_scale=0.0),
+     np.zeros(5, bool), 0, 0.0, ZERO_END),
+    ("DeepSpeed ZeRO: growth to inf, then an overflow (hysteresis 2)", ZERO_HIGH, ZERO_HIGH_REF,
+     np.r_[np.zeros(40, bool), np.ones(3, bool)], 40, INF, INF_END),
+    ("DeepSpeed ZeRO at inf, hysteresis 1 (the backoff's message)",
+     DeepSpeedZeroScaler(init_scale=2.0**1000, growth_interval=1, hysteresis=1),
+     lambda: deepspeed_zero({"initial_scale_power": 1000, "loss_scale_window": 1, "hysteresis": 1}),
+     np.r_[np.zeros(30, bool), [True]], 30, INF, INF_END),
+    ("DeepSpeed ZeRO before 0.17.1 at inf", DeepSpeedZeroScaler(init_scale=2.0**1000, growth_interval=1,
+                                                                 version="0.17.0"),
+     lambda: deepspeed_zero({"initial_scale_power": 1000, "loss_scale_window": 1}, True),
+     np.r_[np.zeros(30, bool), [True]], 30, INF, INF_END),
+    ("DeepSpeed ZeRO at its minimum", ZERO, ZERO_REF, np.ones(40, bool), 17, 1.0,
+     f"Exception: {DeepSpeedDynamicLossScaler.END}"),
+    ("fairseq at its minimum", FairseqScaler(), lambda: FairseqDynamicLossScaler(init_scale=2.0**7, scale_window=2**14),
+     np.ones(40, bool), 20, 2.0**-13,
+     "FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding. Try lowering the "
+     "learning rate, using gradient clipping or increasing the batch size."),
+    ("fairseq starting at 0 (zero_grad divides by it)", FairseqScaler(init_scale=0.0),
+     lambda: FairseqDynamicLossScaler(init_scale=0.0, scale_window=2**14), np.zeros(5, bool), 0, 0.0, ZERO_END),
+    ("metaseq starting at 0", MetaseqScaler(init_scale=0.0), lambda: MetaseqDynamicLossScaler(init_scale=0.0),
+     np.zeros(5, bool), 0, 0.0, ZERO_END),
+]
+
+
+@pytest.mark.parametrize("case, preset, make_ref, flags, step, scale, reason", ENDINGS, ids=[e[0] for e in ENDINGS])
+def test_runs_end_where_the_framework_raises(case, preset, make_ref, flags, step, scale, reason):
+    """The step, the scale it was taken at and the exception, as the transcription raises it (from
+    the framework's own expression: 1./scale, int(scale), its minimum-scale check)."""
+    assert_matches(preset, make_ref, flags)
+    t = simulate(preset, found_inf=flags)
+    assert (t.stopped_at, t.scale[step], t.stop_reason) == (step, scale, reason)
+    assert t.skipped[step] and np.isnan(t.scale[step + 1:]).all() and t.final.stopped
+    if scale == 0.0 and step:
+        assert t.scale[step - 1] == TINIEST  # apex: the last backoff halved 2**-1074 to 0.0
+
+
+# (case, preset, transcription, stream, the scale the run reaches and goes on at)
+GOES_ON = [
+    ("torch at 0: no error (its unscale multiplies by inf)", TorchGradScaler(), TorchUpdateScale,
+     np.r_[np.ones(200, bool), np.zeros(50, bool)], 0.0),
+    ("torch started at inf: every overflow keeps it", TorchGradScaler(init_scale=INF),
+     lambda: TorchUpdateScale(init_scale=INF), np.ones(5, bool), INF),
+    ("Keras 3 at 0 (no floor)", Keras3Scaler(), Keras3LossScaleOptimizer, np.ones(200, bool), 0.0),
+    ("Keras 3 at inf (no guard)", Keras3Scaler(init_scale=3e38, growth_interval=1),
+     lambda: Keras3LossScaleOptimizer(3e38, 1), np.r_[np.zeros(3, bool), np.ones(3, bool)], INF),
+    ("Megatron at inf (no guard; --check-for-nan-in-loss-and-grad is off with dynamic scaling)",
+     MegatronScaler(init_scale=3e38, growth_interval=1), lambda: MegatronDynamicGradScaler(3e38, growth_interval=1),
+     np.r_[np.zeros(3, bool), np.ones(3, bool)], INF),
+    ("jmp at 0 with min_loss_scale 0", JmpScaler(min_scale=0.0), lambda: JmpDynamicLossScale(min_loss_scale=0.0),
+     np.ones(200, bool), 0.0),
+    ("DeepSpeed without ZeRO at inf (its messages print the scale with {})",
+     DeepSpeedScaler(init_scale=2.0**1000, growth_interval=1),
+     lambda: DeepSpeedFP16Optimizer(2**1000, scale_window=1), np.r_[np.zeros(40, bool), np.ones(3, bool)], INF),
+    ("apex amp at inf with no cap (1./inf is 0)", ApexAmpScaler(init_scale=2.0**1000, growth_interval=1,
+                                                                max_scale=INF),
+     lambda: ApexAmpLossScaler(2.0**1000, 1, None, INF), np.r_[np.zeros(40, bool), np.ones(3, bool)], INF),
+    ("fairseq at inf", FairseqScaler(init_scale=2.0**1000, growth_interval=1),
+     lambda: FairseqDynamicLossScaler(init_scale=2.0**1000, scale_window=1), np.r_[np.zeros(40, bool),
+                                                                                   np.ones(3, bool)], INF),
+]
+
+
+@pytest.mark.parametrize("case, preset, make_ref, flags, reached", GOES_ON, ids=[g[0] for g in GOES_ON])
+def test_runs_go_on_where_the_framework_does_not_raise(case, preset, make_ref, flags, reached):
+    assert_matches(preset, make_ref, flags)
+    t = simulate(preset, found_inf=flags)
+    assert t.stopped_at is None and t.stop_reason is None and t.final.scale == reached
 
 
 # ================================================================ arguments
@@ -889,6 +1072,19 @@ def test_deepspeed_zero_config_gotcha():
     (ApexHysteresisScaler, dict(hysteresis=0), ValueError, "hysteresis must be a whole number >= 1"),
     (DeepSpeedZeroScaler, dict(min_scale=None), TypeError, "min_scale must be a number (DeepSpeed's min_loss_scale"),
     (DeepSpeedZeroScaler, dict(config_defaults="no"), TypeError, "config_defaults must be True or False"),
+    (DeepSpeedZeroScaler, dict(config_defaults=False), ValueError,
+     "config_defaults=False (the class defaults 2**32 and hysteresis 1) exists only in DeepSpeed before 0.17.1: "
+     "pass version='0.17.0' with it"),
+    (DeepSpeedZeroScaler, dict(version="0.17"), ValueError, "version must be a DeepSpeed release such as '0.17.0'"),
+    (DeepSpeedZeroScaler, dict(version="latest"), ValueError, "version must be a DeepSpeed release such as"),
+    (DeepSpeedZeroScaler, dict(version=0.17), TypeError, "version must be a DeepSpeed release such as '0.17.0'"),
+    (DeepSpeedZeroScaler, dict(version="0.8.0"), ValueError, "version must be 0.9.3 or later"),
+    (DeepSpeedZeroScaler, dict(min_scale=0), ValueError, "min_scale must be a finite number above 0"),
+    (DeepSpeedZeroScaler, dict(min_scale=math.inf), ValueError, "min_scale must be a finite number above 0"),
+    (DeepSpeedZeroScaler, dict(init_scale=0.0), ValueError, "init_scale must be above 0"),
+    (DeepSpeedZeroScaler, dict(init_scale=math.nan), ValueError, "init_scale must be above 0"),
+    (DeepSpeedScaler, dict(min_scale=-1.0), ValueError, "min_scale must be a finite number above 0"),
+    (DeepSpeedScaler, dict(init_scale=0), ValueError, "init_scale must be above 0"),
     (DeepSpeedZeroScaler, dict(growth_interval=0), ValueError, "growth_interval must be at least 1"),
     (DeepSpeedScaler, dict(min_scale=None), TypeError, "min_scale must be a number"),
     (MegatronScaler, dict(min_scale=None), TypeError, "min_scale must be a number (Megatron's --min-loss-scale"),
@@ -907,6 +1103,11 @@ def test_deepspeed_zero_config_gotcha():
     (FairseqScaler, dict(raise_at_scale=None), TypeError,
      "raise_at_scale must be a number (fairseq's --min-loss-scale"),
     (FairseqScaler, dict(tolerance=math.nan), ValueError, "tolerance must be a number"),
+    (FairseqScaler, dict(raise_at_scale=-1.0), ValueError,
+     "raise_at_scale (fairseq's --min-loss-scale) must be at least 0 unless min_scale (--threshold-loss-scale) "
+     "is above 0, not -1.0: the scale would halve to 0"),
+    (MetaseqScaler, dict(no_backoff_below=0.0), ValueError,
+     "no_backoff_below (metaseq's min_loss_scale) must be above 0 unless min_scale (its threshold) is"),
     (MetaseqScaler, dict(no_backoff_below=None), TypeError, "no_backoff_below must be a number"),
     (StaticScaler, dict(scale="1"), TypeError, "scale must be a number (the fixed loss scale"),
     (StaticScaler, dict(scale=None), TypeError, "scale must be a number"),
@@ -920,6 +1121,19 @@ def test_preset_arguments_are_checked_where_they_are_given(factory, kwargs, erro
     with pytest.raises(error, match=re.escape(message)) as info:
         factory(**kwargs)
     assert "\n" not in str(info.value)
+
+
+def test_a_floor_lets_fairseq_and_metaseq_take_minimums_at_or_below_0():
+    """A minimum at or below 0 would let the scale halve to 0, where fairseq's and metaseq's trainers
+    divide by it; with a floor (fairseq's --threshold-loss-scale, metaseq's threshold) above 0 it
+    cannot, and those minimums are accepted."""
+    flags = np.ones(60, bool)
+    preset = FairseqScaler(raise_at_scale=-1.0, min_scale=0.5)
+    assert_matches(preset, lambda: FairseqDynamicLossScaler(init_scale=2.0**7, scale_window=2**14, threshold=0.5,
+                                                            min_loss_scale=-1.0), flags)
+    assert simulate(preset, found_inf=flags).final.scale == 0.5
+    preset = MetaseqScaler(no_backoff_below=0.0, min_scale=2.0**-3)
+    assert_matches(preset, lambda: MetaseqDynamicLossScaler(threshold=2.0**-3, min_loss_scale=0.0), flags)
 
 
 def test_none_keeps_its_documented_meaning():

@@ -226,9 +226,11 @@ def test_diagnose_answers_anything(scales):
 # ---------------------------------------------------------------- simulate == stepping adjust, dense too
 def stepped(policy, flags=None, grad_max=None, loss_dtype="float32"):
     """adjust once per step; grad_max steps overflow as numpy computes the model: the float32
-    product cast to float16 (an fp32 loss), or the float16 product (an fp16 loss)."""
+    product cast to float16 (an fp32 loss), or the float16 product (an fp16 loss). Returns the
+    trace's arrays, the final state and (the step that ended the run, its exception)."""
     s = policy.initial_state()
     out = []
+    end = (None, None)  # the step that ended the run, and the exception the framework raises there
     n = len(flags) if flags is not None else len(grad_max)
     with np.errstate(over="ignore", invalid="ignore"):
         for i in range(n):
@@ -242,16 +244,18 @@ def stepped(policy, flags=None, grad_max=None, loss_dtype="float32"):
                     f = not np.isfinite(np.float16(np.float32(s.scale)) * np.float16(grad_max[i]))
                 else:
                     f = not np.isfinite(np.float16(np.float32(s.scale) * np.float32(grad_max[i])))
-            before = s.scale
+            before = s
             s = policy.adjust(s, f)
-            out.append((before, f, s.growth_tracker, s.hysteresis))
+            if s.stopped:  # this step ended the run (it is not taken)
+                end = (i, policy._stop_reason(before, f))
+            out.append((before.scale, f or s.stopped, s.growth_tracker, s.hysteresis))
     scale, skipped, tracker, hyst = (np.array(c) for c in zip(*out)) if out else (np.zeros(0),) * 4
-    return scale, skipped.astype(bool), tracker, hyst, s
+    return scale, skipped.astype(bool), tracker, hyst, s, end
 
 
 dense_policies = st.builds(
     DynamicScaler,
-    init_scale=st.sampled_from([2.0**16, 1.0, 3e38, 3.4028234663852886e38, 2.0**-140, 0.0]),
+    init_scale=st.sampled_from([2.0**16, 1.0, 3e38, 3.4028234663852886e38, 2.0**-140, 0.0, math.inf]),
     growth_factor=st.sampled_from([2.0, 4.0, 1.5, 1.001, 2.5]),
     backoff_factor=st.sampled_from([0.5, 0.995, 0.9, 0.125, 0.0, -0.5]),
     growth_interval=st.sampled_from([1, 1, 1, 2, 3, 300, 2000, 0]),
@@ -268,6 +272,8 @@ dense_policies = st.builds(
     no_backoff_below=st.sampled_from([None, None, None, 0.3]),
     window_scaling=st.sampled_from([False, False, True]),
     arithmetic=st.sampled_from(["torch", "float32", "float64"]),
+    raise_at_zero=st.sampled_from([False, False, True]),
+    raise_at_inf=st.sampled_from([False, False, True]),
 )
 
 
@@ -285,7 +291,8 @@ def dense_flags(draw):
 
 
 def assert_same(policy, trace, ref):
-    scale, skipped, tracker, hyst, final = ref
+    scale, skipped, tracker, hyst, final, end = ref
+    assert (trace.stopped_at, trace.stop_reason) == end and (end[0] is None or end[1] is not None)
     got = trace.scale.astype(np.float64)
     bad = np.flatnonzero(~((got == scale) | (np.isnan(got) & np.isnan(scale))))
     assert bad.size == 0, f"{policy}: scale differs first at step {bad[0]}: {got[bad[0]]!r} vs {scale[bad[0]]!r}"

@@ -20,7 +20,7 @@ CELLS = [
     from ampviz.lessons import check_hysteresis_skips, check_log_verdict, check_scale_direction, trace_table
     from ampviz.plots import plot_scale_trace
     from ampviz.scalelog import diagnose, read_log, scale_lines, write_log
-    from ampviz.scaling import PRESETS, ApexHysteresisScaler, TorchGradScaler, simulate
+    from ampviz.scaling import PRESETS, ApexHysteresisScaler, DeepSpeedZeroScaler, TorchGradScaler, simulate
     from ampviz.widgets import ScalerLab
 
     rng = np.random.default_rng(0)
@@ -99,8 +99,8 @@ CELLS = [
 
     Other frameworks' scalers differ exactly here. **Hysteresis** tolerates some overflows before
     backing off (NeMo refills it on every clean step; DeepSpeed and Megatron only at growth). A
-    **floor** stops the fall; DeepSpeed ZeRO instead **raises an error** once an overflow would go
-    below its minimum. The same 20 spikes:
+    **floor** stops the fall; DeepSpeed ZeRO instead **raises an error** at an overflow that finds
+    the scale already at its minimum. The same 20 spikes:
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -114,12 +114,31 @@ CELLS = [
     - NeMo's hysteresis (2, refilled on every clean step) absorbs every isolated spike: it skips
       the step and keeps the scale at 65536.
     - DeepSpeed ZeRO's hysteresis is refilled only at growth, so after the first spike it backs
-      off like torch, down to its minimum of 1, and the next spike ends the run with "Current loss
-      scale already at minimum - cannot decrease scale anymore. Exiting run." (step 8,750).
+      off like torch, down to its minimum of 1, and the next spike ends the run (step 8,750).
     - Megatron starts at 2^32 and never goes below its floor of 1; here it ends at 8192.
 
     Hysteresis is not free: on a stream where overflows come in runs, it skips one extra step per
     run. Section 4 shows that cost.
+
+    A run that ends, ends with an exception. Each trace names it: DeepSpeed ZeRO's here, and apex
+    amp's after overflows at every step (apex amp has no floor by default, and it divides the
+    gradients by the scale):
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    zero = spike_runs[2]
+    apex = simulate(PRESETS["apex amp"], found_inf=np.ones(1200, bool))
+    for run in (zero, apex):
+        print(f"{run.policy.name} stopped at step {run.stopped_at:,} (scale {run.scale[run.stopped_at]:g}): "
+              f"{run.stop_reason}")
+    """),
+    md("""
+    Notice: apex amp halves 2^16 to exactly 0 in 1,091 backoffs, and the next step's `1./scale`
+    raises `ZeroDivisionError`, whether that step overflows or not. `torch.amp.GradScaler` raises
+    nothing at 0: it multiplies the gradients by 1/0 = inf, so a step whose scaled gradients are
+    all 0 is not skipped but applied as NaN. DeepSpeed ZeRO can also end at the other extreme:
+    without an inf guard its scale can grow to inf, and the next overflow fails while it prints
+    `int(scale)` (`OverflowError`).
     """),
     code("""
     plot_scale_trace(spike_runs, title="A spike every 500 steps: four scalers")
@@ -142,8 +161,9 @@ CELLS = [
     - Starting high costs a calibration: Megatron and NeMo start at 2^32 and skip their first 18
       steps (17 halvings down to 2^15, plus one overflow their hysteresis tolerates); Keras and
       jmp start at 2^15 and skip none at first.
-    - DeepSpeed ZeRO grows every 1,000 steps and its hysteresis skips two steps per tooth of the
-      sawtooth: 20 skipped steps where torch skips 5.
+    - DeepSpeed ZeRO grows on the 1,001st clean step after an overflow (since DeepSpeed 0.17.1; on
+      the 1,000th before), and its hysteresis skips two steps per tooth of the sawtooth: 20 skipped
+      steps where torch skips 5.
     - fairseq's command-line default (2^7, a window of 16,384 steps) never grows within this run:
       it never overflows, but it also never uses more of fp16's range.
     - metaseq doubles its growth window each time it grows, so it grows ever more slowly.
@@ -247,9 +267,22 @@ CELLS = [
     assert ratchet.final.scale == 0.0625 == 2.0**16 / 2**20  # 20 spikes, 20 halvings, no growth
     nemo, zero, megatron = spike_runs[1:]
     assert nemo.final.scale == 65536 and nemo.skipped_count == 20  # hysteresis absorbs each spike
-    assert zero.stopped_at == 8750 and megatron.final.scale == 8192
+    assert zero.stopped_at == 8750 and zero.final.scale == 1 and megatron.final.scale == 8192
+    assert zero.stop_reason == ("Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
+                                "Exiting run.")
+    assert (apex.stopped_at, apex.scale[1090], apex.scale[1091]) == (1091, 2.0**-1074, 0.0)  # 2^16 halved 1,091 times
+    assert apex.stop_reason == "ZeroDivisionError: float division by zero"
+    assert simulate(TorchGradScaler(), found_inf=np.ones(1200, bool)).stopped_at is None  # torch goes on at 0
+    to_inf = simulate(DeepSpeedZeroScaler(growth_interval=1), found_inf=np.r_[np.zeros(1100, bool), True])
+    assert (to_inf.stopped_at, to_inf.scale[1100]) == (1100, np.inf) and to_inf.stop_reason.startswith("OverflowError")
     skipped = {t.policy.name: t.skipped_count for t in runs}
     assert (skipped["torch"], skipped["DeepSpeed ZeRO"], skipped["Megatron"], skipped["jmp"]) == (5, 20, 36, 4)
+    zero_runs = [t for t in runs if t.policy.name == "DeepSpeed ZeRO"][0]
+    ups = np.flatnonzero(zero_runs.scale[1:] > zero_runs.scale[:-1])  # steps whose update grew the scale
+    assert ups[0] == 1002 and zero_runs.skipped[:2].all() and not zero_runs.skipped[2:1003].any()  # 1,001 clean
+    before = simulate(DeepSpeedZeroScaler(version="0.17.0"), grad_max=ones)  # DeepSpeed before 0.17.1
+    assert np.flatnonzero(before.scale[1:] > before.scale[:-1])[0] == 1001  # its 1,000th clean step
+    assert "DeepSpeed ZeRO (class defaults)" not in skipped  # not in DeepSpeed since 0.17.1
     assert skipped["fairseq"] == 0 and skipped["static 1024"] == 0
     calibration = {t.policy.name: int(np.argmin(t.skipped)) for t in runs}  # the first clean step
     assert calibration["Megatron"] == calibration["NeMo (apex hysteresis)"] == 18 and calibration["jmp"] == 0
