@@ -1059,14 +1059,18 @@ def _thresholds32(fmt: FloatFormat, a: np.ndarray, scale64: bool) -> np.ndarray:
     g = np.asarray(a, np.float64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         c = np.minimum(B / np.where(g > 0, g, 1.0), float(np.finfo(np.float32).max)).astype(np.float32)
-        for _ in range(4):  # four float32 steps down: below the threshold whatever the binade
+        # B / g is within half a float32 step of B / g's own rounding, and the boundary B lies
+        # within half a step of its float32 neighbour: two steps down is below the threshold
+        for _ in range(2):
             c = np.nextafter(c, np.float32(0))
         thr = np.full(g.shape, np.inf)
         open_ = np.ones(g.shape, bool)
-        for _ in range(8):
+        for _ in range(6):
             hit = open_ & (_overflowing32(c.astype(np.float64), g, B))
             thr[hit] = c[hit]
             open_ &= ~hit
+            if not open_.any():
+                break
             c = np.nextafter(c, np.float32(np.inf))
         thr = np.where(np.isinf(g), 0.0, np.where(g == 0, np.inf, thr))
     return _thresholds64(thr) if scale64 else thr
