@@ -17,6 +17,13 @@ Models and data (made here, seeded, nothing downloaded)
   linear head. Each sequence has its own length and is right-padded with token 0; the padding is
   passed as ``src_key_padding_mask``. The task: which of the tokens 1 ... 9 occurs most often in the
   sequence (the smallest of them on a tie; nine classes).
+* ``"beam"``: a regression whose gradients are small for a reason (``ampviz.beam``): a residual
+  MLP with LayerNorm predicts the deflection, in metres, of simply supported beams under two point
+  loads, trained with Adam on a mean squared error in m^2. Without a loss scale its gradients fall
+  below fp16's range: fp32, bf16 and fp16 with a scaler learn, fp16 alone stalls.
+
+The classifiers train with SGD (momentum 0.9) on ``cross_entropy`` and batches of 64; the beam with
+Adam on ``mse_loss`` and batches of 256 (``TrainConfig``'s defaults per model).
 
 Modes (one training loop for all; only the autocast dtype, the scaler and the weights' dtype change)
 ----------------------------------------------------------------------------------------------------
@@ -79,17 +86,19 @@ __all__ = [
 ]
 
 MODES = ("fp32", "fp16", "fp16+scaler", "bf16", "half")
-MODELS = ("mlp", "transformer")
+MODELS = ("mlp", "transformer", "beam")
 
 _AUTOCAST = {"fp16": torch.float16, "fp16+scaler": torch.float16, "bf16": torch.bfloat16}
-_DEFAULT_LR = {"mlp": 0.05, "transformer": 0.05}
+_DEFAULT_LR = {"mlp": 0.05, "transformer": 0.05, "beam": 1e-3}
+_DEFAULT_BATCH = {"mlp": 64, "transformer": 64, "beam": 256}
 
 
 # ------------------------------------------------------------------ configuration and records
 @dataclass
 class TrainConfig:
     """One training run. The scaler settings mirror ``torch.amp.GradScaler``'s and matter only in
-    ``"fp16+scaler"`` mode. ``lr=None`` takes the model's default (SGD with momentum 0.9);
+    ``"fp16+scaler"`` mode. ``lr=None`` takes the model's default (0.05 for the classifiers' SGD
+    with momentum 0.9, 1e-3 for the beam's Adam); ``batch_size=None`` the model's (64; the beam 256);
     ``census_every=0`` never takes a census; ``watch=None`` watches the model's default modules
     (``Task.watch``) for the activation-gradient census, ``()`` none. ``keep_grads`` stores the
     true gradients (numpy, by parameter name) in the records that carry a census (not saved to files).
@@ -99,7 +108,7 @@ class TrainConfig:
     mode: str = "fp32"
     steps: int = 50
     lr: float | None = None
-    batch_size: int = 64
+    batch_size: int | None = None
     seed: int = 0
     device: str | None = None
     census_every: int = 10
@@ -117,7 +126,8 @@ class TrainConfig:
         if not isinstance(self.mode, str) or self.mode not in MODES:
             raise ValueError(f"unknown mode {_shown(self.mode)}; choose one of {', '.join(MODES)}")
         self.steps = _whole("steps", self.steps, 0, 10**9)
-        self.batch_size = _whole("batch_size", self.batch_size, 1, 65536)
+        self.batch_size = (_DEFAULT_BATCH[self.model] if self.batch_size is None
+                           else _whole("batch_size", self.batch_size, 1, 65536))
         self.seed = _whole("seed", self.seed, 0)
         self.census_every = _whole("census_every", self.census_every, 0)
         if self.lr is not None:
@@ -326,19 +336,24 @@ class Task:
     """A model, its batches and the modules the activation census watches by default.
 
     ``batch()`` returns ``(inputs, targets)``: a tuple of CPU tensors for ``model(*inputs)`` and
-    the class labels, drawn from the task's own seeded generator (a fresh batch per call).
+    the targets (class labels, or the beam's deflections), drawn from the task's own seeded
+    generator (a fresh batch per call). ``loss(output, targets)`` is the task's loss and
+    ``optimizer`` its optimizer ("sgd": SGD with momentum 0.9, "adam": Adam).
     """
 
     model: nn.Module
     make_batch: object
     watch: tuple
+    loss: object = nn.functional.cross_entropy
+    optimizer: str = "sgd"
 
     def batch(self):
         return self.make_batch()
 
 
-def build_task(name: str = "mlp", seed: int = 0, batch_size: int = 64) -> Task:
-    """The seeded model and data stream ``name`` ("mlp" or "transformer"), on the CPU in float32.
+def build_task(name: str = "mlp", seed: int = 0, batch_size: int | None = None) -> Task:
+    """The seeded model and data stream ``name`` ("mlp", "transformer" or "beam"), on the CPU in
+    float32; ``batch_size=None`` takes the model's default.
 
     The model's initialisation draws from torch's global generator seeded with ``seed`` inside
     ``torch.random.fork_rng`` (the caller's random state is left alone); the data come from their
@@ -346,6 +361,13 @@ def build_task(name: str = "mlp", seed: int = 0, batch_size: int = 64) -> Task:
     """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    if batch_size is None:
+        batch_size = _DEFAULT_BATCH[name]
+    if name == "beam":
+        data = _beam_data(seed + 1)
+        model = data.model(seed)
+        watch = tuple(n for n, m in model.named_modules() if isinstance(m, nn.Linear))
+        return Task(model, data.sampler(batch_size, seed + 2), watch, nn.functional.mse_loss, "adam")
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -377,6 +399,19 @@ def build_task(name: str = "mlp", seed: int = 0, batch_size: int = 64) -> Task:
 
     watch = ("embed",) + tuple(f"encoder.layers.{i}" for i in range(len(model.encoder.layers))) + ("head",)
     return Task(model, make_batch, watch)
+
+
+_BEAM_DATA: dict = {}
+
+
+def _beam_data(seed: int):
+    """The beam data set for ``seed`` (5,120 beams), made once per process."""
+    from ampviz.beam import BeamData
+
+    if seed not in _BEAM_DATA:
+        _BEAM_DATA.clear()  # one data set at a time: 1.4 MB each
+        _BEAM_DATA[seed] = BeamData(seed)
+    return _BEAM_DATA[seed]
 
 
 # ------------------------------------------------------------------ activation-gradient census
@@ -439,7 +474,10 @@ def _steps(config, control, device, task, watch):
     if mode == "half":
         model.half()
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate, momentum=0.9)
+    if task.optimizer == "adam":
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate, momentum=0.9)
     scaler = None
     if config.uses_scaler:
         scaler = torch.amp.GradScaler(device.type, init_scale=config.init_scale,
@@ -483,9 +521,11 @@ def _one_step(config, model, optimizer, scaler, task, device, autocast_dtype, na
                 else contextlib.nullcontext())
     with autocast:
         output = model(*inputs)
-        loss = nn.functional.cross_entropy(output, targets)
+        loss = task.loss(output, targets)
     loss_value = loss.item()
     if not math.isfinite(loss_value) and scaler is None:
+        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            raise NonFiniteLoss(loss_value, step, config.mode, weights=True)
         where = ("the model's fp16 output" if output.dtype == torch.float16 and not bool(torch.isfinite(output).all())
                  else "the fp16 loss" if loss.dtype == torch.float16 and math.isinf(loss_value) else None)
         raise NonFiniteLoss(loss_value, step, config.mode, where)
@@ -548,13 +588,15 @@ def _census_at(values, fmt, scale) -> CensusResult:
 
 
 class NonFiniteLoss(FloatingPointError):
-    """The loss of a step without a loss scaler is inf or NaN. ``overflowed``: where an fp16
-    value went past fp16's largest value, 65504 ("the model's fp16 output" when the output held
-    inf or NaN, "the fp16 loss" when the loss itself, computed in fp16, is inf), else None."""
+    """The loss of a step without a loss scaler is inf or NaN. ``weights``: the weights themselves
+    are no longer all finite (the previous update made some inf or NaN); else ``overflowed``: where
+    an fp16 value went past fp16's largest value, 65504 ("the model's fp16 output" when the output
+    held inf or NaN, "the fp16 loss" when the loss itself, computed in fp16, is inf), else None."""
 
-    def __init__(self, value: float, step: int, mode: str, overflowed: str | None = None):
+    def __init__(self, value: float, step: int, mode: str, overflowed: str | None = None, weights: bool = False):
         super().__init__(f"the loss is {value} at step {step} in mode {mode!r}")
         self.value, self.step, self.mode, self.overflowed = value, step, mode, overflowed
+        self.weights = weights
 
 
 def failure_sentence(mode: str, exc: BaseException, step: int, lr: float | None = None) -> str:
@@ -566,6 +608,12 @@ def failure_sentence(mode: str, exc: BaseException, step: int, lr: float | None 
         text = ""
     text = text.splitlines()[0] if text else ""
     if isinstance(exc, NonFiniteLoss):
+        if getattr(exc, "weights", False):
+            hint = (" (in fp16 weights an optimizer's own small numbers, such as Adam's eps of 1e-8, "
+                    "are 0: keep the weights in fp32 with autocast, or use bf16)" if mode == "half"
+                    else " (try a smaller learning rate)")
+            return (f"{mode} diverged at step {step}: the previous update made some weights inf or NaN, "
+                    f"so the loss is {exc.value}{hint}")
         if exc.overflowed:
             return (f"{mode} overflowed at step {step}: {exc.overflowed} went past 65504, so "
                     f"the loss is {exc.value} (lower the learning rate, or use bf16, whose range "

@@ -844,7 +844,7 @@ class LiveTrainer(_Explorer):
 
     def __init__(self, modes=("fp32", "fp16", "fp16+scaler"), model="mlp", steps=300, lr=None, *,
                  growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, init_scale=2.0**16,
-                 census_every=10, seed=0, batch_size=64, device=None, redraw_interval=0.1,
+                 census_every=10, seed=0, batch_size=None, device=None, redraw_interval=0.1,
                  max_records=4000):
         from ampviz import live  # torch: imported when a trainer is made, not with ampviz.widgets
 
@@ -876,7 +876,8 @@ class LiveTrainer(_Explorer):
         if not (math.isfinite(init_scale) and init_scale >= 0):
             raise ValueError(f"init_scale must be a finite number >= 0, got {_shown(init_scale)}")
         self.census_every = _whole("census_every", census_every, 0)
-        self.seed, self.batch_size = _whole("seed", seed, 0), _whole("batch_size", batch_size, 1, 65536)
+        self.seed = _whole("seed", seed, 0)
+        self.batch_size = None if batch_size is None else _whole("batch_size", batch_size, 1, 65536)
         self.redraw_interval = _real("redraw_interval", redraw_interval)
         if not (math.isfinite(self.redraw_interval) and self.redraw_interval >= 0):
             raise ValueError(f"redraw_interval must be a number of seconds >= 0, got {_shown(redraw_interval)}")
@@ -900,6 +901,10 @@ class LiveTrainer(_Explorer):
             box.add_class("ampviz-live-mode")
             box.add_class(f"ampviz-live-mode-{m.replace('+', '-')}")
         self.model_dropdown = W.Dropdown(options=list(live.MODELS), value=model, description="model", style=style)
+        # another model brings its own learning rate (the classifiers' SGD takes 0.05, the beam's Adam 1e-3)
+        self.model_dropdown.observe(
+            lambda change: setattr(self.lr_input, "value", live.TrainConfig(model=change["new"]).learning_rate),
+            names="value")
         default_lr = live.TrainConfig(model=model).learning_rate if lr is None else lr
         self.lr_input = W.FloatText(value=default_lr, description="learning rate", style=style)
         self.steps_input = W.BoundedIntText(value=steps, min=1, max=10**7, description="steps", style=style)

@@ -26,9 +26,14 @@ def _lost(rec):
 @pytest.mark.parametrize("model", L.MODELS)
 @pytest.mark.parametrize("mode", L.MODES)
 def test_every_mode_trains_a_few_steps(model, mode):
-    """On this task every mode keeps a finite loss for a few steps, the unprotected ones ("fp16"
+    """On these tasks every mode keeps a finite loss for a few steps, the unprotected ones ("fp16"
     without a scaler, pure "half") included: the gradients are far below fp16's overflow threshold,
-    and what they lose to underflow is a small share of the gradient, not the loss."""
+    and what they lose to underflow is a small share of the gradient, not the loss. (Not the beam
+    in "half": Adam's eps is 0 in fp16 weights, tests/test_beam.py.)"""
+    if (model, mode) == ("beam", "half"):
+        run = L.run_training(L.TrainConfig(model=model, mode=mode, steps=4, census_every=0))
+        assert run.error.startswith("half diverged at step 1") and len(run) == 2
+        return
     run = L.run_training(L.TrainConfig(model=model, mode=mode, steps=4, census_every=0))
     assert run.error is None and len(run) == 4
     assert [r.step for r in run.records] == [0, 1, 2, 3]

@@ -1,0 +1,97 @@
+"""The beam model (ampviz.beam, live's "beam"): its data are the closed form of beam theory, and
+in real training fp32, bf16 and fp16 with a scaler learn while fp16 alone stalls because its
+gradients underflow, as the module says."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ampviz import live
+from ampviz.beam import GAUGES, SPAN, BeamData, beams, deflection
+
+STEPS = 200
+
+
+def test_deflection_is_beam_theory():
+    """A load P at mid-span deflects the middle by P L^3 / (48 EI), and two loads superpose; the
+    deflection is symmetric under mirroring the beam."""
+    a = torch.tensor([[SPAN / 2, SPAN / 2]], dtype=torch.float64)
+    p = torch.tensor([[4.0, 0.0]], dtype=torch.float64)  # kN
+    ei = torch.tensor([[1.0]], dtype=torch.float64)  # MN m^2
+    w = deflection(a, p, ei)[0]
+    x = (np.arange(GAUGES) + 0.5) / GAUGES * SPAN
+    mid = 4e3 * SPAN**3 / (48 * 1e6)
+    left = x <= SPAN / 2
+    assert np.allclose(w.numpy()[left], (4e3 * x * (3 * SPAN**2 - 4 * x**2) / (48 * 1e6))[left], rtol=1e-12)
+    assert float(w.max()) < mid and math.isclose(float(w.max()), mid, rel_tol=1e-3)
+    assert np.allclose(w.numpy(), w.numpy()[::-1], rtol=1e-12)
+    both = deflection(torch.tensor([[1.0, 3.5]], dtype=torch.float64), torch.tensor([[2.0, 5.0]], dtype=torch.float64), ei)
+    one = deflection(torch.tensor([[1.0, 3.5]], dtype=torch.float64), torch.tensor([[2.0, 0.0]], dtype=torch.float64), ei)
+    two = deflection(torch.tensor([[1.0, 3.5]], dtype=torch.float64), torch.tensor([[0.0, 5.0]], dtype=torch.float64), ei)
+    assert torch.allclose(both, one + two, rtol=1e-12)
+
+
+def test_data_are_seeded_and_millimetres_to_centimetres():
+    x1, y1 = beams(100, torch.Generator().manual_seed(3))
+    x2, y2 = beams(100, torch.Generator().manual_seed(3))
+    assert torch.equal(x1, x2) and torch.equal(y1, y2) and y1.dtype == torch.float32
+    data = BeamData(1)
+    spread = data.Y.std(0)
+    assert 1e-3 < float(spread.median()) < 3e-2  # the per-gauge spread: about a centimetre at mid-span
+    assert torch.equal(BeamData(1).model(0).head.weight, data.model(0).head.weight)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {m: live.run_training(live.TrainConfig(model="beam", mode=m, steps=STEPS, census_every=STEPS - 1))
+            for m in ("fp32", "fp16", "fp16+scaler", "bf16", "half")}
+
+
+def _loss(run, a, b):
+    return float(np.mean(run["loss"][a:b]))
+
+
+def test_fp32_bf16_and_the_scaler_learn_fp16_alone_stalls(runs):
+    start = _loss(runs["fp32"], 0, 1)
+    for m in ("fp32", "bf16", "fp16+scaler"):
+        assert runs[m].error is None and len(runs[m]) == STEPS
+        assert _loss(runs[m], -10, None) < 0.1 * start, m  # well under half its start
+    assert runs["fp16"].error is None
+    stalled = _loss(runs["fp16"], -10, None)
+    assert stalled > 0.3 * start and stalled > 10 * _loss(runs["fp16+scaler"], -10, None)
+    scaler = runs["fp16+scaler"]
+    assert not np.asarray(scaler["skipped"]).any() and set(np.asarray(scaler["scale"]).tolist()) == {65536.0}
+
+
+def test_the_census_shows_where_fp16_loses_the_gradients(runs):
+    """At the last census, fp16's backward has flushed most weight gradients to exact zeros; with
+    the scaler and in bf16 none is zero (GELU has no dead units)."""
+    def zero_share(run):
+        rec = [r for r in run.records if r.param_census][-1]
+        counts = [c.counts for name, c in rec.param_census.items() if name.endswith("weight") and "norm" not in name]
+        return sum(c["zero"] for c in counts) / sum(sum(c.values()) for c in counts)
+
+    assert zero_share(runs["fp16"]) > 0.5  # 81% here after 200 steps (the share varies by CPU)
+    assert zero_share(runs["fp16+scaler"]) < 0.001 and zero_share(runs["bf16"]) < 0.001
+
+
+def test_half_weights_fail_because_adams_eps_is_zero_in_fp16(runs):
+    assert torch.tensor(1e-8, dtype=torch.float16).item() == 0.0
+    err = runs["half"].error
+    assert err.startswith("half diverged at step 1: the previous update made some weights inf or NaN")
+    assert "Adam's eps" in err and "\n" not in err
+
+
+def test_live_trainer_offers_the_beam_with_its_own_defaults():
+    from ampviz.widgets import LiveTrainer
+
+    lt = LiveTrainer(modes=("fp32",), steps=3, census_every=0, redraw_interval=0)
+    assert "beam" in lt.model_dropdown.options and lt.lr_input.value == 0.05
+    lt.model_dropdown.value = "beam"
+    assert lt.lr_input.value == 1e-3
+    (config,) = lt.configs()
+    assert config.batch_size == 256 and config.model == "beam" and config.learning_rate == 1e-3
+    lt.model_dropdown.value = "mlp"
+    assert lt.lr_input.value == 0.05
