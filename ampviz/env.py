@@ -4,7 +4,8 @@
 device torch finds (a CUDA GPU, Apple's MPS, else the CPU): does a float16 / bfloat16 matrix
 multiply run, how fast is it compared with float32 on the same device (a measured ratio on small
 matrices, so a rough one), and does ``torch.autocast`` on that device produce float16 / bfloat16
-results. A probe that fails reports "not supported: <reason>"; ``check()`` itself never raises.
+results. A probe that fails reports "not supported: <reason>"; ``check()`` itself never raises
+(it refuses only arguments that are not a device, a matrix size or a time budget).
 On many CPUs float16 matmuls are far *slower* than float32: that is what the probe is for.
 
 torch is imported inside ``check()``, so importing this module stays cheap.
@@ -13,6 +14,8 @@ torch is imported inside ``check()``, so importing this module stays cheap.
 from __future__ import annotations
 
 import html
+import numbers
+import operator
 import platform
 import statistics
 import sys
@@ -21,10 +24,18 @@ import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 
+from ampviz.scaling import _shown
+
 __all__ = ["Probe", "EnvReport", "check", "PACKAGES"]
 
 #: Distributions whose versions the report lists (the import name is not needed: no import happens).
 PACKAGES = ("torch", "numpy", "plotly", "ipywidgets", "jupyterlab", "ampviz")
+
+#: The largest matrix ``check`` multiplies: a 1024×1024 float16 matmul takes seconds on a CPU
+#: without fast float16, 2048×2048 a minute.
+MAX_SIZE = 512
+#: The longest time budget of one timing, in seconds (there are three).
+MAX_BUDGET_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -185,14 +196,14 @@ def _matmul_probe(torch, device, dtype, size, time_it, fp32_time) -> Probe:
         return Probe(name, False, _reason(e))
 
 
-def _autocast_probe(torch, device, dtype) -> Probe:
+def _autocast_probe(torch, device, device_type, dtype) -> Probe:
     label = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
     name = f"autocast {label}"
     try:
         a = torch.ones(8, 8, device=device)
 
         def run():
-            with torch.autocast(device_type=device, dtype=dtype):
+            with torch.autocast(device_type=device_type, dtype=dtype):
                 return a @ a
 
         out, notes = _run_quietly(run)
@@ -205,12 +216,41 @@ def _autocast_probe(torch, device, dtype) -> Probe:
         return Probe(name, False, _reason(e))
 
 
+def _check_arguments(device, size, budget_s) -> tuple:
+    is_torch_device = type(device).__name__ == "device" and type(device).__module__.split(".")[0] == "torch"
+    if device is not None and not isinstance(device, str) and not is_torch_device:
+        raise TypeError(f"device must be None (the best found) or a device name such as 'cpu', 'cuda' "
+                        f"or 'mps', not {_shown(device)}")
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+        raise TypeError(f"size must be a whole number (the matrices are size × size), not {_shown(size)}")
+    if not 1 <= operator.index(size) <= MAX_SIZE:
+        raise ValueError(f"size must be between 1 and {MAX_SIZE} (a larger float16 matmul can take minutes "
+                         f"on a CPU), not {_shown(size)}")
+    if isinstance(budget_s, bool) or not isinstance(budget_s, numbers.Real):
+        raise TypeError(f"budget_s must be a number of seconds, not {_shown(budget_s)}")
+    if not 0 <= float(budget_s) <= MAX_BUDGET_S:
+        raise ValueError(f"budget_s must be between 0 and {MAX_BUDGET_S:g} seconds, not {_shown(budget_s)}")
+    return device, operator.index(size), float(budget_s)
+
+
+def _device(torch, device):
+    """The device as torch names it ("cpu", "cuda:1"), and its type for autocast ("cuda")."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"device must be a device name such as 'cpu', 'cuda', 'cuda:0' or 'mps', "
+                         f"not {_shown(device)}") from None
+    return str(dev), dev.type
+
+
 def check(device: str | None = None, *, size: int = 256, budget_s: float = 0.1) -> EnvReport:
     """Versions, hardware, and measured fp16/bf16 support on ``device`` (default: the best found).
 
-    Each timing runs for about ``budget_s`` seconds (at least 3 calls); the whole check takes well
-    under a second on most machines (plus the import of torch).
+    Each timing runs for about ``budget_s`` seconds (at least 3 calls, at most 50); the whole check
+    takes well under a second on most machines (plus the import of torch). ``size``: the side of
+    the matrices multiplied (1 to 512); ``budget_s``: 0 to 2 seconds.
     """
+    device, size, budget_s = _check_arguments(device, size, budget_s)
     python = f"{platform.python_version()} ({sys.implementation.name})"
     versions = {name: _version(name) for name in PACKAGES}
     cpu = _cpu_name()
@@ -220,11 +260,11 @@ def check(device: str | None = None, *, size: int = 256, budget_s: float = 0.1) 
         reason = f"torch could not be imported ({_reason(e)})"
         probes = tuple(Probe(n, False, reason) for n in
                        ("fp16 matmul", "bf16 matmul", "autocast fp16", "autocast bf16"))
-        return EnvReport(python, versions, cpu, "unknown (no torch)", device or "cpu", probes)
+        return EnvReport(python, versions, cpu, "unknown (no torch)", str(device or "cpu"), probes)
 
     found, gpu = _pick_device(torch)
-    device = device or found
-    time_it = _timer(torch, device, budget_s)
+    device, device_type = _device(torch, found if device is None else device)
+    time_it = _timer(torch, device_type, budget_s)
     try:
         gen = torch.Generator().manual_seed(0)
         a = torch.randn(size, size, generator=gen).to(device)
@@ -234,7 +274,7 @@ def check(device: str | None = None, *, size: int = 256, budget_s: float = 0.1) 
     probes = (
         _matmul_probe(torch, device, torch.float16, size, time_it, fp32_time),
         _matmul_probe(torch, device, torch.bfloat16, size, time_it, fp32_time),
-        _autocast_probe(torch, device, torch.float16),
-        _autocast_probe(torch, device, torch.bfloat16),
+        _autocast_probe(torch, device, device_type, torch.float16),
+        _autocast_probe(torch, device, device_type, torch.bfloat16),
     )
     return EnvReport(python, versions, cpu, gpu, device, probes)

@@ -21,12 +21,17 @@ backward pass in float32, on the CPU, in a few milliseconds.
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
+
+from ampviz.scaling import _shown
 
 __all__ = [
     "MLP",
@@ -42,10 +47,131 @@ __all__ = [
 ]
 
 
+# --------------------------------------------------------------------------------------------
+# Argument checks shared by the torch-side modules (gradscaler, pitfalls): each returns the value
+# or raises one ValueError/TypeError whose one-line message names the argument and what to pass.
+# --------------------------------------------------------------------------------------------
+
+#: The seeds torch's generators take (``torch.manual_seed``, ``torch.Generator().manual_seed``).
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
+def _whole(name: str, value, lo: int | None, hi: int | None = None) -> int:
+    """``value`` as an int in [lo, hi] (None: no bound); a float such as 1e3 counts if it is whole."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a whole number, not {_shown(value)}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        if not isinstance(value, (float, np.floating)):
+            raise TypeError(f"{name} must be a whole number, not {_shown(value)}") from None
+        if not (math.isfinite(value) and float(value).is_integer()):
+            raise ValueError(f"{name} must be a whole number, not {_shown(value)}") from None
+        n = int(value)
+    if (lo is not None and n < lo) or (hi is not None and n > hi):
+        bounds = (f"between {lo:,} and {hi:,}" if hi is not None and lo is not None else
+                  f"at least {lo:,}" if lo is not None else f"at most {hi:,}")
+        raise ValueError(f"{name} must be {bounds}, not {n:,}")
+    return n
+
+
+def _seed(value, name: str = "seed", *, spare: int = 0) -> int:
+    """A seed torch takes; ``spare``: how many seeds above it are used too (``seed + 1``...)."""
+    return _whole(name, value, SEED_MIN, SEED_MAX - spare)
+
+
+def _real(name: str, value) -> float:
+    """A real number as a float: an int, a float, a numpy scalar or a 0-d real array or tensor."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.device.type != "meta" \
+            and not value.is_complex():
+        value = value.detach().item()
+    elif isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, not {_shown(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be a number within float range, not {_shown(value)}") from None
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, not {_shown(value)}")
+    return bool(value)
+
+
+def _real_array(name: str, values, what: str, dtype=np.float64) -> np.ndarray:
+    """Real numbers (a number, a list, a numpy array or a tensor; any shape) as an array of
+    ``dtype`` (float64, or float32; values beyond its range become inf, as a cast makes them)."""
+    if isinstance(values, torch.Tensor):
+        if values.is_complex() or values.dtype == torch.bool or values.device.type == "meta":
+            where = " on the meta device" if values.device.type == "meta" else ""
+            raise TypeError(f"{name} must be {what}, not a {str(values.dtype).replace('torch.', '')} tensor{where}")
+        return values.detach().to("cpu", torch.float32 if dtype == np.float32 else torch.float64).numpy()
+    if isinstance(values, (str, bytes, bytearray)):
+        raise TypeError(f"{name} must be {what}, not a string")
+    try:
+        arr = np.asarray(values)
+    except (ValueError, TypeError, OverflowError, RuntimeError):  # ragged lists, tensors numpy cannot read...
+        raise ValueError(f"{name} must be {what}, not {_shown(values)}") from None
+    if arr.dtype.kind == "O":
+        if not all(isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) for v in arr.flat):
+            raise TypeError(f"{name} must be {what}, not {_shown(values)}")
+        try:
+            arr = arr.astype(np.float64)
+        except OverflowError:
+            raise ValueError(f"{name} must be {what} within float range, not {_shown(values)}") from None
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must be {what}, not {_shown(values)}")
+    with np.errstate(over="ignore"):
+        return arr.astype(dtype)
+
+
+def _check_sizes(features, width, depth, classes, batch=None, *, min_classes=1) -> tuple:
+    """The sizes of an ``MLP`` (and of a batch), refused when they would not fit in memory or would
+    take more than a few seconds."""
+    features = _whole("features", features, 1, MAX_WEIGHTS)
+    width = _whole("width", width, 1, MAX_WEIGHTS)
+    depth = _whole("depth", depth, 1, MAX_DEPTH)
+    classes = _whole("classes", classes, min_classes, MAX_WEIGHTS)
+    params = _parameters(features, width, depth, classes)
+    weights = params + (features * classes if batch is not None else 0)  # and the teacher of build_problem
+    if weights > MAX_WEIGHTS:
+        raise ValueError(f"features={features}, width={width}, depth={depth}, classes={classes} make "
+                         f"{weights:,} weights; at most {MAX_WEIGHTS:,}")
+    if batch is None:
+        return features, width, depth, classes
+    batch = _whole("batch", batch, 1, MAX_ACTIVATIONS)
+    activations = batch * (features + 2 * (depth - 1) * width + classes)
+    if activations > MAX_ACTIVATIONS:
+        raise ValueError(f"batch={batch} makes {activations:,} activations; at most {MAX_ACTIVATIONS:,} "
+                         "(a smaller batch, width or depth)")
+    if batch * params > MAX_WORK:
+        raise ValueError(f"batch={batch} × {params:,} weights is {batch * params:,} multiply-adds per pass; "
+                         f"at most {MAX_WORK:,} (a smaller batch, width or depth)")
+    return features, width, depth, classes, batch
+
+
+def _parameters(features: int, width: int, depth: int, classes: int) -> int:
+    if depth == 1:
+        return features * classes + classes
+    return features * width + width + (depth - 2) * (width * width + width) + width * classes + classes
+
+
+#: Limits of the problems built here: beyond them a problem takes more than a few seconds or a
+#: lot of memory (the default problem: 44,362 weights, 256 × 44,362 multiply-adds).
+MAX_DEPTH = 1_000
+MAX_WEIGHTS = 10**7
+MAX_ACTIVATIONS = 5 * 10**7
+MAX_WORK = 10**10
+
+
 class MLP(nn.Sequential):
     """``depth`` Linear layers (fc1 ... fcN) with ReLU between them, torch's default initialisation."""
 
     def __init__(self, features=32, width=64, depth=6, classes=10):
+        features, width, depth, classes = _check_sizes(features, width, depth, classes)
         layers, d = OrderedDict(), features
         for i in range(1, depth):
             layers[f"fc{i}"] = nn.Linear(d, width)
@@ -75,8 +201,8 @@ def build_problem(seed: int = 0, *, depth: int = 12, width: int = 64, features: 
     ``torch.random.fork_rng`` so the caller's random state is left as it was; the data come from
     their own ``torch.Generator`` (seeded with ``seed + 1``).
     """
-    if depth < 1 or width < 1 or features < 1 or classes < 2 or batch < 1:
-        raise ValueError("depth, width, features and batch must be >= 1, classes >= 2")
+    seed = _seed(seed, spare=1)
+    features, width, depth, classes, batch = _check_sizes(features, width, depth, classes, batch, min_classes=2)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = MLP(features, width, depth, classes)
@@ -94,6 +220,7 @@ def layer_gradients(seed: int = 0, *, loss_scale: float = 1.0, **kwargs) -> dict
     for a power-of-two scale every gradient comes out multiplied by exactly that power of two.
     Each value is a flattened float32 numpy array (a copy). ``kwargs`` go to ``build_problem``.
     """
+    loss_scale = _real("loss_scale", loss_scale)
     problem = build_problem(seed, **kwargs)
     problem.model.zero_grad(set_to_none=True)
     (problem.loss() * loss_scale).backward()
@@ -122,21 +249,44 @@ def torch_dtype(dtype) -> torch.dtype:
     """A torch dtype from itself, its name ("float16") or an ampviz format name ("fp16")."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    name = getattr(dtype, "name", dtype)  # an ampviz FloatFormat
-    name = _DTYPE_NAMES.get(str(name), str(name))
-    dt = getattr(torch, name, None)
+    name = getattr(dtype, "name", dtype)  # an ampviz FloatFormat (or a numpy dtype)
+    if not isinstance(name, str):
+        raise TypeError(f"dtype must be a torch dtype, its name ('float16') or a format name ('fp16'), "
+                        f"not {_shown(dtype)}")
+    dt = getattr(torch, _DTYPE_NAMES.get(name, name), None) if name.isidentifier() else None
     if not isinstance(dt, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}")
+        raise ValueError(f"unknown dtype {_shown(dtype)}: a torch dtype name such as 'float16' or "
+                         f"one of {', '.join(_DTYPE_NAMES)}")
     return dt
+
+
+#: The floating-point dtypes torch casts to (float4_e2m1fn_x2 packs two values in a byte: no casts).
+_CASTS = {getattr(torch, n) for n in ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2",
+                                      "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, n)}
+#: ... and those torch does arithmetic in on the CPU
+_ARITHMETIC = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _float_dtype(dtype, allowed=_CASTS) -> torch.dtype:
+    dt = torch_dtype(dtype)
+    if dt not in allowed:
+        names = ", ".join(sorted(str(d).replace("torch.", "") for d in allowed))
+        raise ValueError(f"dtype must be one of {names}, not {str(dt).replace('torch.', '')}")
+    return dt
+
+
+def _float32_values(values) -> torch.Tensor:
+    """Real numbers as a float32 tensor (values beyond float32's range become inf, as a cast makes them)."""
+    return torch.from_numpy(_real_array("values", values, "real numbers", np.float32))
 
 
 def torch_cast(values, dtype) -> np.ndarray:
     """``values`` (float32) cast to ``dtype`` by torch, returned as float64."""
-    t = torch.as_tensor(np.asarray(values, dtype=np.float32))
-    return t.to(torch_dtype(dtype)).to(torch.float64).numpy()
+    dt = _float_dtype(dtype)
+    return _float32_values(values).to(dt).to(torch.float64).numpy()
 
 
-_NO_INF = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2fnuz")
+_NO_INF = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
            if hasattr(torch, n)}
 
 
@@ -144,13 +294,14 @@ def torch_cast_counts(values, scale=1.0, dtype="float16") -> dict:
     """Count what ``(values * scale).to(dtype)`` gives, using torch only.
 
     Categories as in ``ampviz.census``: "zero" (was 0), "underflow" (nonzero, became 0),
-    "subnormal", "normal", "overflow" (became inf), "nan". Only formats with inf (not
-    float8_e4m3fn, which saturates) are supported.
+    "subnormal", "normal", "overflow" (became inf), "nan"; each value falls in exactly one. Only
+    formats with inf (not float8_e4m3fn, which saturates) are supported.
     """
-    dt = torch_dtype(dtype)
+    dt = _float_dtype(dtype)
     if dt in _NO_INF:
         raise ValueError(f"{dt} has no inf; overflow cannot be counted from the cast alone")
-    v = torch.as_tensor(np.asarray(values, dtype=np.float32)).reshape(-1)
+    scale = _real("scale", scale)
+    v = _float32_values(values).reshape(-1)
     c = (v * scale).to(dt).to(torch.float32)
     a = c.abs()
     tiny = torch.finfo(dt).tiny
@@ -160,15 +311,20 @@ def torch_cast_counts(values, scale=1.0, dtype="float16") -> dict:
         "subnormal": (a > 0) & (a < tiny),
         "normal": torch.isfinite(a) & (a >= tiny),
         "overflow": torch.isinf(c) & ~torch.isnan(v),
-        "nan": torch.isnan(c),
+        "nan": torch.isnan(c) & (v != 0),  # a zero stays "zero", even at a NaN or infinite scale
     }
     return {k: int(m.sum()) for k, m in counts.items()}
 
 
 def torch_add(a, b, dtype) -> float:
     """``a + b`` with both operands stored in ``dtype`` and added by torch."""
-    dt = torch_dtype(dtype)
+    dt = _float_dtype(dtype, _ARITHMETIC)
+    a, b = _real("a", a), _real("b", b)
     return float(torch.tensor(a, dtype=torch.float32).to(dt) + torch.tensor(b, dtype=torch.float32).to(dt))
+
+
+#: The longest loop of ``torch_accumulate`` (a few seconds).
+MAX_STEPS = 10**6
 
 
 def torch_accumulate(w0, update, steps: int, dtype) -> np.ndarray:
@@ -176,7 +332,9 @@ def torch_accumulate(w0, update, steps: int, dtype) -> np.ndarray:
 
     Returns ``steps + 1`` values (the start included), as float64.
     """
-    dt = torch_dtype(dtype)
+    dt = _float_dtype(dtype, _ARITHMETIC)
+    w0, update = _real("w0", w0), _real("update", update)
+    steps = _whole("steps", steps, 0, MAX_STEPS)
     w = torch.tensor(w0, dtype=torch.float32).to(dt)
     u = torch.tensor(update, dtype=torch.float32).to(dt)
     out = np.empty(steps + 1)

@@ -24,11 +24,16 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ampviz.pitfalls import Outcome, outcome_of, quiet_trainer, versions
+from ampviz.scaling import _shown
+from ampviz.training import _seed, _whole
 
 __all__ = ["DTYPE", "SIMULATED_FIXES", "SimulatedLegacyAutocastCache", "make_model", "fix_table",
            "real_plain", "real_lightning", "simulated_plain", "simulated_lightning", "summary", "which_world", "world"]
 
 DTYPE = torch.bfloat16  # the CPU autocast dtype the lessons use
+KINDS = ("linear", "layernorm")
+#: The most optimizer steps a Trainer scenario runs (each takes a few milliseconds).
+MAX_STEPS = 500
 NO_GRAD_ERROR = "element 0 of tensors does not require grad and does not have a grad_fn"
 
 # The pattern under the simulated legacy rule, and each way out; keys are ``simulated_plain``'s ``fix``.
@@ -123,12 +128,27 @@ class SimulatedLegacyAutocastCache(TorchFunctionMode):
 def make_model(kind: str = "linear", seed: int = 0) -> nn.Module:
     """``"linear"``: Linear → ReLU → Linear (every path to a weight goes through a linear layer);
     ``"layernorm"``: Linear → LayerNorm (the LayerNorm's weights are reached without one)."""
-    torch.manual_seed(seed)
+    kind = _kind(kind)
+    torch.manual_seed(_seed(seed))
     if kind == "linear":
         return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    if kind == "layernorm":
-        return nn.Sequential(nn.Linear(8, 4), nn.LayerNorm(4))
-    raise ValueError(f"unknown model kind {kind!r}: 'linear' or 'layernorm'")
+    return nn.Sequential(nn.Linear(8, 4), nn.LayerNorm(4))
+
+
+def _kind(kind) -> str:
+    if not (isinstance(kind, str) and kind in KINDS):
+        raise ValueError(f"unknown model kind {_shown(kind)}: 'linear' or 'layernorm'")
+    return kind
+
+
+def _fix(fix):
+    if not (fix is None or isinstance(fix, str)) or fix not in SIMULATED_FIXES:
+        raise ValueError(f"unknown fix {_shown(fix)}: one of {list(SIMULATED_FIXES)}")
+    return fix
+
+
+def _steps(steps) -> int:
+    return _whole("steps", steps, 1, MAX_STEPS)
 
 
 def _data(model: nn.Module, seed: int = 1):
@@ -148,8 +168,7 @@ def _autocast(**kwargs):
 
 def _passes(model, x, y, fix):
     """The no_grad pass and the grad pass, arranged as ``fix`` says; returns the loss."""
-    if fix not in SIMULATED_FIXES:
-        raise ValueError(f"unknown fix {fix!r}: one of {list(SIMULATED_FIXES)}")
+    fix = _fix(fix)
     loss_of = lambda: F.mse_loss(model(x), y)  # noqa: E731
     if fix == "reenter_top_level":
         with torch.no_grad(), _autocast():
@@ -193,8 +212,7 @@ def real_plain(kind: str = "linear", fix=None) -> Outcome:
     """The pattern with the **installed** torch (no simulation): a no_grad forward, then a forward
     with grad and ``backward()``, inside one ``torch.autocast("cpu", dtype=torch.bfloat16)``
     (or arranged as ``fix`` says, a key of ``SIMULATED_FIXES``)."""
-    if fix not in SIMULATED_FIXES:
-        raise ValueError(f"unknown fix {fix!r}: one of {list(SIMULATED_FIXES)}")
+    kind, fix = _kind(kind), _fix(fix)
     name = f"installed torch {torch.__version__}, {kind} model"
     return outcome_of(name, _run, name, kind, fix, simulate=False)
 
@@ -202,8 +220,7 @@ def real_plain(kind: str = "linear", fix=None) -> Outcome:
 def simulated_plain(kind: str = "linear", fix=None) -> Outcome:
     """The same pattern under the **simulated legacy rule** (``SimulatedLegacyAutocastCache``),
     arranged as ``fix`` says (a key of ``SIMULATED_FIXES``)."""
-    if fix not in SIMULATED_FIXES:
-        raise ValueError(f"unknown fix {fix!r}: one of {list(SIMULATED_FIXES)}")
+    kind, fix = _kind(kind), _fix(fix)
     name = f"simulated legacy rule, {kind} model: {SIMULATED_FIXES[fix]}"
     return outcome_of(name, _run, name, kind, fix, simulate=True)
 
@@ -211,6 +228,8 @@ def simulated_plain(kind: str = "linear", fix=None) -> Outcome:
 def summary(outcome: Outcome) -> str:
     """One outcome as stable text: the exception (type: message), or which parameters got a
     gradient (no numbers, which may differ in the last bf16 bits from one CPU to another)."""
+    if not isinstance(outcome, Outcome):
+        raise TypeError(f"outcome must be an Outcome (from real_plain, simulated_plain...), not {_shown(outcome)}")
     if outcome.failed:
         return str(outcome)
     grads = ", ".join(f"{n} {'grad' if g is not None else 'None'}" for n, g in outcome.grad_norms.items())
@@ -221,6 +240,7 @@ def fix_table(kind: str = "linear"):
     """Each arrangement of ``SIMULATED_FIXES`` under the simulated legacy rule: does it train?"""
     from ampviz.lessons import Table
 
+    kind = _kind(kind)
     rows = []
     for fix, label in SIMULATED_FIXES.items():
         o = simulated_plain(kind, fix)
@@ -298,8 +318,11 @@ def _fit(name, kind, plugin, simulate, steps):
 
 def real_lightning(kind: str = "linear", steps: int = 2) -> Outcome:
     """The pattern inside ``training_step`` of a real ``Trainer(precision="bf16-mixed")`` with the
-    **installed** torch and Lightning; ``details`` holds what ``training_step`` saw of autocast."""
+    **installed** torch and Lightning; ``details`` holds what ``training_step`` saw of autocast.
+    ``steps``: 1 to ``MAX_STEPS`` optimizer steps."""
     import lightning
+
+    kind, steps = _kind(kind), _steps(steps)
 
     name = f"installed Lightning {lightning.__version__}, bf16-mixed, {kind} model"
     return outcome_of(name, _fit, name, kind, "installed", False, steps)
@@ -309,8 +332,9 @@ def simulated_lightning(kind: str = "linear", plugin: str = "legacy", steps: int
     """The pattern in a real Trainer under the **simulated legacy rule**. ``plugin="legacy"``: a
     ``MixedPrecision`` subclass that enters autocast with ``cache_enabled=True`` (Lightning <= 2.5);
     ``plugin="installed"``: the installed Lightning's own ``precision="bf16-mixed"``."""
-    if plugin not in ("legacy", "installed"):
-        raise ValueError(f"unknown plugin {plugin!r}: 'legacy' or 'installed'")
+    if not (isinstance(plugin, str) and plugin in ("legacy", "installed")):
+        raise ValueError(f"unknown plugin {_shown(plugin)}: 'legacy' or 'installed'")
+    kind, steps = _kind(kind), _steps(steps)
     label = "cache_enabled=True plugin (as Lightning <= 2.5)" if plugin == "legacy" else "installed Lightning plugin"
     name = f"simulated legacy rule in a Trainer, {label}, {kind} model"
     return outcome_of(name, _fit, name, kind, plugin, True, steps)

@@ -36,12 +36,18 @@ from torch import nn
 
 from ampviz.lessons import Table
 from ampviz.pitfalls import Outcome, outcome_of, quiet_trainer
+from ampviz.scaling import _shown
+from ampviz.training import _flag, _real, _seed, _whole
 
 __all__ = ["EncoderClassifier", "make_data", "encoder_call", "condition_table", "CONDITIONS",
            "old_message", "lightning_run", "crash", "FIXES", "fix_runs", "fix_table", "fastpath_disabled"]
 
 VOCAB, MAX_LEN, D_MODEL, NHEAD, FFN, LAYERS, CLASSES = 10, 12, 16, 2, 32, 2, 9
 TRAIN_BATCHES, VAL_BATCHES, BATCH = 8, 2, 16
+#: The most sequences ``make_data`` makes (its one-hot count takes 960 bytes a sequence).
+MAX_SEQUENCES = 100_000
+#: The deepest encoder ``encoder_call`` builds.
+MAX_LAYERS = 64
 
 
 @contextlib.contextmanager
@@ -79,6 +85,7 @@ class EncoderClassifier(nn.Module):
     """
 
     def __init__(self, *, nested: bool = True, fp32_island: bool = False):
+        nested, fp32_island = _flag("nested", nested), _flag("fp32_island", fp32_island)
         super().__init__()
         self.embed = nn.Embedding(VOCAB, D_MODEL)
         self.pos = nn.Embedding(MAX_LEN, D_MODEL)
@@ -103,9 +110,14 @@ class EncoderClassifier(nn.Module):
 
 def make_data(batches: int, batch_size: int = BATCH, seed: int = 0, left_pad: bool = False):
     """``(tokens, pad_mask, labels)``: seeded sequences of tokens 1 ... 9, padded with 0 to ``MAX_LEN``
-    (on the right; on the left with ``left_pad``); the label is the most frequent token minus 1."""
-    gen = torch.Generator().manual_seed(seed)
+    (on the right; on the left with ``left_pad``); the label is the most frequent token minus 1.
+    At most ``MAX_SEQUENCES`` sequences (``batches × batch_size``)."""
+    batches, batch_size = _whole("batches", batches, 0), _whole("batch_size", batch_size, 0)
+    seed, left_pad = _seed(seed), _flag("left_pad", left_pad)
     n = batches * batch_size
+    if n > MAX_SEQUENCES:
+        raise ValueError(f"batches × batch_size must be at most {MAX_SEQUENCES:,} sequences, not {n:,}")
+    gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(MAX_LEN // 3, MAX_LEN, (n,), generator=gen)  # every row has padding
     tokens = torch.randint(1, VOCAB, (n, MAX_LEN), generator=gen)
     pad_mask = torch.arange(MAX_LEN).unsqueeze(0) >= lengths.unsqueeze(1)
@@ -137,6 +149,10 @@ CONDITIONS = (
 )
 
 
+_GRAD_MODES = ("no_grad", "inference_mode", "enabled")
+_MASKS = ("right", "left", "all-false", "none")
+
+
 def encoder_call(*, train=False, grad="no_grad", nested=True, fastpath=True, mask="right",
                  batch_first=True, norm_first=False, layers=LAYERS, layer_only=False,
                  autocast=torch.bfloat16, seed=0) -> Outcome:
@@ -148,6 +164,17 @@ def encoder_call(*, train=False, grad="no_grad", nested=True, fastpath=True, mas
     "none"; ``layer_only``: call the encoder's first layer directly (no nested tensor is packed);
     ``autocast``: a dtype, or None for none. Returns the Outcome (the error, or the output dtype).
     """
+    train, nested, fastpath = _flag("train", train), _flag("nested", nested), _flag("fastpath", fastpath)
+    batch_first, norm_first = _flag("batch_first", batch_first), _flag("norm_first", norm_first)
+    layer_only = _flag("layer_only", layer_only)
+    if not (isinstance(grad, str) and grad in _GRAD_MODES):
+        raise ValueError(f"grad must be one of {', '.join(map(repr, _GRAD_MODES))}, not {_shown(grad)}")
+    if not (isinstance(mask, str) and mask in _MASKS):
+        raise ValueError(f"mask must be one of {', '.join(map(repr, _MASKS))}, not {_shown(mask)}")
+    if not any(autocast is dt for dt in (None, torch.bfloat16, torch.float16)):
+        raise ValueError(f"autocast must be torch.bfloat16, torch.float16 or None (the dtypes CPU autocast "
+                         f"runs in), not {_shown(autocast)}")
+    layers, seed = _whole("layers", layers, 1, MAX_LAYERS), _seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         enc = make_encoder(batch_first=batch_first, norm_first=norm_first, nested=nested, layers=layers)
@@ -248,7 +275,16 @@ def lightning_run(precision: str = "bf16-mixed", *, nested: bool = True, fp32_is
     mean validation loss; ``details`` holds the training steps done, the validation context (train
     mode, grad, inference mode, autocast) and the dtype of the model's weights.
     """
-    name = name or precision
+    if isinstance(precision, bool) or not isinstance(precision, (str, int)):
+        raise TypeError(f"precision must be a Lightning precision such as 'bf16-mixed' or '32-true' "
+                        f"(or '16-mixed-fp16'), not {_shown(precision)}")
+    nested, fp32_island = _flag("nested", nested), _flag("fp32_island", fp32_island)
+    fastpath, seed = _flag("fastpath", fastpath), _seed(seed)
+    if not (isinstance(stage, str) and stage in ("fit", "validate")):
+        raise ValueError(f"stage must be 'fit' or 'validate', not {_shown(stage)}")
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a string or None, not {_shown(name)}")
+    name = name or str(precision)
     trainer_kwargs = {"precision": precision}
     if precision == "16-mixed-fp16":  # real fp16 autocast (and GradScaler) on the CPU, via the plugin
         from lightning.pytorch.plugins import MixedPrecision
@@ -299,6 +335,24 @@ def fix_runs() -> dict:
     return {fix: lightning_run(name=fix, **kwargs) for fix, kwargs in FIXES.items()}
 
 
+def _check_runs(runs) -> None:
+    """``runs`` as ``fix_runs()`` gives them: fix name -> Outcome, the fp32 reference first and run."""
+    what = "a dict of fix name -> Outcome, as fix_runs() returns (the fp32 reference first)"
+    if not isinstance(runs, dict) or not runs:
+        raise TypeError(f"runs must be {what}, not {_shown(runs)}")
+    for fix, out in runs.items():
+        if not isinstance(out, Outcome):
+            raise TypeError(f"runs must be {what}; runs[{_shown(fix)}] is {_shown(out)}")
+        if not out.failed and not isinstance(out.loss, (int, float)):
+            raise ValueError(f"runs[{_shown(fix)}] ran but has no validation loss: {_shown(out.loss)}")
+        if not isinstance(out.details, dict):
+            raise TypeError(f"runs[{_shown(fix)}].details must be a dict, not {_shown(out.details)}")
+    first, ref = next(iter(runs.items()))
+    if ref.failed:
+        raise ValueError(f"the first run, {_shown(first)}, is the reference and must have run; "
+                         f"it raised {ref.error_type}")
+
+
 def fix_table(runs: dict | None = None, *, exact: bool = False, tolerance: float = 1e-3) -> Table:
     """The fixes' validation losses next to the fp32 reference (the first entry of ``FIXES``).
 
@@ -306,6 +360,11 @@ def fix_table(runs: dict | None = None, *, exact: bool = False, tolerance: float
     and whether it lies within ``tolerance`` of fp32's. ``exact=True``: the losses to six decimals
     and their difference from fp32's (these differ from CPU to CPU in the fourth decimal, since
     training sums in the order of the machine's vector units)."""
+    exact, tolerance = _flag("exact", exact), _real("tolerance", tolerance)
+    if not tolerance >= 0:
+        raise ValueError(f"tolerance must be a number >= 0, not {_shown(tolerance)}")
+    if runs is not None:
+        _check_runs(runs)
     runs = runs if runs is not None else fix_runs()
     ref = next(iter(runs.values())).loss
     rows = []
@@ -315,10 +374,10 @@ def fix_table(runs: dict | None = None, *, exact: bool = False, tolerance: float
             continue
         diff = out.loss - ref
         if exact:
-            rows.append((fix, out.details["weight_dtype"], f"{out.loss:.6f}",
+            rows.append((fix, out.details.get("weight_dtype", "-"), f"{out.loss:.6f}",
                          "identical" if diff == 0 else f"{diff:+.1e}"))
         else:
-            rows.append((fix, out.details["weight_dtype"], f"{out.loss:.2f}",
+            rows.append((fix, out.details.get("weight_dtype", "-"), f"{out.loss:.2f}",
                          "yes" if abs(diff) <= tolerance else "no"))
     last = "vs fp32" if exact else f"within {tolerance:g} of fp32"
     return Table(("fix", "weights", "validation loss", last), rows)
