@@ -538,10 +538,15 @@ class Check:
 def _same(answer, expected, tol: float) -> bool:
     if isinstance(expected, str):
         return isinstance(answer, str) and answer.strip().casefold() == expected.casefold()
+    if hasattr(answer, "detach") and callable(answer.detach):  # a tensor that requires grad
+        try:
+            answer = answer.detach()
+        except Exception:  # noqa: BLE001 - not a tensor after all: compared as it is
+            pass
     try:
         a = float(answer)
-    except (TypeError, ValueError):
-        return False
+    except (TypeError, ValueError, RuntimeError, OverflowError):  # (an int beyond float's range is
+        return False  # no float's value, not even inf's)
     e = float(expected)
     if math.isnan(e):
         return math.isnan(a)
@@ -558,7 +563,10 @@ def check(answer, expected, *, tol: float = 0.0, hint: str = "", accept=None) ->
     """
     if answer is None or answer is Ellipsis:
         return Check("unanswered", "not answered yet: set `answer` above and run the cell again")
-    ok = accept(answer) if accept is not None else _same(answer, expected, tol)
+    try:
+        ok = bool(accept(answer) if accept is not None else _same(answer, expected, tol))
+    except Exception:  # noqa: BLE001 - whatever a learner types is an answer: one that does not fit is wrong
+        ok = False
     if ok:
         return Check("right", "✓ correct")
     return Check("wrong", "✗ not quite" + (f": {hint}" if hint else ""))

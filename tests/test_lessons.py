@@ -316,3 +316,27 @@ def test_trace_table():
     assert t2.stopped_at == 4 and table.column("stopped at step") == ("-", "4")
     assert table.column("final scale")[1] == "stopped"
     assert table.column("lowest scale")[0] == L.number(float(t1.scale.min()))
+
+
+@pytest.mark.parametrize("answer", [10**400, -10**400, "tensor", "tensor with grad", 1 + 2j, object()])
+def test_checkers_take_any_answer_without_raising(answer):
+    """Whatever a learner types is an answer: an int beyond float's range, a tensor that requires
+    grad (no warning), anything else; the right value given as such a tensor is right."""
+    import warnings
+
+    import torch
+
+    from ampviz.lessons import check_fp16_cast_65520, check_smallest_subnormal
+
+    if answer == "tensor":
+        answer = torch.ones(3)
+    elif answer == "tensor with grad":
+        answer = torch.tensor(2.0**-24, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for checker in (check_smallest_subnormal, check_fp16_cast_65520):
+            result = checker(answer)
+            assert result.status in ("right", "wrong")
+    expected_right = isinstance(answer, torch.Tensor) and answer.dim() == 0
+    assert (check_smallest_subnormal(answer).status == "right") == expected_right
+    assert check_fp16_cast_65520(answer).status == "wrong"
