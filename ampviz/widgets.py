@@ -757,8 +757,11 @@ class ScalerLab(_Explorer):
         for t in self.traces:
             finite = t.scale[np.isfinite(t.scale)]
             low = format_number(float(finite.min())) if finite.size else "—"
-            end = "stopped at step {:,}".format(t.stopped_at) if t.stopped_at is not None \
-                else format_number(float(t.final.scale))
+            if t.stopped_at is not None:
+                reason = getattr(t, "stop_reason", None)
+                end = f"stopped at step {t.stopped_at:,}" + (f" ({html.escape(reason)})" if reason else "")
+            else:
+                end = format_number(float(t.final.scale))
             rows.append(f"<tr><td>{html.escape(t.policy.name)}</td><td>{t.skipped_count:,}</td>"
                         f"<td>{end}</td><td>{low}</td></tr>")
         head = "<tr><th>scaler</th><th>skipped steps</th><th>final scale</th><th>lowest scale</th></tr>"

@@ -446,3 +446,10 @@ def test_scaler_lab_overlays_presets():
         assert np.array_equal(t.skipped, simulate(PRESETS[name], grad_max=lab.stream).skipped)
     scale_lines = [d for d in lab.figure.data if d.meta["kind"] == "scale"]
     assert len(scale_lines) == 1 + len(chosen)
+
+
+def test_scaler_lab_says_why_a_run_ended():
+    lab = _lab(scenario="spikes", strength=1.0, overlay=("DeepSpeed ZeRO",))
+    zero = lab.traces[1]
+    assert zero.stopped_at is not None and zero.stop_reason
+    assert f"stopped at step {zero.stopped_at:,} (Exception: Current loss scale already at minimum" in lab.readout.value
