@@ -29,7 +29,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["SPAN", "GAUGES", "N_TRAIN", "N_TEST", "beams", "BeamNet", "BeamData"]
+from ampviz.scaling import _shown
+from ampviz.training import _seed, _whole
+
+__all__ = ["SPAN", "GAUGES", "N_TRAIN", "N_TEST", "beams", "deflection", "BeamNet", "BeamData"]
 
 SPAN = 5.0  # m
 LOADS = 2  # point loads per beam
@@ -37,11 +40,41 @@ LOAD_KN = (1.0, 10.0)  # kN, uniform
 EI_MNM2 = (0.5, 2.0)  # bending stiffness, MN m^2, uniform
 GAUGES = 64  # deflection at 64 evenly spaced points
 N_TRAIN, N_TEST = 4096, 1024
+MAX_BEAMS = 10**6  # 64 deflections each: 0.5 GB of float64 while they are computed
+MAX_BATCH = 65536
+
+
+def _generator(gen) -> torch.Generator:
+    if not isinstance(gen, torch.Generator):
+        raise TypeError(f"gen must be a torch.Generator (e.g. torch.Generator().manual_seed(0)), not {_shown(gen)}")
+    if gen.device.type != "cpu":
+        raise ValueError(f"gen must be a CPU generator, not one on {gen.device}")
+    return gen
+
+
+def _column(name: str, value, n: int | None, what: str) -> torch.Tensor:
+    """``value`` as a float64 tensor of shape (n, k), its numbers finite."""
+    try:
+        t = torch.as_tensor(value, dtype=torch.float64) if not isinstance(value, torch.Tensor) else value.detach()
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise TypeError(f"{name} must be a tensor or array of numbers ({what}), not {_shown(value)}") from None
+    if t.is_complex() or not (t.is_floating_point() or t.dtype in (torch.int64, torch.int32, torch.int16, torch.int8,
+                                                                     torch.uint8)):
+        raise TypeError(f"{name} must hold real numbers ({what}), not {t.dtype}")
+    t = t.to(torch.float64)
+    if t.dim() != 2 or (n is not None and t.shape[0] != n):
+        rows = "n rows" if n is None else f"{n} rows"
+        raise ValueError(f"{name} must be a 2-D tensor with {rows}, one per beam ({what}), not of shape {tuple(t.shape)}")
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} must be finite numbers ({what})")
+    return t
 
 
 def beams(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` random beams from ``gen``: inputs (n, 5) = (a1, a2 [m], P1, P2 [kN], EI [MN m^2]) and
     deflections (n, 64) in metres (downwards positive), both float32 (computed in float64)."""
+    n = _whole("n", n, 0, MAX_BEAMS)
+    gen = _generator(gen)
     f64 = torch.float64
     a = SPAN * (0.1 + 0.8 * torch.rand(n, LOADS, generator=gen, dtype=f64))
     p = LOAD_KN[0] + (LOAD_KN[1] - LOAD_KN[0]) * torch.rand(n, LOADS, generator=gen, dtype=f64)
@@ -51,7 +84,18 @@ def beams(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
 
 def deflection(a: torch.Tensor, p: torch.Tensor, ei: torch.Tensor) -> torch.Tensor:
     """Deflection (m) at the gauges of beams with point loads ``p`` (kN) at ``a`` (m) and stiffness
-    ``ei`` (MN m^2): superposed closed forms for a simply supported beam (float64)."""
+    ``ei`` (MN m^2): superposed closed forms for a simply supported beam (float64). ``a`` and ``p``
+    are (n, loads), ``ei`` is (n, 1); loads outside the span are refused."""
+    a = _column("a", a, None, "load positions in metres")
+    p = _column("p", p, a.shape[0], "loads in kN")
+    ei = _column("ei", ei, a.shape[0], "bending stiffness in MN m^2")
+    if p.shape[1] != a.shape[1] or ei.shape[1] != 1:
+        raise ValueError(f"p must have one column per load position (a has {a.shape[1]}) and ei one column, "
+                         f"not {p.shape[1]} and {ei.shape[1]}")
+    if a.shape[0] > MAX_BEAMS:
+        raise ValueError(f"at most {MAX_BEAMS:,} beams at a time, not {a.shape[0]:,}")
+    if bool(((a < 0) | (a > SPAN)).any()) or bool((ei <= 0).any()):
+        raise ValueError(f"load positions must lie on the span (0 to {SPAN:g} m) and ei must be above 0")
     f64 = torch.float64
     x = (torch.arange(GAUGES, dtype=f64) + 0.5) / GAUGES * SPAN
     P, EI, L = p.to(f64) * 1e3, ei.to(f64) * 1e6, SPAN
@@ -84,6 +128,15 @@ class BeamNet(nn.Module):
     (the training set's per-gauge mean plus its spread times the head's output)."""
 
     def __init__(self, x_mean, x_std, y_mean, y_std, width: int = 32, hidden: int = 64, depth: int = 2):
+        for name, t in (("x_mean", x_mean), ("x_std", x_std), ("y_mean", y_mean), ("y_std", y_std)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 1 or not t.is_floating_point() or t.numel() == 0 \
+                    or t.numel() > 4096:
+                raise TypeError(f"{name} must be a 1-D float tensor of 1 to 4,096 numbers (per input or per "
+                                f"gauge), not {_shown(t)}")
+        if x_std.shape != x_mean.shape or y_std.shape != y_mean.shape:
+            raise ValueError("x_std must match x_mean's shape and y_std y_mean's")
+        width, hidden = _whole("width", width, 1, 4096), _whole("hidden", hidden, 1, 4096)
+        depth = _whole("depth", depth, 0, 64)
         super().__init__()
         self.register_buffer("x_mean", x_mean.clone())
         self.register_buffer("x_std", x_std.clone())
@@ -106,17 +159,19 @@ class BeamData:
     alone); ``sampler(batch_size, seed)`` draws training batches with replacement."""
 
     def __init__(self, seed: int = 1):
-        X, Y = beams(N_TRAIN + N_TEST, torch.Generator().manual_seed(seed))
+        X, Y = beams(N_TRAIN + N_TEST, torch.Generator().manual_seed(_seed(seed)))
         self.X, self.Y = X[:N_TRAIN], Y[:N_TRAIN]
         self.X_test, self.Y_test = X[N_TRAIN:], Y[N_TRAIN:]
 
     def model(self, init_seed: int = 0) -> BeamNet:
+        init_seed = _seed(init_seed, "init_seed")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(init_seed)
             return BeamNet(self.X.mean(0), self.X.std(0), self.Y.mean(0), self.Y.std(0))
 
     def sampler(self, batch_size: int, seed: int):
-        gen = torch.Generator().manual_seed(seed)
+        batch_size = _whole("batch_size", batch_size, 1, MAX_BATCH)
+        gen = torch.Generator().manual_seed(_seed(seed))
 
         def batch():
             idx = torch.randint(0, N_TRAIN, (batch_size,), generator=gen)

@@ -95,3 +95,41 @@ def test_live_trainer_offers_the_beam_with_its_own_defaults():
     assert config.batch_size == 256 and config.model == "beam" and config.learning_rate == 1e-3
     lt.model_dropdown.value = "mlp"
     assert lt.lr_input.value == 0.05
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+ANY = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30), st.floats(), st.text(max_size=5),
+                st.just(torch.ones(2, 2)), st.just(torch.ones(3)), st.just(torch.tensor([[1.0, 9.0]])),
+                st.just(np.zeros((1, 1))), st.just(torch.Generator()), st.just(object()), st.just(1 + 2j),
+                st.lists(st.floats(), max_size=3), st.integers(0, 50))
+
+
+def _answers(fn, *args):
+    try:
+        return fn(*args)
+    except (ValueError, TypeError) as e:
+        assert str(e).strip() and "\n" not in str(e), repr(str(e))
+        return None
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=ANY, gen=ANY, a=ANY, p=ANY, ei=ANY, seed=ANY, batch=ANY, dims=st.lists(ANY, min_size=3, max_size=3))
+def test_every_public_function_answers_any_argument(n, gen, a, p, ei, seed, batch, dims):
+    out = _answers(beams, n, gen)
+    if out is not None:
+        assert out[0].shape == (n, 5) and out[1].shape == (n, GAUGES)
+    w = _answers(deflection, a, p, ei)
+    if w is not None:
+        assert w.shape == (torch.as_tensor(a).shape[0], GAUGES) and bool(torch.isfinite(w).all())
+    data = _answers(BeamData, seed) if isinstance(seed, int) and 0 <= seed < 3 else None
+    if data is not None:
+        sampler = _answers(data.sampler, batch, seed)
+        if sampler is not None:
+            (x,), y = sampler()
+            assert x.shape == (batch, 5) and y.shape == (batch, GAUGES)
+        _answers(data.model, seed)
+    m = torch.zeros(5)
+    _answers(lambda *d: __import__("ampviz.beam", fromlist=["BeamNet"]).BeamNet(m, m + 1, torch.zeros(3), torch.ones(3), *d),
+             *[d if not isinstance(d, int) or abs(d) < 100 else 3 for d in dims])
