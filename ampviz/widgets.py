@@ -1255,7 +1255,9 @@ class ExplorerApp:
         self.ranges = RangeExplorer(self.gradients, fmt="fp16", log2_scale=0)
         self.scaling = ScalerLab(steps=steps, scenario="spikes", strength=0.5, gradients=self.gradients,
                                  seed=seed, overlay=overlay)
-        self.training = LiveTrainer(modes=("fp32", "fp16", "fp16+scaler"), steps=300, seed=seed) if live else None
+        # the beam model: fp32 and fp16+scaler learn, fp16 alone stalls (ampviz.beam)
+        self.training = LiveTrainer(modes=("fp32", "fp16", "fp16+scaler"), model="beam", steps=300,
+                                    seed=seed) if live else None
         self.explorers = [e for e in (self.formats, self.ranges, self.scaling, self.training) if e is not None]
         titles = list(self.TITLES[:len(self.explorers)])
         self.tabs = W.Tab(children=[e.ui for e in self.explorers], titles=titles)

@@ -64,6 +64,7 @@ def test_the_default_app_uses_the_course_model_and_a_million_steps():
     try:
         assert app.tabs.titles == ("Formats", "Ranges", "Loss scaling", "Live training")
         assert isinstance(app.training, LiveTrainer) and not app.training.running
+        assert app.training.model_dropdown.value == "beam" and app.training.lr_input.value == 1e-3
         import torch
 
         assert torch.get_num_threads() == 1
