@@ -1904,6 +1904,15 @@ def _count_steps(s: float, t: int, i: int, e: int, steps, known: bool, gf: float
             s = new[-1]
             t = tao
         count(t)
+    _write_loop(out, i, e, first, new, steps, known)
+    out.tracker[i:e] = np.frombuffer(counts, np.int64)
+    return s, t
+
+
+def _write_loop(out: _TraceArrays, i: int, e: int, first: float, new, steps, known: bool) -> np.ndarray:
+    """Steps [i, e) of a loop that kept only the scale after each step (``new``, an array of the
+    scale's type) into the trace: the scale before each step, whether it overflowed (``steps``:
+    a byte per step, or each step's threshold) and hysteresis 1. Returns the skipped flags."""
     scale = out.scale[i:e]
     scale[0] = first
     scale[1:] = np.frombuffer(new, scale.dtype)[:-1]
@@ -1912,10 +1921,9 @@ def _count_steps(s: float, t: int, i: int, e: int, steps, known: bool, gf: float
         skipped[:] = np.frombuffer(steps, bool)
     else:
         skipped[:] = ~(np.abs(scale.astype(np.float64)) < np.frombuffer(steps, np.float64))
-    out.tracker[i:e] = np.frombuffer(counts, np.int64)
     if not out.fixed_hyst:
         out.hyst[i:e] = 1
-    return s, t
+    return skipped
 
 
 def _grow_or_back(s: float, i: int, e: int, steps, known: bool, gf: float, bf: float, guard: bool,
@@ -1971,15 +1979,6 @@ def _grow_or_back(s: float, i: int, e: int, steps, known: bool, gf: float, bf: f
             else:
                 put(s * bf)
                 s = new[-1]
-    scale = out.scale[i:e]
-    scale[0] = first
-    scale[1:] = np.frombuffer(new, scale.dtype)[:-1]
-    skipped = out.skipped[i:e]
-    if known:
-        skipped[:] = np.frombuffer(steps, bool)
-    else:
-        skipped[:] = ~(np.abs(scale.astype(np.float64)) < steps)
+    skipped = _write_loop(out, i, e, first, new, steps, known)
     out.tracker[i:e] = np.where(skipped, np.int32(tao), np.int32(0))
-    if not out.fixed_hyst:
-        out.hyst[i:e] = 1
     return s

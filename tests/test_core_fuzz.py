@@ -443,9 +443,4 @@ def test_examine_diagnoses_or_refuses(model, batch, loss_fn, fmt):
         assert "every gradient is 0" not in str(d)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

@@ -13,12 +13,7 @@ from ampviz.lessons import largest_safe_scale
 from ampviz.live import build_task
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _independent_grads(model, inputs, target):

@@ -582,9 +582,4 @@ def test_the_core_comparison_can_fail():
     assert not _same_as_core("fp16", lambda name: census([1e-30, 1.0], name, 2.0**-30).counts, counts)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
