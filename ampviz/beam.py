@@ -21,18 +21,23 @@ layer below gets its gradient from there; fp32, bf16 (fp32's range) and fp16 wit
 2^16 keep them, and Adam, which divides each step by the running size of that weight's own
 gradient, learns from them as from large ones.
 
-``ampviz.live`` trains it as the ``"beam"`` model. This module needs torch.
+``ampviz.live`` trains it as the ``"beam"`` model; ``gradients`` returns one backward pass of it
+(notebook 02's gradients). This module needs torch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 from torch import nn
 
 from ampviz.scaling import _shown
-from ampviz.training import _seed, _whole
+from ampviz.training import _real, _seed, _whole
 
-__all__ = ["SPAN", "GAUGES", "N_TRAIN", "N_TEST", "beams", "deflection", "BeamNet", "BeamData"]
+__all__ = ["SPAN", "GAUGES", "N_TRAIN", "N_TEST", "beams", "deflection", "BeamNet", "BeamData",
+           "BeamGradients", "gradients"]
 
 SPAN = 5.0  # m
 LOADS = 2  # point loads per beam
@@ -178,3 +183,72 @@ class BeamData:
             return (self.X[idx],), self.Y[idx]
 
         return batch
+
+
+# --------------------------------------------------------------------------------------------
+# One backward pass, as notebook 02 studies it
+# --------------------------------------------------------------------------------------------
+
+_AUTOCAST = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True, eq=False)
+class BeamGradients:
+    """The gradients of one backward pass: ``params`` by parameter name ("head.weight", ...) and
+    ``outputs`` by Linear layer ("head", ...: the gradient of that layer's output, one value per
+    example and unit), each a flattened float32 numpy array, in forward order. ``all`` is every
+    one of them in one array, the parameters' first."""
+
+    params: dict
+    outputs: dict
+    loss: float
+
+    @property
+    def all(self) -> np.ndarray:
+        return np.concatenate(list(self.params.values()) + list(self.outputs.values()))
+
+
+def gradients(seed: int = 0, *, loss_scale=1.0, batch_size: int = 256, autocast=None) -> BeamGradients:
+    """One forward and backward pass of the fresh beam model on its first training batch: the
+    model, data and batch of ``ampviz.live.build_task("beam", seed)`` (data seeded with
+    ``seed + 1``, the model's initialisation with ``seed``, batches with ``seed + 2``).
+
+    The backward pass starts from ``mse_loss * loss_scale`` (what a loss scaler does); for a power
+    of two, every gradient comes out multiplied by exactly that power of two. ``autocast``: None
+    runs everything in float32; "float16" or "bfloat16" runs the forward pass under CPU autocast
+    in that dtype (the Linear layers' outputs, and so their gradients, are then in it; the loss is
+    float32), as ``torch.amp`` training does. The Linear layers are the ones autocast runs in the
+    low precision, so their outputs are the gradients fp16 carries through the backward pass.
+    """
+    seed = _seed(seed, spare=2)
+    loss_scale = _real("loss_scale", loss_scale)
+    batch_size = _whole("batch_size", batch_size, 1, MAX_BATCH)
+    if not (autocast is None or isinstance(autocast, str)) or autocast not in _AUTOCAST:
+        raise ValueError(f"autocast must be None (float32), 'float16' or 'bfloat16', not {_shown(autocast)}")
+    data = BeamData(seed + 1)
+    model = data.model(seed)
+    (x,), y = data.sampler(batch_size, seed + 2)()
+    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    outputs: dict = {}
+    handles = []
+
+    def watch(name):
+        def keep(grad):
+            outputs[name] = grad.detach().float().reshape(-1).numpy().copy()
+
+        def hook(module, args, output):
+            output.register_hook(keep)
+        return hook
+
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            handles.append(module.register_forward_hook(watch(name)))
+    try:
+        with torch.autocast("cpu", dtype=_AUTOCAST[autocast], enabled=autocast is not None):
+            loss = nn.functional.mse_loss(model(x), y)
+        (loss * loss_scale).backward()
+    finally:
+        for h in handles:
+            h.remove()
+    params = {name: p.grad.detach().float().reshape(-1).numpy().copy() for name, p in model.named_parameters()}
+    return BeamGradients(params, {name: outputs[name] for name in linears}, float(loss.detach()))

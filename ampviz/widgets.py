@@ -597,8 +597,8 @@ class ScalerLab(_Explorer):
         self._lost_cache: dict = {}
         self.traces: list = []
         self.lost = None
-        if gradients is None:  # a fixed sample spread over ~25 binades below its largest value,
-            rng = np.random.default_rng(self.seed)  # as real gradients are (notebook 02)
+        if gradients is None:  # a fixed sample spread over ~25 binades below its largest value, as
+            rng = np.random.default_rng(self.seed)  # real gradients are (notebook 02's span ~30)
             gradients = np.exp2(-np.abs(rng.normal(0.0, 8.0, 20_000))).astype(np.float32)
         g = np.abs(np.asarray(gradients, dtype=np.float32).ravel())
         self._grad_shape = g / g.max() if g.size and g.max() > 0 else g
@@ -1248,11 +1248,12 @@ class ExplorerApp:
             # are notebook 02's to the bit (a float sum depends on the thread count)
             torch.set_num_threads(1)
         if gradients is None:
-            from ampviz.training import model_gradients  # torch: only when the app needs real gradients
-            gradients = model_gradients(seed=seed)
+            from ampviz.beam import gradients as beam_gradients  # torch: only when the app needs real gradients
+            gradients = beam_gradients(seed).all
         self.gradients = np.asarray(gradients, dtype=np.float32)
         self.formats = FormatExplorer("fp16", value=0.1)
-        self.ranges = RangeExplorer(self.gradients, fmt="fp16", log2_scale=0)
+        # up to 2^36: past the largest safe scale of the default gradients (2^33)
+        self.ranges = RangeExplorer(self.gradients, fmt="fp16", log2_scale=0, log2_scale_range=(-16, 36))
         self.scaling = ScalerLab(steps=steps, scenario="spikes", strength=0.5, gradients=self.gradients,
                                  seed=seed, overlay=overlay)
         # the beam model: fp32 and fp16+scaler learn, fp16 alone stalls (ampviz.beam)

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ampviz import live
-from ampviz.beam import GAUGES, SPAN, BeamData, BeamNet, beams, deflection
+from ampviz.beam import GAUGES, SPAN, BeamData, BeamNet, beams, deflection, gradients
+from ampviz.lessons import largest_safe_scale
 
 STEPS = 200
 
@@ -99,6 +100,69 @@ def test_live_trainer_offers_the_beam_with_its_own_defaults():
     assert lt.lr_input.value == 0.05
 
 
+def test_gradients_are_the_live_tasks_first_backward_pass():
+    """notebook 02's gradients are those of the model and first batch notebook 05 trains."""
+    g = gradients(0)
+    task = live.build_task("beam", seed=0)
+    (x,), y = task.batch()
+    task.loss(task.model(x), y).backward()
+    for name, p in task.model.named_parameters():
+        assert np.array_equal(g.params[name], p.grad.reshape(-1).numpy()), name
+    assert list(g.outputs) == ["embed", "blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2", "head"]
+    assert g.outputs["head"].size == 256 * GAUGES and g.all.size == 10_880 + 73_728
+    assert not np.array_equal(gradients(1).all, g.all)
+
+
+def test_a_power_of_two_loss_scale_shifts_every_gradient_exactly():
+    g, s = gradients(0), gradients(0, loss_scale=2.0**10)
+    assert np.array_equal(s.all, g.all * np.float32(2.0**10))
+    assert not np.array_equal(gradients(0, loss_scale=1000.0).all, g.all * np.float32(1000.0))
+
+
+def test_autocast_carries_the_layer_outputs_gradients_in_its_dtype():
+    for dtype, np_dtype in (("float16", np.float16), ("bfloat16", None)):
+        g = gradients(0, autocast=dtype)
+        for name, v in g.outputs.items():
+            if np_dtype is not None:
+                assert np.array_equal(v.astype(np_dtype).astype(np.float32), v), name
+            else:  # bf16: the top 16 bits of a float32
+                assert not np.any(v.view(np.uint32) & 0xFFFF), name
+    fp32 = gradients(0).outputs["head"]
+    assert not np.array_equal(fp32.astype(np.float16).astype(np.float32), fp32)
+    # fp16's backward loses most of the layer outputs' gradients; bf16 has fp32's range: its few
+    # exact zeros are sums that cancel in its 8 bits, where fp32's gradient is far above its range's end
+    assert np.mean(gradients(0, autocast="float16").outputs["head"] == 0) > 0.9
+    fp32, bf16 = gradients(0), gradients(0, autocast="bfloat16")
+    zeros = 0
+    for name, v in bf16.outputs.items():
+        assert np.all(np.abs(fp32.outputs[name][v == 0]) > 2.0**-100), name
+        zeros += int(np.sum(v == 0))
+    assert zeros < 1e-3 * bf16.all.size
+
+
+def test_the_largest_safe_scale_of_the_cast_holds_in_a_real_fp16_backward_pass():
+    """notebook 02: 2^33 keeps every gradient finite, at 2^34 the same weights' gradients overflow
+    in a real fp16 autocast pass as in the cast of fp32's gradients."""
+    g = gradients(0)
+    assert largest_safe_scale(g.all, "fp16") == 2.0**33
+    for k in (33, 34):
+        real = gradients(0, loss_scale=2.0**k, autocast="float16")
+        for name, v in g.params.items():
+            with np.errstate(over="ignore"):
+                cast = (v * np.float32(2.0**k)).astype(np.float16)
+            assert np.array_equal(~np.isfinite(real.params[name]), np.isinf(cast)), (k, name)
+        assert (sum(int((~np.isfinite(v)).sum()) for v in real.params.values()) > 0) == (k == 34)
+
+
+def test_gradients_refuse_what_they_cannot_take():
+    for kwargs, err in (({"autocast": "fp16"}, ValueError), ({"autocast": torch.float16}, ValueError),
+                        ({"batch_size": 0}, ValueError), ({"loss_scale": "2"}, TypeError),
+                        ({"seed": 1.5}, ValueError)):
+        with pytest.raises(err) as e:
+            gradients(**kwargs)
+        assert "\n" not in str(e.value) and str(e.value)
+
+
 ANY = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30), st.floats(), st.text(max_size=5),
                 st.just(torch.ones(2, 2)), st.just(torch.ones(3)), st.just(torch.tensor([[1.0, 9.0]])),
                 st.just(np.zeros((1, 1))), st.just(torch.Generator()), st.just(object()), st.just(1 + 2j),
@@ -129,6 +193,11 @@ def test_every_public_function_answers_any_argument(n, gen, a, p, ei, seed, batc
             (x,), y = sampler()
             assert x.shape == (batch, 5) and y.shape == (batch, GAUGES)
         _answers(data.model, seed)
+    small = batch if isinstance(batch, int) and not isinstance(batch, bool) and abs(batch) <= 64 else 8
+    g = _answers(lambda: gradients(seed if not isinstance(seed, int) or abs(seed) < 10**6 else 0, loss_scale=a,
+                                   batch_size=small, autocast=p if p is None or isinstance(p, str) else ei))
+    if g is not None:
+        assert g.all.dtype == np.float32 and g.outputs["head"].size == small * GAUGES
     m = torch.zeros(5)
     net = _answers(lambda *d: BeamNet(m, m + 1, torch.zeros(3), torch.ones(3), *d),
                    *[d if not isinstance(d, int) or abs(d) < 100 else 3 for d in dims])

@@ -59,12 +59,12 @@ def test_range_tab_scale_slider(page):
     _tab(page, "Ranges")
     explorer = page.locator(".ampviz-range-explorer")
     explorer.locator(".js-plotly-plot").wait_for(timeout=30_000)
-    assert "underflow 3.9%" in explorer.locator(".ampviz-census-readout").inner_text()  # notebook 02's share
+    assert "underflow 85.8%" in explorer.locator(".ampviz-census-readout").inner_text()  # notebook 02's share
     press_slider(explorer, "ampviz-scale-slider", 10)
     page.wait_for_function("() => document.querySelector('.ampviz-range-explorer .ampviz-scale-label')"
                            ".innerText.includes('2^10')", timeout=30_000)
     page.wait_for_function("() => !document.querySelector('.ampviz-range-explorer .ampviz-census-readout')"
-                           ".innerText.includes('underflow 3.9%')", timeout=30_000)
+                           ".innerText.includes('underflow 85.8%')", timeout=30_000)
     explorer.screenshot(path=str(OUTPUT / "voila_ranges_2^10.png"))
 
 

@@ -17,61 +17,97 @@ CELLS = [
     import numpy as np
     import torch
 
+    from ampviz.beam import gradients
     from ampviz.census import census
     from ampviz.lessons import (census_table, check_lost_share, check_overflow_action,
                                 check_safe_scale, largest_safe_scale, layer_table)
     from ampviz.plots import plot_census
-    from ampviz.training import layer_gradients, model_gradients, torch_cast_counts
+    from ampviz.training import torch_cast_counts
     from ampviz.widgets import RangeExplorer
 
     rng = np.random.default_rng(0)
-    torch.manual_seed(0)
+    _ = torch.manual_seed(0)
     torch.set_num_threads(1)
     """),
     md("""
     ## 1. Real gradients
 
-    `model_gradients(seed=0)` builds a plain 12-layer MLP (64 units wide, ReLU, PyTorch's default
-    initialisation), runs one batch of 256 synthetic examples forward and backward in fp32, and
-    returns the gradient of every parameter as one array.
+    The model is the one notebook 05 trains: a small network that predicts how far a floor beam
+    bends under two loads (64 deflections in metres, from the beam's load positions, loads and
+    stiffness), with LayerNorm, GELU and residual blocks, trained on a mean squared error in m².
+    `gradients(seed=0)` builds it fresh, runs its first batch of 256 beams forward and backward in
+    fp32, and returns two kinds of gradients:
+
+    - `params`: the gradient of every weight and bias (what the optimizer applies),
+    - `outputs`: the gradient of every Linear layer's output, one per example and unit. Under fp16
+      autocast these layers run in fp16, so these are the gradients the backward pass carries in
+      fp16 from the loss down to the first layer; the weights' gradients are computed from them.
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
-    g = model_gradients(seed=0)
-    print(f"{g.size:,} gradients; exactly zero: {np.mean(g == 0):.1%}; largest |g|: {np.abs(g).max():.3g}")
+    grads = gradients(seed=0)
+    g = grads.all  # every gradient of both kinds, in one array
+    print(f"{g.size:,} gradients ({sum(v.size for v in grads.params.values()):,} of weights and biases, "
+          f"{sum(v.size for v in grads.outputs.values()):,} of layer outputs)")
+    print(f"exactly zero: {np.mean(g == 0):.0%}; largest |g|: {np.abs(g).max():.1e}")
     """),
     md("""
-    About half are exactly zero: ReLU units that were off for the whole batch pass no gradient.
-    Here is where the rest sit on a log2 axis, over fp16's bands (hover the bars):
+    None is exactly zero (GELU, unlike ReLU, has no units that are off for a whole batch), and
+    all are small. They are small for a reason you can follow: the loss averages over
+    256 × 64 = 16,384 squared errors of a few millimetres, so its gradient with respect to one
+    prediction is about 2 × 0.005 / 16,384 ≈ 6·10⁻⁷, and the network's output is multiplied by
+    each gauge's spread in metres (about 10⁻²) on its way out, which multiplies the gradient by it
+    again. Here is where they sit on a log2 axis, over fp16's bands (hover the bars):
     """),
     code("""
-    plot_census(g, "fp16", scale=1.0, title="Gradients of the seeded MLP, cast to fp16 at scale 1")
+    plot_census(g, "fp16", scale=1.0, title="Gradients of the beam model, cast to fp16 at scale 1")
     """),
     md("""
     ## 2. What fp16 does to them
 
-    Cast to fp16 as they are (scale 1), the gradients fall into the categories of notebook 01.
-    (In real fp16 training the backward pass itself runs in fp16, so gradients can underflow on
-    the way too; casting the fp32 result shows the effect in its simplest form.)
+    Cast to fp16 as they are (scale 1), the gradients fall into the categories of notebook 01:
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
     census_table(g, "fp16", scales=[1.0])
     """),
     md("""
-    Notice: 3.90% of all gradients (1,731 values, nonzero in fp32) become 0 in fp16. Another 40.95%
-    are subnormal, kept with only a few significant bits; only 6.03% are normal fp16 numbers.
-    Which layers lose them? The weight gradients, layer by layer:
+    Notice: 86% of all the gradients become 0 in fp16 and the rest are subnormal, kept with only a
+    few significant bits; not one is a normal fp16 number. Which ones? The layer outputs' gradients:
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
-    layers = layer_gradients(seed=0)
-    layer_table({name: v for name, v in layers.items() if name.endswith("weight")}, "fp16")
+    layer_table(grads.outputs, "fp16")
     """),
     md("""
-    Notice: gradients shrink on the way back from the loss (fc12) to the input (fc1), by about 2^12
-    in largest size. The first layers lose 5–11% of their gradients outright and keep the rest only
-    as subnormals: in fp16 they would barely learn.
+    Notice: 92% to nearly all of every layer's output gradients are lost. The weights' gradients are sums
+    over the batch, so they are larger (up to 7·10⁻⁶), and the cast loses fewer of them:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    layer_table(grads.params, "fp16")
+    """),
+    md("""
+    Casting fp32's gradients shows the effect in its simplest form. In real fp16 training it is
+    worse: the backward pass itself runs in fp16, so the layer outputs' gradients are lost on the
+    way, and the weights' gradients are then computed from what is left. The same pass under real
+    fp16 autocast (`torch.autocast("cpu", dtype=torch.float16)`, the loss in fp32):
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    real = gradients(seed=0, autocast="float16")
+
+    def zero_share(arrays):
+        return np.mean(np.concatenate(list(arrays.values())) == 0)
+
+    print(f"weights' gradients that are 0: {census(np.concatenate(list(grads.params.values())), 'fp16').fractions['underflow']:.0%} "
+          f"in the cast of fp32's, {zero_share(real.params):.0%} after a real fp16 backward pass")
+    print(f"layer outputs' gradients that are 0 after a real fp16 backward pass: {zero_share(real.outputs):.0%}")
+    """),
+    md("""
+    Notice: almost half of the weights' gradients come out as exact zeros from the real fp16
+    pass, not a tenth. Those weights do not learn from this batch at all. Notebook 05 trains this
+    model and shows what that costs the loss.
     """),
     md("""
     ## 3. What the paper saw
@@ -94,7 +130,7 @@ CELLS = [
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
-    scaled = model_gradients(seed=0, loss_scale=2.0**10)
+    scaled = gradients(seed=0, loss_scale=2.0**10).all
     print("backward of (loss × 2^10) == 2^10 × gradients, bit for bit:",
           np.array_equal(scaled, g * np.float32(2.0**10)))
     """),
@@ -103,12 +139,12 @@ CELLS = [
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
-    census_table(g, "fp16", scales=[2.0**k for k in (0, 3, 4, 8, 12, 16, 20)])
+    census_table(g, "fp16", scales=[2.0**k for k in (0, 4, 8, 12, 16, 20, 24)])
     """),
     md("""
-    Notice: each factor of 16 in S cuts the lost share about 8-fold here: 3.90% → 0.45% → 0.06%,
-    and nothing is lost from 2^12 on. The subnormal share falls too, so the surviving gradients also keep more
-    precision. At 2^3 (the SSD paper's factor 8) these gradients still lose 0.81%.
+    Notice: each factor of 16 in S cuts the lost share, and faster as it goes: 86% → 34% → 6% → 0.9% → 0.07%
+    (at 2^16, GradScaler's starting scale), and nothing is lost from 2^24 on. The subnormal share falls
+    too, so the surviving gradients also keep more precision.
     """),
     md("""
     ## 5. How far can we scale? A static S
@@ -125,9 +161,10 @@ CELLS = [
     print(f"S × max|g| = {S * gmax:,.0f} < 65504;  2S × max|g| = {2 * S * gmax:,.0f} ≥ 65520")
     """),
     md("""
-    At S = 2^20 nothing is lost and nothing overflows (table above). But max|g| changes from step to
-    step and is unknown before the backward pass: a static S is a guess with a margin. That is why
-    dynamic loss scalers exist (notebook 03).
+    At S = 2^33 nothing is lost and nothing overflows. The loss itself is fp32 (autocast computes
+    `mse_loss` in fp32), so S × loss never overflows; only the gradients that reach fp16 can. But
+    max|g| changes from step to step as the model trains and is unknown before the backward pass:
+    a static S is a guess with a margin. That is why dynamic loss scalers exist (notebook 03).
     """),
     md("""
     ## 6. One step too far: overflow
@@ -139,7 +176,20 @@ CELLS = [
     census_table(g, "fp16", scales=[S, 2 * S])
     """),
     md("""
-    Only 3 values of 44,362 became inf, and that is enough to ruin the step: after unscaling, the
+    A real fp16 backward pass agrees, to the gradient: at S every weight's gradient is finite, at 2S
+    exactly the weights whose gradients the cast sends past 65520 get an inf gradient.
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    for s in (S, 2 * S):
+        run = gradients(seed=0, loss_scale=s, autocast="float16")
+        w = np.concatenate(list(run.params.values()))
+        cast = census(np.concatenate(list(grads.params.values())), "fp16", s).counts["overflow"]
+        print(f"scale 2^{int(np.log2(s))}: weights' gradients not finite after a real fp16 pass: "
+              f"{int(np.sum(~np.isfinite(w)))} (the cast predicts {cast})")
+    """),
+    md("""
+    Only 24 values of 84,608 became inf, and that is enough to ruin the step: after unscaling, the
     gradient norm is inf, and an optimizer step would turn those weights into ±inf (then NaN in the
     next forward pass).
     """),
@@ -152,26 +202,26 @@ CELLS = [
     print("weights no longer finite after one SGD step:", int((~torch.isfinite(weights - 0.1 * unscaled)).sum()))
     """),
     md("""
-    `torch.amp.GradScaler` checks every gradient for inf and NaN after unscaling. If it finds one, it
-    skips that `optimizer.step()` entirely and multiplies the scale by `backoff_factor` (0.5 by
-    default); after `growth_interval` clean steps (2000) it doubles the scale again. Notebook 03
-    simulates this bit for bit.
+    `torch.amp.GradScaler` checks every gradient for inf and NaN (its kernel checks while it unscales,
+    before anything is applied). If it finds one, it skips that `optimizer.step()` entirely and
+    multiplies the scale by `backoff_factor` (0.5 by default); after `growth_interval` clean steps
+    (2000) it doubles the scale again. Notebook 03 takes the real scaler apart, call by call.
     """),
     md("""
     ## Try it
 
-    Move the log2-scale slider from 0 to 21: watch the lost share (left) shrink and, past 20, the
+    Move the log2-scale slider from 0 to 35: watch the lost share (left) shrink and, past 33, the
     overflow band (right) fill. Switch the format to bf16 to see why bf16 training rarely needs a
     loss scale.
     """),
     code("""
-    RangeExplorer(g, fmt="fp16", log2_scale=0)
+    RangeExplorer(g, fmt="fp16", log2_scale=0, log2_scale_range=(-8, 36))
     """),
     md("""
-    The same gradients at the largest safe scale, as a static figure:
+    The same gradients at GradScaler's starting scale, 2^16, as a static figure:
     """),
     code("""
-    plot_census(g, "fp16", scale=S, title="Gradients at the largest safe scale, 2^20")
+    plot_census(g, "fp16", scale=2.0**16, title="Gradients of the beam model at GradScaler's starting scale, 2^16")
     """),
     md("""
     ## Check yourself
@@ -193,39 +243,48 @@ CELLS = [
     """),
     md("""
     The lesson's numbers for this seeded model, each census checked against torch's own cast
-    (`(g * s).to(torch.float16)`, counted with torch only):
+    (`(g * s).to(torch.float16)`, counted with torch only), with margins where a CPU's last bits
+    could move a count:
     """),
     code("""
-    for s in [1.0, 2.0**3, 2.0**4, 2.0**8, 2.0**12, 2.0**16, S, 2 * S]:
+    for s in [2.0**k for k in (0, 4, 8, 12, 16, 20, 24)] + [S, 2 * S]:
         assert census(g, "fp16", s).counts == torch_cast_counts(g, s, "float16"), s
     at_1, at_S, at_2S = (torch_cast_counts(g, s, "float16") for s in (1.0, S, 2 * S))
-    assert (at_1["underflow"], g.size) == (1731, 44362)  # 3.90% lost at scale 1
-    assert at_S["underflow"] == at_S["overflow"] == 0  # nothing lost or inf at S = 2^20
-    assert S == 2.0**20 and S * gmax < 65504 and 2 * S * gmax >= 65520
-    assert at_2S["overflow"] == 3 and not torch.isfinite(unscaled.norm())  # 2S: inf, step ruined
+    assert g.size == 84_608 and not np.any(g == 0)
+    assert 0.85 < at_1["underflow"] / g.size < 0.87 and at_1["normal"] == 0  # 86% lost at scale 1
+    assert all(census(v, "fp16").fractions["underflow"] > 0.9 for v in grads.outputs.values())
+    cast_w = census(np.concatenate(list(grads.params.values())), "fp16").fractions["underflow"]
+    assert 0.09 < cast_w < 0.12 and 0.4 < zero_share(real.params) < 0.5  # a tenth vs almost half
+    assert 0.0005 < census(g, "fp16", 2.0**16).fractions["underflow"] < 0.001  # 0.07% at 2^16
+    assert census(g, "fp16", 2.0**24).counts["underflow"] == 0
+    assert at_S["underflow"] == at_S["overflow"] == 0  # nothing lost or inf at S = 2^33
+    assert S == 2.0**33 and S * gmax < 65504 and 2 * S * gmax >= 65520
+    assert at_2S["overflow"] == 24 and not torch.isfinite(unscaled.norm())  # 2S: inf, step ruined
     print("all claims hold")
     """),
     md("""
     ## Summary
 
-    - fp16 flushes gradients of 2^-25 and below to zero (3.90% of this model's gradients) and keeps
-      those below 2^-14 only as subnormals (another 40.95%); layers far from the loss suffer most.
+    - fp16 flushes gradients of 2^-25 and below to zero and keeps those below 2^-14 only as
+      subnormals. Cast at scale 1, this model loses 86% of its gradients: nearly all of its layer
+      outputs' gradients, a tenth of its weights'. A real fp16 backward pass loses more, almost
+      half of the weights' gradients, because it loses the layer outputs' gradients on the way.
     - Multiplying the loss by S = 2^k multiplies every gradient by exactly 2^k, moving the whole
       histogram k binades to the right; the optimizer unscales in fp32.
-    - A static S must satisfy S × max|g| < 65504; here S = 2^20 loses nothing. One step further,
-      3 gradients become inf and the step must be skipped.
+    - A static S must satisfy S × max|g| < 65504; here S = 2^33 loses nothing. One step further,
+      24 gradients become inf, in the cast and in a real fp16 pass alike, and the step must be skipped.
 
     **Next:** [03 · GradScaler internals: the real scaler, call by call](03_gradscaler_internals.ipynb)
     takes `torch.amp.GradScaler` apart: how it finds S on its own.
 
     **Open exercises**
     1. `census_table(g, "bf16")`: how many gradients does bf16 lose at scale 1? Why?
-    2. Try `model_gradients(seed=1)` and `model_gradients(seed=0, depth=16)`. Does S = 2^20 still
-       lose nothing? Is there still a scale that neither loses nor overflows anything?
+    2. Try `gradients(seed=0, batch_size=64)` and `gradients(seed=0, batch_size=1024)`. Which loses
+       more at scale 1, and why does the batch size matter at all? Does the largest safe scale move?
     3. The NVIDIA guide reports that a scale of 32K "would recover all but 0.1%" for SSD. What is
        the smallest power of two that loses less than 0.1% of *these* gradients?
-    4. The first layers' gradients are ~2^12 smaller than the last layer's. Why would one loss
-       scale per layer (not one per model) help, and what would it cost?
+    4. The layer outputs' gradients are about 2^5 smaller than the largest weight gradients. Why
+       would one loss scale per tensor (not one per model) help, and what would it cost?
     """),
 ]
 
@@ -233,7 +292,7 @@ CELLS = [
 # The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
 # (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
 SOLUTIONS = {
-    "what share of ALL the gradients": ("0.039", "0.077"),  # wrong: the share of the nonzero ones
-    "largest power-of-two loss scale": ("2**20", "2**21"),
+    "what share of ALL the gradients": ("0.858", "0.104"),  # wrong: the share of the weights' gradients alone
+    "largest power-of-two loss scale": ("2**33", "2**34"),
     "What does it do with that step": ('"skip"', '"clip"'),
 }

@@ -168,8 +168,8 @@ CELLS = [
     Even an optimizer with no small number of its own loses updates on fp16 weights. Notebook 01
     showed that an update is lost when it is at most half the gap between the weight and its fp16
     neighbour on the update's side: between 1/4096 and 1/2048 of the weight, depending on where the
-    weight sits in its binade. To see it in training, this experiment uses the 12-layer MLP of
-    notebook 02 (64 units wide, ReLU, SGD with momentum, learning rate 0.05), not the beam, for
+    weight sits in its binade. To see it in training, this experiment uses a plain 12-layer MLP
+    (64 units wide, ReLU, SGD with momentum, learning rate 0.05), not the beam, for
     100 steps, with fp32 master weights and in pure fp16. It hardly learns its task in 100 steps in
     any mode; the question here is only which weights move at all.
     """),
