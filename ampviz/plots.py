@@ -704,8 +704,9 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 2000) 
 
 
 # ----- live training -----
-#: Which mode's census ``plot_live`` draws as the heat map by default: the first of these present.
-HEAT_MODE_ORDER = ("fp16+scaler", "fp16", "half", "bf16", "fp32")
+#: Which mode's census ``plot_live`` draws as the heat map by default: the first of these present
+#: (fp16 without a scaler first: its map shows where gradients are lost).
+HEAT_MODE_ORDER = ("fp16", "fp16+scaler", "half", "bf16", "fp32")
 #: The trace fields that change while a run grows (a live figure updates only these).
 LIVE_DATA_KEYS = ("x", "y", "z", "name")
 _LIVE_MODE_COLORS = {"fp32": "#000000", "fp16": "#D55E00", "fp16+scaler": "#0072B2", "bf16": "#009E73",

@@ -240,7 +240,8 @@ CELLS = [
     ## Try it
 
     Tick the modes, press Start, and move the scaler sliders while the beam model trains: the loss
-    (top), the loss scale with skipped steps (middle), and which layers lose gradients (bottom).
+    (top), the loss scale with skipped steps (middle), and which layers lose gradients (bottom: fp16
+    without a scaler while it is ticked, else the scaler's run).
     """),
     code("""
     LiveTrainer(modes=("fp16", "fp16+scaler", "bf16"), model="beam", steps=200)
