@@ -78,8 +78,9 @@ KNOWN = [
           "(a frozen or unused module, or a loss computed under no_grad).",
           "Make the loss depend on these parameters, or leave them out of the optimizer.", _NB03),
     _rule(["AssertionError"], r"No inf checks were recorded prior to update",
-          "update() without step()",
-          "update() needs the overflow checks that unscale_() / step() record in this iteration.",
+          "update() with no inf check recorded",
+          "update() needs the overflow checks that unscale_() or step() record in this iteration "
+          "(unscale_() alone is enough).",
           "Call scaler.step(optimizer) (or unscale_) before scaler.update().", _NB03),
     _rule(["ValueError"], r"Attempting to unscale FP16 gradients",
           "fp16 weights with GradScaler",

@@ -5,9 +5,10 @@ choice about its top exponent:
 
 * ``"ieee"``: the all-ones exponent is reserved for inf and NaN, and a cast that overflows gives
   inf (fp32, tf32, fp16, bf16, fp8 E5M2);
-* ``"fn"`` ("finite, NaN"): no inf; only the all-ones pattern S.1111.111 is NaN, and a cast
-  saturates to the largest finite value, as ``torch``'s cast to ``float8_e4m3fn`` does on this stack
-  (500, 1e6 and even inf all become 448).
+* ``"fn"`` ("finite, NaN"): no inf; only the all-ones pattern S.1111.111 is NaN. What a cast does
+  past the largest value is the cast's choice, not the format's: ``quantize`` saturates to it, as
+  torch's CPU cast to ``float8_e4m3fn`` does since torch 2.12 (500, 1e6 and even inf all become
+  448); ``quantize(x, overflow="nan")`` gives ml_dtypes' NaN instead.
 
 ``quantize`` reproduces ``torch``'s casts exactly: float64 input is first rounded to float32 (torch
 casts float64 to float16 through float32 too, so 65519.99999 becomes inf), then rounded to nearest,
@@ -52,6 +53,8 @@ __all__ = [
 
 #: The categories ``classify`` (and ``ampviz.census``) sort values into, in this order.
 CATEGORIES = ("zero", "underflow", "subnormal", "normal", "overflow", "nan")
+#: What ``FloatFormat.quantize(x, overflow=...)`` can make of a value beyond the range (None: torch's cast).
+OVERFLOW_RULES = (None, "saturate", "nan", "inf")
 ZERO, UNDERFLOW, SUBNORMAL, NORMAL, OVERFLOW, NAN = range(6)
 _CATEGORY_NAMES = np.array(CATEGORIES)
 
@@ -310,9 +313,28 @@ class FloatFormat:
         codes[isnan] = NAN
         return np.copysign(q, x32), codes
 
-    def quantize(self, x):
-        """x rounded into this format exactly as torch's cast does, as float64."""
-        q, _ = self._quantize_with_codes(x)
+    def quantize(self, x, overflow=None):
+        """x rounded into this format exactly as torch's cast does, as float64.
+
+        ``overflow`` says what a value beyond the format's range becomes (a finite value that
+        rounds past ``max``, or ±inf; NaN stays NaN in every case). None: what torch 2.13's CPU cast
+        does, the course's convention (inf in an "ieee" format; ±max in an "fn" format, torch >= 2.12).
+        The casts of other libraries, for comparison: "saturate" gives ±max (for finite values, what
+        CUDA's fp8 conversions with ``__NV_SATFINITE`` do, as Transformer Engine's kernels use them,
+        in E5M2 too; for ±inf, what torch's E4M3 cast does); "nan" gives NaN (ml_dtypes' E4M3, and
+        torch's before 2.12); "inf" gives ±inf (an "ieee" format only).
+        """
+        if not (overflow is None or isinstance(overflow, str)) or overflow not in OVERFLOW_RULES:
+            raise ValueError(f"overflow must be one of None, {', '.join(repr(r) for r in OVERFLOW_RULES if r)}, "
+                             f"not {_describe(overflow)}")
+        if overflow == "inf" and self.specials != "ieee":
+            raise ValueError(f"{self.name} has no inf: overflow='inf' needs an 'ieee' format; use 'saturate' or 'nan'")
+        q, codes = self._quantize_with_codes(x)
+        if overflow is not None:
+            over = codes == OVERFLOW
+            fill = {"saturate": self.max, "nan": np.nan, "inf": np.inf}[overflow]
+            with np.errstate(invalid="ignore"):
+                q = np.where(over, np.copysign(fill, q), q)
         return _scalar_or_array(q)
 
     def classify(self, x):

@@ -627,6 +627,18 @@ def _case_update_without_step():
     scaler.update()
 
 
+def _case_update_after_unscale_only():
+    tiny, scaler = build_tiny(), _torch_scaler()
+    _backward_scaled(tiny, scaler)
+    scaler.unscale_(tiny.optimizer)
+    before = tiny.weight.detach().clone()
+    tracker = int(scaler._get_growth_tracker())
+    scaler.update()
+    moved = "moved" if not torch.equal(before, tiny.weight) else "did not move"
+    return (f"unscale_'s inf check is enough for update(): the weights {moved} (no step), and update() "
+            f"counted a clean step (growth tracker {tracker} -> {int(scaler._get_growth_tracker())})")
+
+
 def _case_step_without_grads():
     tiny, scaler = build_tiny(), _torch_scaler()
     scaler.scale(tiny.loss())  # no backward: every .grad is None
@@ -664,7 +676,8 @@ _CASES = (
     ("scaler.unscale_(opt) twice in one iteration", _case_unscale_twice),
     ("scaler.unscale_(opt) after scaler.step(opt)", _case_unscale_after_step),
     ("scaler.step(opt) twice in one iteration", _case_step_twice),
-    ("scaler.update() with no scaler.step(opt) before it", _case_update_without_step),
+    ("scaler.update() with neither scaler.unscale_(opt) nor scaler.step(opt) before it", _case_update_without_step),
+    ("scaler.update() after scaler.unscale_(opt) alone, no step", _case_update_after_unscale_only),
     ("scaler.step(opt) when every .grad is None (no backward)", _case_step_without_grads),
     ("scaler.unscale_(opt) on fp16 weights and gradients", _case_fp16_grads),
     ("scaler.step(opt, closure=...)", _case_closure),
@@ -677,18 +690,19 @@ _CASES = (
 def error_cases() -> list[ErrorCase]:
     """Each misuse of the scaler's state machine, really done, with what torch raised.
 
-    A case that no longer raises is reported as ``ErrorCase(case, "no error", "")``.
+    A case that does not raise is reported as ``ErrorCase(case, "no error", what happened)``
+    (one case is there to show a sequence that works: ``update()`` after ``unscale_`` alone).
     """
     out = []
     for case, run in _CASES:
         try:
             with warnings.catch_warnings(record=True):
                 warnings.simplefilter("always")
-                run()
+                result = run()
         except Exception as e:  # noqa: BLE001 - recording any exception is the point
             out.append(ErrorCase(case, type(e).__name__, str(e)))
         else:
-            out.append(ErrorCase(case, "no error", ""))
+            out.append(ErrorCase(case, "no error", result or ""))
     return out
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,7 @@ __all__ = [
     "number",
     "format_table",
     "cast_table",
+    "cast_rules_table",
     "bits_table",
     "add",
     "update_lost",
@@ -52,6 +54,7 @@ __all__ = [
     "check",
     "check_cast",
     "check_smallest_subnormal",
+    "check_fnuz_smallest",
     "check_fp16_cast_65520",
     "check_bf16_lost_ratio",
     "check_update_lost",
@@ -149,10 +152,33 @@ def format_table(formats=("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")) -> Ta
             f.name, f.exponent_bits, f.mantissa_bits, f.bias, number(f.max),
             number(f.smallest_normal, pow2=True), number(f.smallest_subnormal, pow2=True),
             number(f.eps, pow2=True),
-            "inf" if f.specials == "ieee" else f"saturates at {number(f.max)}",
+            "inf" if f.specials == "ieee" else "none: no inf (the cast decides)",
         ))
     return Table(("format", "exp bits", "mantissa bits", "bias", "max", "smallest normal",
                   "smallest subnormal", "eps", "overflow"), rows)
+
+
+#: The casts ``cast_rules_table`` compares: (column title, ``quantize``'s ``overflow`` rule or None
+#: for the format's own, a function of the format).
+CAST_RULES = (
+    ("torch 2.13, CPU (this course)", lambda f: None),
+    ("ml_dtypes; torch before 2.12", lambda f: "inf" if f.specials == "ieee" else "nan"),
+    ("CUDA, __NV_SATFINITE", lambda f: "saturate"),
+)
+
+
+def cast_rules_table(values, fmt) -> Table:
+    """What each finite value becomes when cast to ``fmt`` by three libraries' casts, which agree
+    within the range and differ past its end (``FloatFormat.quantize``'s ``overflow`` rules):
+    torch's CPU cast, ml_dtypes' (and torch's before 2.12), CUDA's saturating fp8 conversion."""
+    fmt = get_format(fmt)
+    values, labels = _labelled(values, None)
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError("values must be finite numbers: what CUDA's saturating cast does with inf is not modelled here")
+    x = np.asarray(values)
+    cols = [fmt.quantize(x, overflow=rule(fmt)) for _, rule in CAST_RULES]
+    rows = [(lab, *(number(c[i]) for c in cols)) for i, lab in enumerate(labels)]
+    return Table(("value", *(title for title, _ in CAST_RULES)), rows, title=f"cast to {fmt.name}")
 
 
 def _labelled(values, labels):
@@ -535,6 +561,21 @@ class Check:
     __repr__ = __str__
 
 
+_POWER_OF_TWO_TEXT = re.compile(r"^\s*2\s*(?:\*\*|\^)\s*\(?\s*([+-]?\d{1,4})\s*\)?\s*$")
+
+
+def _number_text(text: str):
+    """A number typed as text ("32768", "6.1e-5", "inf", "2**-24", "2^(-24)") as a float, else
+    the text unchanged (then it matches no number)."""
+    m = _POWER_OF_TWO_TEXT.match(text)
+    if m:
+        return 2.0 ** int(m.group(1))
+    try:
+        return float(text.strip().strip("'\"").replace("_", "").replace(",", ""))
+    except ValueError:
+        return text
+
+
 def _same(answer, expected, tol: float) -> bool:
     if isinstance(expected, str):
         return isinstance(answer, str) and answer.strip().casefold() == expected.casefold()
@@ -543,6 +584,8 @@ def _same(answer, expected, tol: float) -> bool:
             answer = answer.detach()
         except Exception:  # noqa: BLE001 - not a tensor after all: compared as it is
             pass
+    if isinstance(answer, str):
+        answer = _number_text(answer)
     try:
         a = float(answer)
     except (TypeError, ValueError, RuntimeError, OverflowError):  # (an int beyond float's range is
@@ -595,10 +638,34 @@ def check_cast(answer, value, fmt="fp16") -> Check:
                  hint="type the value into the explorer's box and read the value it stores")
 
 
+def _close(expected: float, rel: float):
+    """An ``accept`` function: a number within ``rel`` of ``expected`` (a value printed to a few
+    digits, such as 5.96e-8 for 2^-24, is the same answer)."""
+    def accept(answer) -> bool:
+        a = _number_text(answer) if isinstance(answer, str) else answer
+        if isinstance(a, (bool, np.bool_)) or isinstance(a, str):
+            return False
+        a = float(a)
+        return math.isfinite(a) and abs(a - expected) <= rel * abs(expected)
+    return accept
+
+
 def check_smallest_subnormal(answer) -> Check:
-    """Q: the smallest positive value fp16 can store."""
-    return check(answer, get_format("fp16").smallest_subnormal,
+    """Q: the smallest positive value fp16 can store (2^-24; 5.96e-8 as printed counts too)."""
+    e = get_format("fp16").smallest_subnormal
+    return check(answer, e, accept=_close(e, 5e-4),
                  hint="look at the exponent field 00000 with the last mantissa bit set")
+
+
+#: float8_e4m3fnuz (AMD MI300's E4M3): 4 exponent bits, 3 mantissa bits, bias 8, one NaN (0x80),
+#: no inf, no -0. Its smallest subnormal and its max, as ``torch.finfo``/its bit patterns give them.
+E4M3FNUZ_SMALLEST, E4M3FNUZ_MAX = 2.0**-10, 240.0
+
+
+def check_fnuz_smallest(answer) -> Check:
+    """Q: the smallest positive number of float8_e4m3fnuz (bias 8 instead of E4M3's 7): 2^-10."""
+    return check(answer, E4M3FNUZ_SMALLEST, accept=_close(E4M3FNUZ_SMALLEST, 5e-4),
+                 hint="the smallest subnormal is 2^(1 - bias) x 2^-(mantissa bits); which of those changed?")
 
 
 def check_fp16_cast_65520(answer) -> Check:

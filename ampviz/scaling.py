@@ -71,6 +71,7 @@ __all__ = [
     "FairseqScaler",
     "MetaseqScaler",
     "PRESETS",
+    "LEGACY",
     "simulate",
     "overflows",
 ]
@@ -833,11 +834,22 @@ def MetaseqScaler(init_scale=4.0, growth_interval=256, tolerance=0.0, min_scale=
     )
 
 
-#: Each framework's scaler at its defaults, as its current release (apex amp: its last) runs it, by name.
+#: Each framework's scaler at its defaults, as its current release (apex amp: its last) runs it, by
+#: name: first the scalers current training runs with, then a static scale, then the ``LEGACY`` ones.
 PRESETS = {p.name: p for p in (
-    TorchGradScaler(), ApexAmpScaler(), ApexHysteresisScaler(), DeepSpeedZeroScaler(), DeepSpeedScaler(),
-    MegatronScaler(), KerasScaler(), Keras3Scaler(), JmpScaler(), FairseqScaler(), MetaseqScaler(), StaticScaler(),
+    TorchGradScaler(), DeepSpeedZeroScaler(), DeepSpeedScaler(), MegatronScaler(), ApexHysteresisScaler(),
+    Keras3Scaler(), JmpScaler(), StaticScaler(),
+    KerasScaler(), ApexAmpScaler(), FairseqScaler(), MetaseqScaler(),
 )}
+
+#: The presets of frameworks that new training no longer starts with, and why: kept because their
+#: scalers live on in old code, papers and logs.
+LEGACY = {
+    "Keras 2": "tf.keras's LossScaleOptimizer, replaced by Keras 3's",
+    "apex amp": "removed from NVIDIA apex in 2025",
+    "fairseq": "its repository is archived",
+    "metaseq": "its repository is archived",
+}
 
 
 # ------------------------------------------------------------------ inputs

@@ -649,7 +649,8 @@ class ScalerLab(_Explorer):
                                              description="strength", style=style, layout=wide)
         self.loss_dropdown = W.Dropdown(options=list(self.LOSSES), value=loss_dtype, description="loss",
                                         style=style)
-        others = [name for name in scaling.PRESETS if name != "torch"]
+        others = [(f"{name} (legacy)" if name in scaling.LEGACY else name, name)
+                  for name in scaling.PRESETS if name != "torch"]
         self.overlay = W.SelectMultiple(options=others, value=tuple(overlay) if not isinstance(overlay, str) else (overlay,), rows=min(6, max(len(others), 1)),
                                         description="compare with", style=style)
         for w, cls in ((self.init_slider, "init"), (self.growth_slider, "growth"),

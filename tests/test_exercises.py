@@ -108,15 +108,25 @@ def test_every_exercise_has_a_solution(path):
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
 def test_lesson_ends_with_exercises(path):
-    """Check yourself, then Summary, then open exercises in the last cell."""
+    """Check yourself, then the Summary with the open exercises; after it at most the lesson's
+    claims (an "all claims hold" cell), so that no answer is printed between the questions and the
+    summary. An exercise cell sits under Check yourself, or earlier as a prediction ("# Predict")
+    placed before the cell that shows the answer."""
     cells = builder.load_source(path).CELLS
     headings = [line for kind, text in cells if kind == "markdown" for line in text.splitlines()
                 if line.startswith("## ")]
     assert headings[-2:] == ["## Check yourself", "## Summary"], headings[-3:]
-    last_kind, last = cells[-1]
-    assert last_kind == "markdown" and last.startswith("## Summary") and "**Open exercises**\n1. " in last
+    summary_at = next(i for i, (kind, text) in enumerate(cells) if text.startswith("## Summary"))
+    assert "**Open exercises**\n1. " in cells[summary_at][1]
+    after = cells[summary_at + 1:]
+    assert all(kind == "markdown" or "all claims hold" in text for kind, text in after), \
+        "after the Summary only the lesson's claims may follow"
     check_at = next(i for i, (kind, text) in enumerate(cells) if text.startswith("## Check yourself"))
-    assert all(check_at < i for i in exercise_cells(cells)), "an exercise cell before Check yourself"
+    assert not any("all claims hold" in text for _, text in cells[check_at:summary_at]), \
+        "the claims cell gives the answers away: put it after the Summary"
+    for i in exercise_cells(cells):
+        assert check_at < i < summary_at or cells[i][1].lstrip().startswith("# Predict"), \
+            f"exercise cell {i} is neither under Check yourself nor a prediction"
 
 
 def test_missing_solutions_are_found():

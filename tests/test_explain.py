@@ -113,7 +113,7 @@ def transformer_fast_path():
     (unscale_twice, "unscale_ called twice in one iteration"),
     (unscale_after_step, "unscale_ called after step"),
     (step_twice, "step called twice without update"),
-    (update_without_step, "update() without step()"),
+    (update_without_step, "update() with no inf check recorded"),
     (step_without_grads, "step() found no gradients for this optimizer"),
     (fp16_grads, "fp16 weights with GradScaler"),
     (closure, "optimizer closure with GradScaler"),

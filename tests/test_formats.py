@@ -3,6 +3,8 @@
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from ampviz.formats import (
@@ -510,3 +512,53 @@ def test_reading_tensors_needs_no_torch_import():
             "assert 'torch' not in sys.modules, 'torch imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+# ---------------------------------------------------------------- what other libraries' casts do past the max
+@pytest.mark.parametrize("fmt", [FP8_E4M3, FP8_E5M2], ids=["fp8_e4m3", "fp8_e5m2"])
+def test_overflow_rules_match_each_librarys_cast(fmt):
+    """None is torch 2.13's CPU cast (e4m3 saturates, e5m2 gives inf); ml_dtypes gives NaN past
+    E4M3's max and inf past E5M2's: "nan" and "inf"; "saturate" is ±max for everything past it."""
+    x = rounding_boundaries(fmt)
+    x = np.concatenate([x, -x, np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 1e6, -1e6, 3e38])])
+    assert_same(fmt.quantize(x, overflow=None), torch_cast(x, fmt.name), x)
+    ml = x.astype(ML_DTYPES[fmt.name]).astype(np.float64)
+    rule = "nan" if fmt is FP8_E4M3 else "inf"
+    ours = fmt.quantize(x, overflow=rule)
+    assert np.array_equal(np.isnan(ours), np.isnan(ml)) and np.array_equal(ours[~np.isnan(ml)], ml[~np.isnan(ml)])
+    sat = fmt.quantize(x, overflow="saturate")
+    over = fmt.classify(x) == "overflow"
+    assert over.sum() > 10 and not np.isnan(sat[over]).any()
+    assert_same(sat, np.where(over, np.copysign(fmt.max, x), fmt.quantize(x)), x)
+    if fmt is FP8_E4M3:
+        assert_same(sat, fmt.quantize(x), x)  # torch's E4M3 cast is the saturating one
+    # the course's E4M3 cast is torch's saturating one, not ml_dtypes': 500 is 448 here, NaN there
+    assert fmt.quantize(500.0) == (448.0 if fmt is FP8_E4M3 else 512.0)
+    if fmt is FP8_E4M3:
+        assert np.isnan(np.float32(500).astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
+        assert fmt.quantize(464.0, overflow="nan") == 448.0 and np.isnan(fmt.quantize(464.01, overflow="nan"))
+
+
+def test_overflow_rule_is_checked():
+    with pytest.raises(ValueError, match="fp8_e4m3 has no inf"):
+        FP8_E4M3.quantize(1.0, overflow="inf")
+    for bad in ("clamp", 1, np.array([1, 2]), [None]):
+        with pytest.raises(ValueError, match="overflow must be one of None, 'saturate', 'nan', 'inf'"):
+            FP16.quantize(1.0, overflow=bad)
+    assert FP16.quantize([70000.0, -np.inf], overflow="saturate").tolist() == [65504.0, -65504.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(overflow=st.one_of(st.none(), st.text(max_size=9), st.sampled_from(["saturate", "nan", "inf"]), st.integers(),
+                          st.floats(), st.lists(st.none(), max_size=2), st.just(np.array(["nan", "inf"]))),
+       x=st.floats(width=32) | st.lists(st.floats(width=32), max_size=4))
+def test_quantize_answers_any_overflow_rule(overflow, x):
+    for fmt in (FP16, FP8_E4M3, FP8_E5M2):
+        try:
+            q = np.asarray(fmt.quantize(x, overflow=overflow))
+        except ValueError as e:
+            assert "\n" not in str(e) and ("overflow must be one of" in str(e) or "has no inf" in str(e))
+            continue
+        base = np.asarray(fmt.quantize(x))
+        over = np.asarray(fmt.classify(x)) == "overflow"
+        assert_same(q[~over], base[~over])

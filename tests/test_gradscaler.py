@@ -33,8 +33,11 @@ EXPECTED_ERRORS = {
         ("RuntimeError", "unscale_() is being called after step()."),
     "scaler.step(opt) twice in one iteration":
         ("RuntimeError", "step() has already been called since the last update()."),
-    "scaler.update() with no scaler.step(opt) before it":
+    "scaler.update() with neither scaler.unscale_(opt) nor scaler.step(opt) before it":
         ("AssertionError", "No inf checks were recorded prior to update."),
+    "scaler.update() after scaler.unscale_(opt) alone, no step":
+        ("no error", "unscale_'s inf check is enough for update(): the weights did not move (no step), "
+                     "and update() counted a clean step (growth tracker 0 -> 1)"),
     "scaler.step(opt) when every .grad is None (no backward)":
         ("AssertionError", "No inf checks were recorded for this optimizer."),
     "scaler.unscale_(opt) on fp16 weights and gradients":

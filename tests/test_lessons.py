@@ -54,7 +54,7 @@ def test_format_table_shows_each_formats_constants():
     assert rows["fp16"]["smallest subnormal"] == "2^-24"
     assert rows["fp16"]["eps"] == "2^-10"
     assert rows["bf16"]["smallest subnormal"] == "2^-133"
-    assert rows["fp8_e4m3"]["max"] == "448" and rows["fp8_e4m3"]["overflow"] == "saturates at 448"
+    assert rows["fp8_e4m3"]["max"] == "448" and rows["fp8_e4m3"]["overflow"] == "none: no inf (the cast decides)"
     assert rows["fp8_e5m2"]["max"] == "57344" and rows["fp8_e5m2"]["overflow"] == "inf"
     assert rows["fp8_e5m2"]["eps"] == "2^-2" and rows["fp8_e4m3"]["smallest normal"] == "2^-6"
     for name, row in rows.items():
@@ -340,3 +340,40 @@ def test_checkers_take_any_answer_without_raising(answer):
     expected_right = isinstance(answer, torch.Tensor) and answer.dim() == 0
     assert (check_smallest_subnormal(answer).status == "right") == expected_right
     assert check_fp16_cast_65520(answer).status == "wrong"
+
+
+def test_checkers_take_every_way_of_writing_the_same_number():
+    """A value printed to a few digits, a power of two typed as text, a numeric string: the same
+    answer. Near misses and other powers of two are not."""
+    for same in (2**-24, 5.96e-8, "5.96e-8", "2**-24", "2^-24", " 2 ** (-24) ", np.float16(2**-24)):
+        assert L.check_smallest_subnormal(same).status == "right", same
+    for other in (6e-8, 2**-25, "2^-14", "2**", "two", True, float("nan")):
+        assert L.check_smallest_subnormal(other).status == "wrong", other
+    assert L.check_smallest_subnormal(None).status == "unanswered"
+    assert L.check_cast("65536", 65520, "bf16") and L.check_cast("2^16", 65520, "bf16")
+    assert L.check_cast("inf", 65520, "fp16") and not L.check_cast("inf", 65520, "bf16")
+    assert L.check_cast("32,768", 32768) and L.check_safe_scale("2**15", np.array([1.0], np.float32))
+
+
+def test_the_fnuz_checker_holds_torchs_float8_e4m3fnuz():
+    import torch
+
+    codes = torch.arange(256, dtype=torch.int64).to(torch.uint8)
+    values = codes.view(torch.float8_e4m3fnuz).float()
+    finite = values[torch.isfinite(values)]
+    assert float(finite[finite > 0].min()) == L.E4M3FNUZ_SMALLEST == 2.0**-10
+    assert float(finite.max()) == L.E4M3FNUZ_MAX == torch.finfo(torch.float8_e4m3fnuz).max
+    assert L.check_fnuz_smallest("2^-10") and L.check_fnuz_smallest(0.000977)
+    assert L.check_fnuz_smallest(2**-9).status == "wrong"  # E4M3's own (bias 7)
+    assert L.check_fnuz_smallest(None).status == "unanswered"
+
+
+def test_cast_rules_table_compares_the_three_casts():
+    t = L.cast_rules_table([448, 500], "fp8_e4m3")
+    assert [row[1:] for row in t.rows] == [("448", "448", "448"), ("448", "nan", "448")]
+    t = L.cast_rules_table([61440], "fp8_e5m2")
+    assert t.rows[0][1:] == ("inf", "inf", "57344")
+    with pytest.raises(ValueError, match="finite"):
+        L.cast_rules_table([np.inf], "fp8_e4m3")
+    row = [r for r in L.format_table().rows if r[0] == "fp8_e4m3"][0]
+    assert "saturates" not in row[-1]  # saturation is the cast's, not the format's

@@ -437,8 +437,12 @@ def test_scaler_lab_overlays_presets():
     from ampviz.scaling import PRESETS, simulate
 
     lab = _lab()
-    options = list(lab.overlay.options)
+    options = [value for _, value in lab.overlay.options]
     assert options == [name for name in PRESETS if name != "torch"]
+    # the scalers new training runs with come first; the legacy ones last, and labelled so
+    labels = [label for label, _ in lab.overlay.options]
+    assert labels[-4:] == ["Keras 2 (legacy)", "apex amp (legacy)", "fairseq (legacy)", "metaseq (legacy)"]
+    assert not any("legacy" in label for label in labels[:-4])
     chosen = tuple(options[:2])
     lab.overlay.value = chosen
     assert [t.policy.name for t in lab.traces[1:]] == [PRESETS[n].name for n in chosen]

@@ -19,7 +19,7 @@ CELLS = [
 
     from ampviz import FP16, FP8_E4M3, FP8_E5M2
     from ampviz import lessons
-    from ampviz.lessons import bits_table, cast_table, format_table, stall_table, update_table
+    from ampviz.lessons import bits_table, cast_rules_table, cast_table, format_table, stall_table, update_table
     from ampviz.plots import plot_census, plot_format_ranges, plot_lost_band
     from ampviz.training import torch_accumulate, torch_add, torch_cast
     from ampviz.widgets import FormatExplorer, RangeExplorer
@@ -42,7 +42,8 @@ CELLS = [
     """),
     md("""
     Notice: bf16 has fp32's range (max 3.4e38) with only 7 mantissa bits; fp16 has 3 more bits of
-    precision but stops at 65504. fp8 E4M3 has no inf at all: it *saturates* at 448.
+    precision but stops at 65504. fp8 E4M3 has no inf at all: its largest number is 448, and what a
+    cast does with a larger value depends on the cast (section 6).
 
     Here are a few fp16 bit patterns, field by field:
     """),
@@ -107,7 +108,16 @@ CELLS = [
     fp16 value. So the update is **lost** (w + u == w) exactly when |u| is at most **half the gap
     between w and its neighbour on u's side**; at exactly half (a tie) it is lost only if w's last
     mantissa bit is 0 (ties go to the even neighbour). Below a power of two the gap is half as wide
-    as above it, so on w = 1 the direction matters:
+    as above it, so on w = 1 the direction matters.
+
+    Predict before you run the table: the fp16 neighbours of 1.0 are 1 + 2^-10 above and 1 − 2^-11
+    below. Is the update −2^-11 lost?
+    """),
+    code("""
+    # Predict: an fp16 weight is 1.0. Is the update -2**-11 lost, i.e. does 1.0 - 2**-11 round back
+    # to 1.0? "yes" or "no"
+    answer = None
+    lessons.check_update_lost(answer, w=1.0, u=-2**-11)
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -160,11 +170,17 @@ CELLS = [
     close but not exact: 1.1000166.
     """),
     md("""
-    ## 6. fp8: saturate, or overflow
+    ## 6. fp8: past the largest number, the cast decides
 
-    fp8 E4M3 spends its top exponent on numbers, so it has no inf; a cast in torch *saturates*:
-    500 and 1e6 both become 448. fp8 E5M2 keeps IEEE's inf: its max is 57344, and casts round to
-    inf from 61440 (halfway to the next power of two) up.
+    fp8 E4M3 spends its top exponent on numbers, so it has no inf: its largest number is 448, and
+    only S.1111.111 is NaN. fp8 E5M2 keeps IEEE's inf: its max is 57344, and it rounds to inf from
+    61440 (halfway to the next power of two) up. What happens to a value past E4M3's max is not
+    fixed by the format. Predict first:
+    """),
+    code("""
+    # Predict: what does torch's cast turn 500.0 into in fp8 E4M3? (a number, float("inf") or float("nan"))
+    answer = None
+    lessons.check_cast(answer, 500.0, "fp8_e4m3")
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -173,10 +189,26 @@ CELLS = [
     print(cast_table([57344, 60000, 61439, 61440, 1e6], "fp8_e5m2"))
     """),
     md("""
-    Notice: a saturated value hides the overflow (there is no inf to detect), so fp8 recipes do not
-    skip steps on overflow: Micikevicius et al. (2022, *FP8 Formats for Deep Learning*,
-    arXiv:2209.05433) use E4M3 for weights and activations and E5M2 for gradients, with a scale
-    per tensor and saturation in place of skipped steps.
+    This course computes every cast as torch 2.13 does on the CPU, and torch's E4M3 cast saturates:
+    500, 1e6 and even inf become 448 (since torch 2.12; before, a finite overflow gave NaN). Other
+    libraries decide differently. ml_dtypes (what JAX uses) gives NaN past 464; CUDA's fp8
+    conversions, which Transformer Engine's kernels use, saturate (`__NV_SATFINITE`), in E5M2 too,
+    where torch's CPU cast gives inf. `FP8_E4M3.quantize(x, overflow="nan")` and
+    `overflow="saturate"` compute the others (a test checks them against ml_dtypes):
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    print(cast_rules_table([448, 464, 465, 500, 1e6], "fp8_e4m3"))
+    print()
+    print(cast_rules_table([57344, 61439, 61440, 1e6], "fp8_e5m2"))
+    """),
+    md("""
+    Notice: within the range the three casts agree; past it, the same 500 is 448, NaN or 448, and
+    the same 1e6 in E5M2 is inf, inf or 57344. Neither answer is safe to rely on: a saturated value
+    hides the overflow, a NaN poisons the step. FP8 training recipes avoid overflow instead: each
+    tensor gets its own scale, chosen from its largest magnitude (amax), so that its values land
+    below the max; Micikevicius et al. (2022, *FP8 Formats for Deep Learning*, arXiv:2209.05433)
+    use E4M3 for weights and activations and E5M2 for gradients that way.
     """),
     md("""
     ## Try it
@@ -211,26 +243,21 @@ CELLS = [
     Set `answer` and run the cell; it answers with one line.
     """),
     code("""
-    # What is the smallest positive number fp16 can store? (2**-10 style is fine)
+    # AMD's MI300 GPUs use float8_e4m3fnuz: 4 exponent bits and 3 mantissa bits like E4M3, but the
+    # exponent bias is 8 instead of 7 (and there is no inf and no -0). What is its smallest positive
+    # number? (2**-10 style is fine)
     answer = None
-    lessons.check_smallest_subnormal(answer)
+    lessons.check_fnuz_smallest(answer)
     """),
     code("""
-    # What does 65520.0 become when cast to fp16?
+    # fp16 turns 65520.0 into inf. What does bf16 turn 65520.0 into?
     answer = None
-    lessons.check_fp16_cast_65520(answer)
+    lessons.check_cast(answer, 65520.0, "bf16")
     """),
     code("""
-    # A bf16 weight is 1.0. How many times larger than a positive update must it be
-    # for the update to vanish?
+    # A bf16 weight is 256.0 and the update is +1.0. Is the update lost? "yes" or "no"
     answer = None
-    lessons.check_bf16_lost_ratio(answer)
-    """),
-    code("""
-    # An fp16 weight is 1.0. Is the update -2**-11 lost, i.e. does 1.0 - 2**-11 round back
-    # to 1.0? "yes" or "no"
-    answer = None
-    lessons.check_update_lost(answer, w=1.0, u=-2**-11)
+    lessons.check_update_lost(answer, w=256.0, u=1.0, fmt="bf16")
     """),
     code("""
     # An fp16 weight is 1.5; the update is 1.5 / 3000, so the weight is 3000 times larger.
@@ -239,7 +266,39 @@ CELLS = [
     lessons.check_update_lost(answer, w=1.5, u=1.5 / 3000)
     """),
     md("""
-    The lesson's claims, checked against torch's own casts and arithmetic:
+    ## Summary
+
+    - A format's exponent bits set its range, its mantissa bits its precision (eps = 2^-mantissa bits).
+    - fp16 stores 2^-24 to 65504. 2^-25 and below become 0; 65520 and above become inf.
+      Subnormals (2^-24 to 2^-14) survive with fewer significant bits.
+    - An update is lost when it is at most half the gap between the weight and its neighbour on the
+      update's side (a tie is lost only on an even weight): in fp16 between 1/4096 and 1/2048 of the
+      weight, depending on where it sits in its binade (bf16: 1/512 to 1/256). On w = 1, +2^-11 is
+      lost but −2^-11 is kept. AMP keeps fp32 master weights so small updates add up.
+    - fp8 E4M3 has no inf: past 448, torch's CPU cast saturates, ml_dtypes gives NaN; E5M2 rounds
+      to inf from 61440 (CUDA's conversions saturate both). FP8 training avoids overflow with a
+      scale per tensor, not by relying on either.
+
+    **Next:** [02 · Loss scaling: keeping small gradients alive in fp16](02_loss_scaling.ipynb) puts real
+    gradients into this picture.
+
+    **Open exercises**
+    1. What is the largest integer *n* such that every integer from 0 to *n* is exact in fp16?
+       (Try `FP16.quantize(2049)`.)
+    2. Some online fp8 explorers show E4M3's max as 240, and `torch.finfo(torch.float8_e4m3fnuz).max`
+       is 240 too. Find the bit pattern of the largest number in each case: in E4M3 read with
+       IEEE's convention (the all-ones exponent kept for inf and NaN), and in float8_e4m3fnuz
+       (bias 8, only 0x80 is NaN). Why do two different reasons give the same 240? (Hint:
+       `bits_table([448, 240], "fp8_e4m3")`.)
+    3. bf16 is fp32 with the mantissa *rounded* to 7 bits. Find a value where truncating instead of
+       rounding gives a different bf16 number.
+    4. For w = 1.5 instead of 1.0, what is `lessons.lost_band(1.5, "fp16")`? Why is w / u not 2048,
+       and why are both sides the same here but not at 1.0? Which fp16 weight in [1, 2) has the
+       narrowest band relative to itself?
+    """),
+    md("""
+    The lesson's claims, checked against torch's own casts and arithmetic (after the summary, so
+    that the exercises keep their answers to themselves):
     """),
     code("""
     assert FP16.smallest_subnormal == 2**-24 and FP16.smallest_normal == 2**-14 and FP16.max == 65504
@@ -254,33 +313,10 @@ CELLS = [
     assert (lessons.accumulate(1.0, 1e-4, 1000, "fp16") == fp16_weight).all()
     assert torch_cast([500, 1e6], "fp8_e4m3").tolist() == [FP8_E4M3.max] * 2 == [448, 448]
     assert torch_cast([60000, 61439, 61440], "fp8_e5m2").tolist() == [FP8_E5M2.max] * 2 + [np.inf]
+    assert torch_cast([np.inf], "fp8_e4m3").tolist() == [448]  # torch >= 2.12 saturates inf too
+    assert np.isnan(FP8_E4M3.quantize(500, overflow="nan")) and FP8_E4M3.quantize(464, overflow="nan") == 448
+    assert FP8_E5M2.quantize(1e6, overflow="saturate") == 57344
     print("all claims hold")
-    """),
-    md("""
-    ## Summary
-
-    - A format's exponent bits set its range, its mantissa bits its precision (eps = 2^-mantissa bits).
-    - fp16 stores 2^-24 to 65504. 2^-25 and below become 0; 65520 and above become inf.
-      Subnormals (2^-24 to 2^-14) survive with fewer significant bits.
-    - An update is lost when it is at most half the gap between the weight and its neighbour on the
-      update's side (a tie is lost only on an even weight): in fp16 between 1/4096 and 1/2048 of the
-      weight, depending on where it sits in its binade (bf16: 1/512 to 1/256). On w = 1, +2^-11 is
-      lost but −2^-11 is kept. AMP keeps fp32 master weights so small updates add up.
-    - fp8 E4M3 saturates at 448; E5M2 overflows to inf from 61440.
-
-    **Next:** [02 · Loss scaling: keeping small gradients alive in fp16](02_loss_scaling.ipynb) puts real
-    gradients into this picture.
-
-    **Open exercises**
-    1. What is the largest integer *n* such that every integer from 0 to *n* is exact in fp16?
-       (Try `FP16.quantize(2049)`.)
-    2. Some online fp8 explorers show E4M3's max as 240. Which decoding mistake gives 240? (Hint:
-       `bits_table([448], "fp8_e4m3")`.)
-    3. bf16 is fp32 with the mantissa *rounded* to 7 bits. Find a value where truncating instead of
-       rounding gives a different bf16 number.
-    4. For w = 1.5 instead of 1.0, what is `lessons.lost_band(1.5, "fp16")`? Why is w / u not 2048,
-       and why are both sides the same here but not at 1.0? Which fp16 weight in [1, 2) has the
-       narrowest band relative to itself?
     """),
 ]
 
@@ -288,9 +324,10 @@ CELLS = [
 # The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
 # (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
 SOLUTIONS = {
-    "smallest positive number fp16": ("2**-24", "2**-14"),
-    "What does 65520.0 become": ("float('inf')", "65504"),
-    "A bf16 weight is 1.0": ("256", "2048"),
     "Is the update -2**-11 lost": ('"no"', '"yes"'),
+    "turn 500.0 into in fp8 E4M3": ("448", 'float("nan")'),  # wrong: ml_dtypes' answer, not torch's
+    "float8_e4m3fnuz": ('"2^-10"', "2**-9"),  # wrong: E4M3's own smallest
+    "What does bf16 turn 65520.0 into": ("65536", "float('inf')"),
+    "A bf16 weight is 256.0": ('"yes"', '"no"'),
     "the weight is 3000 times larger": ('"no"', '"yes"'),
 }

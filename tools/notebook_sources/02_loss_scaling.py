@@ -202,8 +202,9 @@ CELLS = [
     print("weights no longer finite after one SGD step:", int((~torch.isfinite(weights - 0.1 * unscaled)).sum()))
     """),
     md("""
-    `torch.amp.GradScaler` checks every gradient for inf and NaN (its kernel checks while it unscales,
-    before anything is applied). If it finds one, it skips that `optimizer.step()` entirely and
+    `torch.amp.GradScaler`'s `unscale_` checks every scaled gradient for inf and NaN, then multiplies it
+    by 1/S, all before the optimizer runs (notebook 03, section 3). If it finds one, `step` skips that
+    `optimizer.step()` entirely and
     multiplies the scale by `backoff_factor` (0.5 by default); after `growth_interval` clean steps
     (2000) it doubles the scale again. Notebook 03 takes the real scaler apart, call by call.
     """),

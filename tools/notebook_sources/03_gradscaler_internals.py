@@ -139,7 +139,10 @@ CELLS = [
       mind the **two spaces** after `None.`
     - GradScaler refuses fp16 *weights*: mixed precision keeps the weights and their gradients in
       fp32 and runs fp16 only inside `torch.autocast`.
-    - A closure (as LBFGS uses) is refused, and `update()` needs a `step()` to count.
+    - A closure (as LBFGS uses) is refused.
+    - `update()` needs an inf check recorded in this iteration, and `unscale_` records one: after
+      `unscale_` alone, with no `step()`, `update()` works and counts the iteration as a clean step
+      although the weights never moved. Only `update()` with neither call raises.
     """),
     md("""
     ## 6. Clipping goes after `unscale_`

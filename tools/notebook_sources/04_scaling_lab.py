@@ -6,7 +6,8 @@ CELLS = [
     md("""
     # 04 · The scaling lab: dynamic loss scalers under pressure
 
-    Steady, spiky and exploding gradients, and what a dozen frameworks' loss scalers do with them.
+    Steady, spiky and exploding gradients, and what the loss scalers of torch, DeepSpeed, Megatron,
+    NeMo, Keras and JAX (and four legacy ones) do with them.
 
     You will be able to:
     - tell a harmless overflow sawtooth from a scale that ratchets down, and say why it ratchets,
@@ -20,7 +21,7 @@ CELLS = [
     from ampviz.lessons import check_hysteresis_skips, check_log_verdict, check_scale_direction, trace_table
     from ampviz.plots import plot_scale_trace
     from ampviz.scalelog import diagnose, read_log, scale_lines, write_log
-    from ampviz.scaling import PRESETS, ApexHysteresisScaler, DeepSpeedZeroScaler, TorchGradScaler, simulate
+    from ampviz.scaling import LEGACY, PRESETS, ApexHysteresisScaler, DeepSpeedZeroScaler, TorchGradScaler, simulate
     from ampviz.widgets import ScalerLab
 
     rng = np.random.default_rng(0)
@@ -76,8 +77,8 @@ CELLS = [
     ## 2. The ratchet: overflows faster than the scale grows back
 
     Now a spike every 500 steps so large that it overflows at any scale (an inf or NaN in one
-    batch). Each spike halves the scale; growth needs 2,000 clean steps in a row, and the next spike
-    always comes first. 20 spikes in 10,000 steps:
+    batch, from the forward pass: no scale makes it finite). Each spike halves the scale; growth
+    needs 2,000 clean steps in a row, and the next spike always comes first. 20 spikes in 10,000 steps:
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -87,12 +88,32 @@ CELLS = [
     print(diagnose(read_log(write_log(ratchet))))
     """),
     md("""
-    Notice: 20 halvings take 2^16 to 2^-4 = 0.0625, and nothing ever brings it back. The rule of
-    thumb: if overflows come more often than once per `growth_interval`, the scale can only go down.
-    `diagnose` calls the result a collapse: below 1 the scale no longer protects small gradients at
-    all, it makes underflow *worse*.
-    The fix is not in the scaler: find what makes those steps overflow (a bad batch, a learning
-    rate that is too high, a layer that really exceeds fp16's range).
+    Notice: 20 halvings take 2^16 to 2^-4 = 0.0625, and nothing ever brings it back. `diagnose`
+    calls the result a collapse: below 1 the scale no longer protects small gradients at all, it
+    makes underflow *worse*.
+
+    That only happens because these overflows do not depend on the scale. Most overflows do: a
+    spike of large but finite gradients (here 4, 64 times the usual 2^-4, every 500 steps, for
+    30,000 steps) overflows only while scale × 4 reaches 65520, and backing off removes the cause:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    big = synth.spikes(30_000, level=2.0**-4, jitter=0.0, every=500, height=2.0**6, offset=250, rng=rng)
+    settled = simulate(TorchGradScaler(), grad_max=big)
+    print(trace_table([settled]))
+    print("skipped at steps:", ", ".join(map(str, np.flatnonzero(settled.skipped)[:6])), "...")
+    print(diagnose(read_log(write_log(settled))))
+    """),
+    md("""
+    Notice: three spikes in a row overflow (at 2^16, 2^15 and 2^14: 4 × 2^14 = 65536 is already
+    past 65520), and from 2^13 on the spikes fit. The scale settles: it grows back to 2^14 after
+    2,000 clean steps, the next spike sends it to 2^13 again, and it saws between the two: one
+    skipped step per 2,500 steps. (`diagnose` needs a long enough log for this verdict: the first
+    messages, while the scale comes down, look like a ratchet.) So the
+    rule of thumb: if overflows that *no scale avoids* come more often than once per
+    `growth_interval`, the scale can only go down. Then the fix is not in the scaler: find what
+    makes those steps overflow (a NaN or inf loss, a bad batch, a learning rate that is too high, a
+    layer whose forward pass exceeds fp16's range).
     """),
     md("""
     ## 3. Hysteresis, floors and errors: four answers to the same spikes
@@ -144,17 +165,28 @@ CELLS = [
     plot_scale_trace(spike_runs, title="A spike every 500 steps: four scalers")
     """),
     md("""
-    ## 4. A dozen frameworks on one stream
+    ## 4. The frameworks' scalers on one stream
 
-    Every preset in `PRESETS` is one framework's rule and defaults, each tested against a
-    transcription of its source. Gradients of exactly 1 for 10,000 steps: an overflow whenever the
-    scale reaches 65536 (65536 × 1 is inf in fp16).
+    Every preset in `PRESETS` is one framework's rule and defaults, each tested step for step
+    against a line-by-line transcription of its source (torch's also against the real
+    `GradScaler`). Gradients of exactly 1 for 10,000
+    steps: an overflow whenever the scale reaches 65536 (65536 × 1 is inf in fp16). First the
+    scalers training runs with today:
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
     ones = np.ones(10_000, np.float32)
     runs = [simulate(p, grad_max=ones) for p in PRESETS.values()]
-    trace_table(runs)
+    trace_table([t for t in runs if t.policy.name not in LEGACY])
+    """),
+    md("""
+    And four legacy ones, which you meet in older code, papers and logs:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    for name, why in LEGACY.items():
+        print(f"{name}: {why}")
+    trace_table([t for t in runs if t.policy.name in LEGACY])
     """),
     md("""
     Notice:
@@ -164,9 +196,9 @@ CELLS = [
     - DeepSpeed ZeRO grows on the 1,001st clean step after an overflow (since DeepSpeed 0.17.1; on
       the 1,000th before), and its hysteresis skips two steps per tooth of the sawtooth: 20 skipped
       steps where torch skips 5.
-    - fairseq's command-line default (2^7, a window of 16,384 steps) never grows within this run:
-      it never overflows, but it also never uses more of fp16's range.
-    - metaseq doubles its growth window each time it grows, so it grows ever more slowly.
+    - Legacy: fairseq's command-line default (2^7, a window of 16,384 steps) never grows within
+      this run: it never overflows, but it also never uses more of fp16's range. metaseq doubles
+      its growth window each time it grows, so it grows ever more slowly.
     - A static scale never changes: whether that is safe depends on the gradients (notebook 02).
     """),
     md("""
@@ -265,7 +297,11 @@ CELLS = [
     assert sawtooth.skipped_count == 7 and sawtooth.final.scale == 2.0**18  # then one skip per interval
     assert fp16_loss.skipped[0] and fp16_loss.skipped_count == 10 and fp16_loss.scale.max() == 2.0**16
     assert ratchet.final.scale == 0.0625 == 2.0**16 / 2**20  # 20 spikes, 20 halvings, no growth
+    assert np.flatnonzero(settled.skipped)[:3].tolist() == [250, 750, 1250] and settled.scale.min() == 2.0**13
+    assert set(settled.scale[1251:].tolist()) == {2.0**13, 2.0**14}  # settled: saws between 2^13 and 2^14
+    assert diagnose(read_log(write_log(settled))).verdict == "sawtooth"
     nemo, zero, megatron = spike_runs[1:]
+    assert list(PRESETS)[:3] == ["torch", "DeepSpeed ZeRO", "DeepSpeed"] and list(PRESETS)[-4:] == list(LEGACY)
     assert nemo.final.scale == 65536 and nemo.skipped_count == 20  # hysteresis absorbs each spike
     assert zero.stopped_at == 8750 and zero.final.scale == 1 and megatron.final.scale == 8192
     assert zero.stop_reason == ("Exception: Current loss scale already at minimum - cannot decrease scale anymore. "
@@ -293,8 +329,10 @@ CELLS = [
     ## Summary
 
     - One "Gradient overflow. Skipping step" per growth interval is the normal sawtooth: harmless.
-    - If overflows come more often than once per `growth_interval`, a scaler without hysteresis
-      can only lower the scale: it ratchets down, below 1 and even to 0.
+    - An overflow caused by large gradients goes away when the scale backs off: the scale settles
+      into a sawtooth below them. An overflow no scale avoids (inf or NaN from the forward pass),
+      coming more often than once per `growth_interval`, makes a scaler without hysteresis ratchet
+      down, below 1 and even to 0.
     - Frameworks differ in hysteresis (and when it refills), floors, a minimum-scale error, the
       starting scale and rounding; the same stream can be harmless in one and fatal in another.
     - Read a log by the scale after each message: stable means fine, falling means find the cause.
