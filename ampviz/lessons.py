@@ -61,12 +61,15 @@ __all__ = [
     "check_lost_share",
     "check_safe_scale",
     "check_overflow_action",
+    "check_batch_effect",
     "check_scale_direction",
     "check_hysteresis_skips",
+    "check_steady_interval",
     "check_log_verdict",
     "check_mode_without_loss",
     "check_fp16_lost_ratio",
     "check_low_scale",
+    "check_range_shift",
     "check_nested_autocast",
     "check_layer_without_grad",
     "check_cache_call",
@@ -711,6 +714,17 @@ def check_overflow_action(answer) -> Check:
                  hint="applying an inf gradient would turn the weights into inf or NaN")
 
 
+def check_batch_effect(answer) -> Check:
+    """Q: with a batch of 1024 instead of 256, does fp16 lose "more" or "fewer" of the beam model's
+    gradients at scale 1? "more": the mean over the batch divides each output's gradient by the
+    batch size (tests/test_beam.py measures it)."""
+    def accept(a) -> bool:
+        return isinstance(a, str) and a.strip().strip("'\"").strip().casefold() in ("more", "more of them",
+                                                                                  "it loses more", "larger", "higher")
+    return check(answer, "more", accept=accept,
+                 hint="the loss is a mean over batch x 64 numbers: what does a larger batch do to each term's gradient?")
+
+
 # ----- 04: dynamic loss scalers -----
 def check_scale_direction(answer) -> Check:
     """Q: torch's rule (growth_interval 2000), an overflow every 500 steps: does the scale go
@@ -724,6 +738,14 @@ def check_hysteresis_skips(answer) -> Check:
     from ampviz.scaling import PRESETS
 
     return check(answer, PRESETS["Megatron"].hysteresis - 1, hint="the budget is spent before the backoff")
+
+
+def check_steady_interval(answer, every: int = 500) -> Check:
+    """Q: overflows that no scale avoids come every ``every`` steps; the largest ``growth_interval``
+    at which torch's scale holds steady instead of ratcheting down: ``every - 1``, the clean steps
+    between two overflows (``simulate`` shows it: tests/test_lessons.py)."""
+    return check(answer, every - 1, hint="growth needs growth_interval clean steps in a row: how many clean "
+                                         "steps lie between two overflows?")
 
 
 def check_log_verdict(answer, scales) -> Check:
@@ -756,6 +778,14 @@ def check_low_scale(answer, diagnosis) -> Check:
     if diagnosis.scale_range is None:
         return check(answer, "none", hint="read the diagnosis's summary: does it recommend a range?")
     return check(answer, diagnosis.scale_range[0], hint="the smallest power of two that loses < 0.1%")
+
+
+def check_range_shift(answer) -> Check:
+    """Q: with a batch of 1024 instead of 256, does the low end of the beam model's recommended
+    initial scale (``examine``) go "up" or "down"? "up": more of its gradients are lost at scale 1
+    (tests/test_doctor.py measures it)."""
+    return check(answer, "up", accept=_text_is("up", "higher", "it goes up", "rises", "larger"),
+                 hint="a larger batch divides each output's gradient by more: does that lose more or fewer?")
 
 
 # ----- 07: the autocast weight cache -----

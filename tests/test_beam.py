@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ampviz import live
 from ampviz.beam import GAUGES, SPAN, BeamData, BeamNet, beams, deflection, gradients
+from ampviz.census import census
 from ampviz.lessons import largest_safe_scale
 
 STEPS = 200
@@ -203,3 +204,19 @@ def test_every_public_function_answers_any_argument(n, gen, a, p, ei, seed, batc
                    *[d if not isinstance(d, int) or abs(d) < 100 else 3 for d in dims])
     if net is not None:
         assert net(torch.zeros(2, 5)).shape == (2, 3)
+
+
+def test_a_larger_batch_loses_more_gradients_in_fp16():
+    """notebook 02's exercise: the mean over batch x 64 divides each output's gradient by the
+    batch size, so fp16 loses more of them at scale 1; the largest safe scale (set by the weights'
+    gradients, sums over the batch) stays."""
+    from ampviz.lessons import check_batch_effect
+
+    lost = {b: census(gradients(0, batch_size=b).all, "fp16").fractions["underflow"] for b in (64, 256, 1024)}
+    assert lost[64] < lost[256] < lost[1024]
+    assert len({largest_safe_scale(gradients(0, batch_size=b).all) for b in (64, 256, 1024)}) == 1
+    for right in ("more", " More ", "'more'", "it loses more"):
+        assert check_batch_effect(right).status == "right"
+    for wrong in ("fewer", "less", "same", 1, True):
+        assert check_batch_effect(wrong).status == "wrong"
+    assert check_batch_effect(None).status == "unanswered"

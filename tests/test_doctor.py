@@ -322,3 +322,15 @@ def test_table_kind_is_checked():
     d = examine(nn.Linear(4, 3), (torch.randn(2, 4), None))
     with pytest.raises(ValueError, match="kind must be 'param', 'output' or None"):
         d.table("weights")
+
+
+def test_a_larger_batch_raises_the_low_end_of_the_beams_range():
+    """notebook 05's exercise: at a batch of 1024 the beam model loses more at scale 1, so the
+    smallest scale that loses < 0.1% is higher; the largest safe scale stays."""
+    from ampviz.live import build_task
+
+    ranges = {}
+    for b in (256, 1024):
+        task = build_task("beam", batch_size=b)
+        ranges[b] = examine(task.model, task.batch(), task.loss).scale_range
+    assert ranges[1024][0] > ranges[256][0] and ranges[1024][1] == ranges[256][1]

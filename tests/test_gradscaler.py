@@ -314,3 +314,74 @@ def test_checkers(checker, right, wrong):
     assert checker(right).status == "right" and str(checker(right)) == "✓ correct"
     assert checker(wrong).status == "wrong" and str(checker(wrong)).startswith("✗ not quite")
     assert checker(None).status == "unanswered"
+
+
+# ---------------------------------------------------------------- notebook 03's exercises
+def test_scale_after_pattern_is_the_real_scalers():
+    from ampviz.gradscaler import check_scale_after_pattern
+
+    real = G.run_real_scaler(G.found_inf_from("..x...."), growth_interval=3)
+    assert real.scale_after[-1] == 65536.0
+    assert check_scale_after_pattern(65536) and check_scale_after_pattern("2^16") and check_scale_after_pattern(2.0**16)
+    for wrong in (32768, 131072, "x", True):
+        assert check_scale_after_pattern(wrong).status == "wrong"
+    assert check_scale_after_pattern(None).status == "unanswered"
+
+
+def test_clip_before_unscale_takes_other_settings():
+    from ampviz.gradscaler import check_clip_before_unscale
+
+    assert G.clipping_norms(unscale_first=False, max_norm=5.0, init_scale=2.0**10)["applied"] == pytest.approx(5 / 2**10)
+    assert check_clip_before_unscale(5 / 2**10, max_norm=5.0, init_scale=2.0**10)
+    assert check_clip_before_unscale("0.00488", max_norm=5.0, init_scale=2.0**10)
+    assert check_clip_before_unscale(5, max_norm=5.0, init_scale=2.0**10).status == "wrong"
+    assert check_clip_before_unscale(2**-16) and check_clip_before_unscale(1).status == "wrong"
+
+
+def _steps():
+    import torch.nn.functional as F
+
+    def body(m, o, s, x, y, *, autocast=torch.float16, zero=True, scaled=True, via_scaler=True, update=1):
+        if zero:
+            o.zero_grad()
+        with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+            loss = F.mse_loss(m(x), y)
+        (s.scale(loss) if scaled else loss).backward()
+        if via_scaler:
+            s.step(o)
+        else:
+            s.unscale_(o)
+            o.step()
+        for _ in range(update):
+            s.update()
+
+    return body
+
+
+@pytest.mark.parametrize("variant, verdict", [
+    ({}, "✓ correct"),
+    ({"autocast": None}, "did not run under torch.autocast"),
+    ({"autocast": torch.bfloat16}, "did not run under torch.autocast"),
+    ({"scaled": False}, "_scale is None"),
+    ({"via_scaler": False}, "step through the scaler, scaler.step(optimizer)"),
+    ({"zero": False}, "optimizer.zero_grad()"),
+    ({"update": 0}, "step() has already been called since the last update()"),
+    ({"update": 2}, "No inf checks were recorded prior to update"),
+])
+def test_the_loop_checker_names_what_a_step_gets_wrong(variant, verdict):
+    from ampviz.gradscaler import check_amp_loop
+
+    body = _steps()
+    result = check_amp_loop(lambda m, o, s, x, y: body(m, o, s, x, y, **variant))
+    assert verdict in str(result) and "\n" not in str(result)
+    assert (result.status == "right") == (variant == {})
+
+
+def test_the_loop_checker_takes_any_answer():
+    from ampviz.gradscaler import amp_step_reference, check_amp_loop
+
+    assert check_amp_loop(amp_step_reference)
+    assert check_amp_loop(None).status == "unanswered"
+    for bad in ("train_step", 3, [], lambda: None, lambda *a: 1 / 0):
+        r = check_amp_loop(bad)
+        assert r.status == "wrong" and "\n" not in str(r)

@@ -377,3 +377,32 @@ def test_cast_rules_table_compares_the_three_casts():
         L.cast_rules_table([np.inf], "fp8_e4m3")
     row = [r for r in L.format_table().rows if r[0] == "fp8_e4m3"][0]
     assert "saturates" not in row[-1]  # saturation is the cast's, not the format's
+
+
+def test_the_steady_interval_is_the_clean_steps_between_overflows():
+    from ampviz import synth
+    from ampviz.scaling import TorchGradScaler, simulate
+
+    spikes = synth.found_inf_every(10_000, 500, offset=250)
+    steady = simulate(TorchGradScaler(growth_interval=499), found_inf=spikes)
+    ratchet = simulate(TorchGradScaler(growth_interval=500), found_inf=spikes)
+    assert steady.scale.min() == 2.0**15 and steady.final.scale == 2.0**15 and ratchet.final.scale == 2.0**-4
+    assert L.check_steady_interval(499) and L.check_steady_interval("499")
+    assert L.check_steady_interval(500).status == "wrong" and L.check_steady_interval(2000).status == "wrong"
+    assert L.check_steady_interval(None).status == "unanswered"
+
+
+def test_the_fairseq_log_of_notebook_04_is_a_sawtooth():
+    from ampviz.scalelog import diagnose, read_log
+
+    line = "NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: {}"
+    log = "\n".join(line.format(s) for s in (64.0, 64.0, 32.0, 64.0, 64.0, 64.0))
+    assert read_log(log).tolist() == [64.0, 64.0, 32.0, 64.0, 64.0, 64.0] and diagnose(read_log(log)).verdict == "sawtooth"
+    assert L.check_log_verdict("sawtooth", read_log(log)) and not L.check_log_verdict("ratchet", read_log(log))
+
+
+def test_range_shift_checker():
+    for right in ("up", " Up ", "higher", "'up'"):
+        assert L.check_range_shift(right)
+    for wrong in ("down", "same", 1, None):
+        assert L.check_range_shift(wrong).status == ("unanswered" if wrong is None else "wrong")

@@ -228,7 +228,7 @@ def public(module):
 NO_ARGUMENTS = {"error_cases", "constructor_warnings", "versions", "world", "which_world", "condition_table",
                 "old_message", "fix_runs", "fastpath_disabled", "SimulatedLegacyAutocastCache"}
 #: checked in tests of their own below (context managers, callables as arguments, checkers)
-OWN_TESTS = {"quiet_trainer", "outcome_of"}
+OWN_TESTS = {"quiet_trainer", "outcome_of", "amp_step_reference"}  # the last: a model answer (a training step)
 
 MODULES = (G, T, env, P, AC, TE)
 EVERY = [f for m in MODULES for f in public(m)]

@@ -19,8 +19,8 @@ CELLS = [
 
     from ampviz.beam import gradients
     from ampviz.census import census
-    from ampviz.lessons import (census_table, check_lost_share, check_overflow_action,
-                                check_safe_scale, largest_safe_scale, layer_table)
+    from ampviz.lessons import (census_table, check_batch_effect, check_overflow_action, check_safe_scale,
+                                largest_safe_scale, layer_table)
     from ampviz.plots import plot_census
     from ampviz.training import torch_cast_counts
     from ampviz.widgets import RangeExplorer
@@ -150,8 +150,13 @@ CELLS = [
     ## 5. How far can we scale? A static S
 
     Too far, and the largest gradients overflow: fp16 rounds to inf from 65520 up. The rule of
-    Micikevicius et al.: choose S so that S × max|g| < 65504. The largest power of two that keeps
-    every one of these gradients finite:
+    Micikevicius et al.: choose S so that S × max|g| < 65504. Section 1 printed max|g|; work the
+    rule out before the next cell does:
+    """),
+    code("""
+    # Predict: what is the largest power-of-two loss scale at which none of the gradients g overflow?
+    answer = None
+    check_safe_scale(answer, g)
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -228,19 +233,47 @@ CELLS = [
     ## Check yourself
     """),
     code("""
-    # At scale 1, what share of ALL the gradients in g (a number from 0 to 1) does fp16 flush to 0?
+    # Another model: its largest gradient is 3e-3 and its smallest nonzero gradient 1e-9. What is
+    # the largest power-of-two scale at which none of its gradients overflow in fp16? Does that scale
+    # also keep the smallest one from becoming 0?
     answer = None
-    check_lost_share(answer, g)
+    check_safe_scale(answer, np.array([3e-3, 1e-9], np.float32))
     """),
     code("""
-    # What is the largest power-of-two loss scale at which none of these gradients overflow?
+    # Predict, then try it with gradients(seed=0, batch_size=1024): with a batch of 1024 instead of
+    # 256, does fp16 lose "more" or "fewer" of the beam model's gradients at scale 1?
     answer = None
-    check_safe_scale(answer, g)
+    check_batch_effect(answer)
     """),
     code("""
     # GradScaler finds an inf among a step's gradients. What does it do with that step? (a word)
     answer = None
     check_overflow_action(answer)
+    """),
+    md("""
+    ## Summary
+
+    - fp16 flushes gradients of 2^-25 and below to zero and keeps those below 2^-14 only as
+      subnormals. Cast at scale 1, this model loses 86% of its gradients: nearly all of its layer
+      outputs' gradients, a tenth of its weights'. A real fp16 backward pass loses more, almost
+      half of the weights' gradients, because it loses the layer outputs' gradients on the way.
+    - Multiplying the loss by S = 2^k multiplies every gradient by exactly 2^k, moving the whole
+      histogram k binades to the right; the optimizer unscales in fp32.
+    - A static S must satisfy S × max|g| < 65504; here S = 2^33 loses nothing. One step further,
+      24 gradients become inf, in the cast and in a real fp16 pass alike, and the step must be skipped.
+
+    **Next:** [03 · GradScaler internals: the real scaler, call by call](03_gradscaler_internals.ipynb)
+    takes `torch.amp.GradScaler` apart: how it finds S on its own.
+
+    **Open exercises**
+    1. `census_table(g, "bf16")`: how many gradients does bf16 lose at scale 1? Why?
+    2. Measure the lost share at scale 1 for batches of 64, 256 and 1024
+       (`gradients(seed=0, batch_size=...)`). Does the largest safe scale move with the batch? Why
+       does one move and the other not?
+    3. The NVIDIA guide reports that a scale of 32K "would recover all but 0.1%" for SSD. What is
+       the smallest power of two that loses less than 0.1% of *these* gradients?
+    4. The layer outputs' gradients are about 2^5 smaller than the largest weight gradients. Why
+       would one loss scale per tensor (not one per model) help, and what would it cost?
     """),
     md("""
     The lesson's numbers for this seeded model, each census checked against torch's own cast
@@ -263,37 +296,14 @@ CELLS = [
     assert at_2S["overflow"] == 24 and not torch.isfinite(unscaled.norm())  # 2S: inf, step ruined
     print("all claims hold")
     """),
-    md("""
-    ## Summary
-
-    - fp16 flushes gradients of 2^-25 and below to zero and keeps those below 2^-14 only as
-      subnormals. Cast at scale 1, this model loses 86% of its gradients: nearly all of its layer
-      outputs' gradients, a tenth of its weights'. A real fp16 backward pass loses more, almost
-      half of the weights' gradients, because it loses the layer outputs' gradients on the way.
-    - Multiplying the loss by S = 2^k multiplies every gradient by exactly 2^k, moving the whole
-      histogram k binades to the right; the optimizer unscales in fp32.
-    - A static S must satisfy S × max|g| < 65504; here S = 2^33 loses nothing. One step further,
-      24 gradients become inf, in the cast and in a real fp16 pass alike, and the step must be skipped.
-
-    **Next:** [03 · GradScaler internals: the real scaler, call by call](03_gradscaler_internals.ipynb)
-    takes `torch.amp.GradScaler` apart: how it finds S on its own.
-
-    **Open exercises**
-    1. `census_table(g, "bf16")`: how many gradients does bf16 lose at scale 1? Why?
-    2. Try `gradients(seed=0, batch_size=64)` and `gradients(seed=0, batch_size=1024)`. Which loses
-       more at scale 1, and why does the batch size matter at all? Does the largest safe scale move?
-    3. The NVIDIA guide reports that a scale of 32K "would recover all but 0.1%" for SSD. What is
-       the smallest power of two that loses less than 0.1% of *these* gradients?
-    4. The layer outputs' gradients are about 2^5 smaller than the largest weight gradients. Why
-       would one loss scale per tensor (not one per model) help, and what would it cost?
-    """),
 ]
 
 
 # The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
 # (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
 SOLUTIONS = {
-    "what share of ALL the gradients": ("0.858", "0.104"),  # wrong: the share of the weights' gradients alone
-    "largest power-of-two loss scale": ("2**33", "2**34"),
+    "Predict: what is the largest power-of-two loss scale": ("2**33", "2**34"),
+    "its largest gradient is 3e-3": ("2**24", "2**25"),  # wrong: 2^25 x 3e-3 = 100,663 overflows
+    "does fp16 lose \"more\" or \"fewer\"": ('"more"', '"fewer"'),
     "What does it do with that step": ('"skip"', '"clip"'),
 }

@@ -19,8 +19,8 @@ CELLS = [
     import numpy as np
     import torch
 
-    from ampviz.gradscaler import (check_backoffs_to_zero, check_clip_before_unscale, check_skip_test,
-                                   check_tracker_after_growth, clipping_norms, clipping_table,
+    from ampviz.gradscaler import (check_amp_loop, check_backoffs_to_zero, check_clip_before_unscale,
+                                   check_scale_after_pattern, check_skip_test, clipping_norms, clipping_table,
                                    constructor_warnings, error_cases, found_inf_from, run_real_scaler,
                                    same_run, scheduler_report, skip_detection_table, step_table,
                                    unscale_overflow_table, walk_iteration)
@@ -108,7 +108,13 @@ CELLS = [
     then reads 0, not 3. The overflow at step 3 backs off and resets the count; step 7 is clean but
     only brings the tracker to 1 before the next overflow.
 
-    There is no floor. A run of overflows halves the scale through float32's subnormal numbers:
+    There is no floor. A run of overflows halves the scale through float32's subnormal numbers.
+    The scale is a float32 number: predict first, then run the cell below.
+    """),
+    code("""
+    # Predict: how many overflowing steps in a row take the default scale 2^16 to exactly 0?
+    answer = None
+    check_backoffs_to_zero(answer)
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -284,14 +290,10 @@ CELLS = [
     ## Check yourself
     """),
     code("""
-    # growth_interval=3, three clean steps from 2^16: what is the growth tracker after the third update()?
+    # growth_interval=3, from 2^16, the steps "..x...." (x: an overflow, .: a clean step).
+    # What is the scale after the seventh update()?
     answer = None
-    check_tracker_after_growth(answer)
-    """),
-    code("""
-    # How many overflowing steps in a row take the default scale 2^16 to exactly 0?
-    answer = None
-    check_backoffs_to_zero(answer)
+    check_scale_after_pattern(answer, "..x....", growth_interval=3)
     """),
     code("""
     # Which test tells you that the last step was skipped? Answer "a" or "b".
@@ -302,10 +304,54 @@ CELLS = [
     check_skip_test(answer)
     """),
     code("""
-    # Clip to max_norm=1 BEFORE scaler.unscale_, at scale 2^16 (section 6's problem):
+    # Clip to max_norm=5 BEFORE scaler.unscale_, at scale 2^10:
     # what gradient norm does the optimizer apply? (a number)
     answer = None
-    check_clip_before_unscale(answer)
+    check_clip_before_unscale(answer, max_norm=5.0, init_scale=2.0**10)
+    """),
+    md("""
+    Now write the loop yourself. `train_step` gets a model, its SGD optimizer, a
+    `torch.amp.GradScaler("cpu")` and one batch; it must do one whole iteration in fp16 AMP: zero
+    the gradients, run the forward pass and the loss (`torch.nn.functional.mse_loss(model(x), y)`)
+    under `torch.autocast("cpu", dtype=torch.float16)`, backward, step and update as section 1 did.
+    The checker trains a small model with your step for 6 iterations, one of which overflows in
+    fp16, beside a correct step, and compares the weights and the scale after each one, bit for bit.
+    """),
+    code("""
+    def train_step(model, optimizer, scaler, x, y):
+        ...  # your code here
+
+    # When train_step is written, set answer = train_step (the function itself) and run the cell
+    answer = None
+    check_amp_loop(answer)
+    """),
+    md("""
+    ## Summary
+
+    - `GradScaler` creates its float32 scale at the first `scale()`. The scaled backward gives S·g;
+      `unscale_` checks the scaled gradients for inf/NaN, *then* multiplies by 1/S; `step` skips
+      `optimizer.step()` if anything was flagged; `update()` backs off (S × 0.5, T = 0) or counts,
+      growing S × 2 when T equals `growth_interval` (then T = 0), never to inf, with no floor:
+      166 overflows in a row from 2^16 give exactly 0.
+    - Its errors name the call that came out of order; `_scale is None` means no `scale()` ran.
+    - Clip after `unscale_`. Detect a skipped step from the scale, not from `step()`'s return
+      value. Use `torch.amp.GradScaler("cuda")` or `("cpu")`; a bare `GradScaler()` without CUDA
+      disables itself. Skipped first steps make the scheduler warn.
+    - `simulate(TorchGradScaler(...))` matches the real scaler step for step.
+
+    **Next:** [04 · The scaling lab: dynamic loss scalers under pressure](04_scaling_lab.ipynb) puts the
+    loss scalers of torch, DeepSpeed, Megatron, NeMo, Keras and JAX side by side, in a live lab.
+
+    **Open exercises**
+    1. In *Try it*, set `backoff_factor=0.9` and `pattern = "x" * 2000`. Where does the scale stop,
+       and why not at 0?
+    2. Run `step_table(run_real_scaler(found_inf_from("." * 8), growth_interval=0))`. What does the
+       tracker do, and does the scale ever grow?
+    3. Predict the scale and tracker after each step of `"..x...x.."` with `growth_interval=2`, then
+       check your answer with `step_table`.
+    4. Why does the half-precision loss of section 9 overflow at 2^16 but not at 2^13? What
+       `init_scale` would have avoided every skipped step there, and what would it cost when the
+       gradients are small?
     """),
     md("""
     The lesson's claims, checked against the real `torch.amp.GradScaler("cpu")`:
@@ -327,42 +373,16 @@ CELLS = [
     assert scheduler_report().warnings and not scheduler_report(guard=True).warnings
     print("all claims hold")
     """),
-    md("""
-    ## Summary
-
-    - `GradScaler` creates its float32 scale at the first `scale()`. The scaled backward gives S·g;
-      `unscale_` checks the scaled gradients for inf/NaN, *then* multiplies by 1/S; `step` skips
-      `optimizer.step()` if anything was flagged; `update()` backs off (S × 0.5, T = 0) or counts,
-      growing S × 2 when T equals `growth_interval` (then T = 0), never to inf, with no floor:
-      166 overflows in a row from 2^16 give exactly 0.
-    - Its errors name the call that came out of order; `_scale is None` means no `scale()` ran.
-    - Clip after `unscale_`. Detect a skipped step from the scale, not from `step()`'s return
-      value. Use `torch.amp.GradScaler("cuda")` or `("cpu")`; a bare `GradScaler()` without CUDA
-      disables itself. Skipped first steps make the scheduler warn.
-    - `simulate(TorchGradScaler(...))` matches the real scaler step for step.
-
-    **Next:** [04 · The scaling lab: dynamic loss scalers under pressure](04_scaling_lab.ipynb) puts a
-    dozen frameworks' loss scalers side by side, in a live lab.
-
-    **Open exercises**
-    1. In *Try it*, set `backoff_factor=0.9` and `pattern = "x" * 2000`. Where does the scale stop,
-       and why not at 0?
-    2. Run `step_table(run_real_scaler(found_inf_from("." * 8), growth_interval=0))`. What does the
-       tracker do, and does the scale ever grow?
-    3. Predict the scale and tracker after each step of `"..x...x.."` with `growth_interval=2`, then
-       check your answer with `step_table`.
-    4. Why does the half-precision loss of section 9 overflow at 2^16 but not at 2^13? What
-       `init_scale` would have avoided every skipped step there, and what would it cost when the
-       gradients are small?
-    """),
 ]
 
 
 # The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
 # (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
 SOLUTIONS = {
-    "what is the growth tracker": ("0", "3"),
     "take the default scale 2^16 to exactly 0": ("166", "165"),
+    "the steps \"..x....\"": ("65536", "32768"),  # wrong: forgetting the growth after three clean steps
     "Which test tells you": ('"b"', '"a"'),
-    "what gradient norm does the optimizer apply": ("2**-16", "1"),
+    "what gradient norm does the optimizer apply": ("5 / 2**10", "5"),
+    "def train_step": ('__import__("ampviz.gradscaler", fromlist=["amp_step_reference"]).amp_step_reference',
+                       "lambda model, optimizer, scaler, x, y: optimizer.step()"),
 }

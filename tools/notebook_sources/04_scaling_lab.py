@@ -18,7 +18,8 @@ CELLS = [
     import numpy as np
 
     from ampviz import synth
-    from ampviz.lessons import check_hysteresis_skips, check_log_verdict, check_scale_direction, trace_table
+    from ampviz.lessons import (check_hysteresis_skips, check_log_verdict, check_scale_direction, check_steady_interval,
+                                trace_table)
     from ampviz.plots import plot_scale_trace
     from ampviz.scalelog import diagnose, read_log, scale_lines, write_log
     from ampviz.scaling import LEGACY, PRESETS, ApexHysteresisScaler, DeepSpeedZeroScaler, TorchGradScaler, simulate
@@ -77,8 +78,17 @@ CELLS = [
     ## 2. The ratchet: overflows faster than the scale grows back
 
     Now a spike every 500 steps so large that it overflows at any scale (an inf or NaN in one
-    batch, from the forward pass: no scale makes it finite). Each spike halves the scale; growth
-    needs 2,000 clean steps in a row, and the next spike always comes first. 20 spikes in 10,000 steps:
+    batch, from the forward pass: no scale makes it finite), 20 spikes in 10,000 steps, with torch's
+    `growth_interval` of 2,000. Predict first:
+    """),
+    code("""
+    # Predict: growth_interval is 2000 and an overflow comes every 500 steps. Does torch's scale go "up" or "down"?
+    answer = None
+    check_scale_direction(answer)
+    """),
+    md("""
+    Each spike halves the scale; growth needs 2,000 clean steps in a row, and the next spike always
+    comes first:
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -274,9 +284,10 @@ CELLS = [
     ## Check yourself
     """),
     code("""
-    # growth_interval is 2000 and an overflow comes every 500 steps. Does torch's scale go "up" or "down"?
+    # Overflows that no scale avoids come every 500 steps. What is the largest growth_interval at
+    # which torch's scale holds steady instead of ratcheting down? (Check it with simulate.)
     answer = None
-    check_scale_direction(answer)
+    check_steady_interval(answer, every=500)
     """),
     code("""
     # Megatron's default hysteresis is 2. How many overflows in a row does it skip WITHOUT backing off?
@@ -284,9 +295,48 @@ CELLS = [
     check_hysteresis_skips(answer)
     """),
     code("""
-    # A log reports these scales after each overflow. Verdict: "sawtooth", "ratchet" or "collapse"?
+    # A fairseq log this lesson did not show. Verdict: "sawtooth", "ratchet" or "collapse"?
+    fairseq_log = \"\"\"
+    | epoch 001:  1200 / 4000 loss=7.102
+    NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0
+    | epoch 001:  2400 / 4000 loss=6.871
+    NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0
+    NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 32.0
+    | epoch 002:  1000 / 4000 loss=6.533
+    NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0
+    NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0
+    | epoch 002:  3000 / 4000 loss=6.310
+    NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0
+    \"\"\"
     answer = None
-    check_log_verdict(answer, [1024.0, 1024.0, 512.0, 256.0, 256.0, 128.0, 64.0, 32.0])
+    check_log_verdict(answer, read_log(fairseq_log))
+    """),
+    md("""
+    ## Summary
+
+    - One "Gradient overflow. Skipping step" per growth interval is the normal sawtooth: harmless.
+    - An overflow caused by large gradients goes away when the scale backs off: the scale settles
+      into a sawtooth below them. An overflow no scale avoids (inf or NaN from the forward pass),
+      coming more often than once per `growth_interval`, makes a scaler without hysteresis ratchet
+      down, below 1 and even to 0.
+    - Frameworks differ in hysteresis (and when it refills), floors, a minimum-scale error, the
+      starting scale and rounding; the same stream can be harmless in one and fatal in another.
+    - Read a log by the scale after each message: stable means fine, falling means find the cause.
+
+    **Next:** [05 · Live training: fp16, a scaler, bf16 and pure half weights](05_live_training.ipynb)
+    trains a real model in fp16 with and without a scaler, in bf16 and in pure fp16, and examines
+    your own model's gradients.
+
+    **Open exercises**
+    1. In section 2, set `growth_interval` to the answer of the exercise above and to one more.
+       Where does each run's scale end, and what does the first one cost in skipped steps over
+       10,000 steps, compared with the settled sawtooth of large gradients?
+    2. Give DeepSpeed ZeRO `consecutive_hysteresis=True`
+       (`DeepSpeedZeroScaler(consecutive_hysteresis=True)`). Does it still stop at step 8,750?
+    3. With the "warmup" scenario at strength 1, how many steps does each framework skip before the
+       scale settles? Which one pays the most for its starting scale?
+    4. `write_log(trace, "deepspeed")` prints a simulated run as DeepSpeed would. Write a log for the
+       bursts stream and diagnose it.
     """),
     md("""
     The lesson's claims, checked:
@@ -325,32 +375,6 @@ CELLS = [
     assert [diagnose(read_log(log)).verdict, diagnose(read_log(write_log(sawtooth))).verdict] == ["ratchet", "sawtooth"]
     print("all claims hold")
     """),
-    md("""
-    ## Summary
-
-    - One "Gradient overflow. Skipping step" per growth interval is the normal sawtooth: harmless.
-    - An overflow caused by large gradients goes away when the scale backs off: the scale settles
-      into a sawtooth below them. An overflow no scale avoids (inf or NaN from the forward pass),
-      coming more often than once per `growth_interval`, makes a scaler without hysteresis ratchet
-      down, below 1 and even to 0.
-    - Frameworks differ in hysteresis (and when it refills), floors, a minimum-scale error, the
-      starting scale and rounding; the same stream can be harmless in one and fatal in another.
-    - Read a log by the scale after each message: stable means fine, falling means find the cause.
-
-    **Next:** [05 · Live training: fp16, a scaler, bf16 and pure half weights](05_live_training.ipynb)
-    trains a real model in fp16 with and without a scaler, in bf16 and in pure fp16, and examines
-    your own model's gradients.
-
-    **Open exercises**
-    1. In section 2, which `growth_interval` lets torch's scale hold steady against a spike every
-       500 steps? Try it in the lab, then check with `simulate`.
-    2. Give DeepSpeed ZeRO `consecutive_hysteresis=True`
-       (`DeepSpeedZeroScaler(consecutive_hysteresis=True)`). Does it still stop at step 8,750?
-    3. With the "warmup" scenario at strength 1, how many steps does each framework skip before the
-       scale settles? Which one pays the most for its starting scale?
-    4. `write_log(trace, "deepspeed")` prints a simulated run as DeepSpeed would. Write a log for the
-       bursts stream and diagnose it.
-    """),
 ]
 
 
@@ -358,6 +382,7 @@ CELLS = [
 # (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
 SOLUTIONS = {
     'go "up" or "down"': ('"down"', '"up"'),
+    "largest growth_interval": ("499", "500"),  # wrong: 500 never completes 500 clean steps in a row
     "Megatron's default hysteresis": ("1", "2"),
-    "A log reports these scales": ('"ratchet"', '"sawtooth"'),
+    "A fairseq log this lesson did not show": ('"sawtooth"', '"ratchet"'),
 }

@@ -19,7 +19,7 @@ CELLS = [
 
     from ampviz.census import census
     from ampviz.doctor import examine, lost_shares, lost_table, moved_share, moved_table, speed_table, train_modes
-    from ampviz.lessons import check_fp16_lost_ratio, check_low_scale, check_mode_without_loss
+    from ampviz.lessons import check_cast, check_mode_without_loss, check_range_shift
     from ampviz.live import TrainConfig, build_task, describe_device, run_training
     from ampviz.plots import plot_live
     from ampviz.widgets import LiveTrainer
@@ -38,7 +38,12 @@ CELLS = [
     `run_training` trains a fresh copy of the same seeded model in each mode, on the same batches, for
     200 steps, with a gradient census at the first and the last step (0 and 199). The modes: `fp32`;
     `fp16` (autocast, no scaler); `fp16+scaler` (`torch.amp.GradScaler`); `bf16` (autocast);
-    `half` (`model.half()`: fp16 weights and optimizer state, no fp32 copy).
+    `half` (`model.half()`: fp16 weights and optimizer state, no fp32 copy). Predict before they run:
+    """),
+    code("""
+    # Predict: which mode will lose no gradient to underflow at step 0, "fp16" or "fp16+scaler"?
+    answer = None
+    check_mode_without_loss(answer)
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
@@ -257,19 +262,44 @@ CELLS = [
     ## Check yourself
     """),
     code("""
-    # Which mode lost no gradient to underflow at step 0: "fp16" or "fp16+scaler"?
+    # Pure fp16 (the "half" mode) keeps Adam's state in fp16 too. Adam's eps is 1e-8:
+    # what does 1e-8 become in fp16?
     answer = None
-    check_mode_without_loss(answer)
+    check_cast(answer, 1e-8, "fp16")
     """),
     code("""
-    # An fp16 weight is 1.0. How many times larger than a positive update must it be for the update to be lost?
+    # Predict, then check with examine on task = build_task("beam", batch_size=1024): with a batch of
+    # 1024 instead of 256, does the low end of the recommended initial scale go "up" or "down"?
     answer = None
-    check_fp16_lost_ratio(answer)
+    check_range_shift(answer)
     """),
-    code("""
-    # examine() recommends a range of initial scales. What is its LOW end for the beam model (a number)?
-    answer = None
-    check_low_scale(answer, diagnosis)
+    md("""
+    ## Summary
+
+    - The beam model's gradients are small because its loss is in m², averaged over 16,384 numbers:
+      where they enter the network they lie below fp16's smallest subnormal.
+    - fp16 autocast without a scaler loses them in its backward pass, in every layer, and the model
+      stalls; a loss scaler (here 2^16) loses none, and the model learns as in fp32.
+    - bf16 has fp32's range: nothing underflows at scale 1, so it trains without a scaler; it pays
+      in precision (7 mantissa bits), not in range.
+    - Pure fp16 weights fail: Adam's eps (10^-8) is 0 in fp16, so its first update divides by 0;
+      and even plain SGD's updates below half the fp16 gap at a weight (1/4096 to 1/2048 of it) are
+      lost. Keep weights and optimizer state in fp32 and let autocast run the arithmetic in fp16.
+    - Speed depends on the hardware: read it off the speed table on yours, never assume it.
+    - `examine(model, batch, loss_fn)` recommends an initial loss scale range, or tells you to use bf16.
+
+    **Next:** notebooks 06 to 08 take the three PyTorch Lightning AMP pitfalls apart, starting with
+    [06 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`](06_lightning_manual_backward.ipynb).
+
+    **Open exercises**
+    1. Train the beam in fp16 on smaller batches:
+       `run_training(TrainConfig(model="beam", mode="fp16", steps=200, batch_size=32, census_every=199))`.
+       Does fp16 still stall without a scaler? Why should its gradients be larger?
+    2. Make the MLP's `half` weights learn: raise `lr` in `train_modes(("half",), steps=100, lr=...)`.
+       Which layers start to move, and what happens to the loss?
+    3. Run `examine` on the transformer: `task = build_task("transformer")`, then
+       `examine(task.model, task.batch())`. Which modules lose gradients at scale 1?
+    4. Scale the first layer's weights of a model by 10^4 and examine it again. Why is bf16 now safer?
     """),
     md("""
     The lesson's claims for these seeded runs, checked:
@@ -309,43 +339,13 @@ CELLS = [
     assert 2.0**15 <= lo <= 2.0**16 <= hi and diagnosis.lost > 0.5 and not diagnosis.bf16_safer
     print("all claims hold")
     """),
-    md("""
-    ## Summary
-
-    - The beam model's gradients are small because its loss is in m², averaged over 16,384 numbers:
-      where they enter the network they lie below fp16's smallest subnormal.
-    - fp16 autocast without a scaler loses them in its backward pass, in every layer, and the model
-      stalls; a loss scaler (here 2^16) loses none, and the model learns as in fp32.
-    - bf16 has fp32's range: nothing underflows at scale 1, so it trains without a scaler; it pays
-      in precision (7 mantissa bits), not in range.
-    - Pure fp16 weights fail: Adam's eps (10^-8) is 0 in fp16, so its first update divides by 0;
-      and even plain SGD's updates below half the fp16 gap at a weight (1/4096 to 1/2048 of it) are
-      lost. Keep weights and optimizer state in fp32 and let autocast run the arithmetic in fp16.
-    - Speed depends on the hardware: read it off the speed table on yours, never assume it.
-    - `examine(model, batch, loss_fn)` recommends an initial loss scale range, or tells you to use bf16.
-
-    **Next:** notebooks 06 to 08 take the three PyTorch Lightning AMP pitfalls apart, starting with
-    [06 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`](06_lightning_manual_backward.ipynb).
-
-    **Open exercises**
-    1. Train the beam in fp16 on smaller batches:
-       `run_training(TrainConfig(model="beam", mode="fp16", steps=200, batch_size=32, census_every=199))`.
-       Does fp16 still stall without a scaler? Why should its gradients be larger?
-    2. Make the MLP's `half` weights learn: raise `lr` in `train_modes(("half",), steps=100, lr=...)`.
-       Which layers start to move, and what happens to the loss?
-    3. Run `examine` on the transformer: `task = build_task("transformer")`, then
-       `examine(task.model, task.batch())`. Which modules lose gradients at scale 1?
-    4. Scale the first layer's weights of a model by 10^4 and examine it again. Why is bf16 now safer?
-    """),
 ]
 
 
 # The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
 # (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
 SOLUTIONS = {
-    "lost no gradient to underflow at step 0": ('"fp16+scaler"', '"fp16"'),
-    "An fp16 weight is 1.0": ("2048", "4096"),
-    # the low end is 2^15 on most CPUs, 2^16 on some (it sits near its threshold): the solution
-    # is the diagnosis's own, the wrong answer the next power of two
-    "What is its LOW end": ("diagnosis.scale_range[0]", "2 * diagnosis.scale_range[0]"),
+    "lose no gradient to underflow at step 0": ('"fp16+scaler"', '"fp16"'),
+    "what does 1e-8 become in fp16": ("0", "1e-8"),
+    'go "up" or "down"': ('"up"', '"down"'),
 }
