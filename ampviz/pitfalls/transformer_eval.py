@@ -6,21 +6,25 @@ by default) called with a ``src_key_padding_mask`` for right-padded sequences, a
 positions (masked pooling) and a linear head. The data (``make_data``): seeded sequences of tokens
 1 ... 9, each right-padded with token 0 to a common length; the label is the most frequent token.
 
-What the scenarios show (torch 2.13, CPU):
+What the scenarios show (torch 2.13, lightning 2.6, CPU):
 
 - ``crash()`` (``lightning_run("bf16-mixed")``): the training steps run; the first validation raises
   ``RuntimeError: expected scalar type Float but found BFloat16`` inside
   ``torch._transformer_encoder_layer_fwd`` (``... found Half`` under fp16 autocast in plain torch;
-  Lightning turns ``"16-mixed"`` into ``"bf16-mixed"`` on the CPU). In eval mode,
-  without gradients, the encoder packs the padded batch into a nested tensor and takes the fused
-  "fast path"; CPU autocast hands it bf16 activations while its LayerNorm weights are fp32.
-- ``condition_table()``: the same encoder call in plain torch, with each condition switched off in
-  turn: which of them the crash needs.
+  Lightning turns ``"16-mixed"`` into ``"bf16-mixed"`` on the CPU). In eval mode, with no gradient
+  to record, the encoder packs the padded batch into a nested tensor and takes the fused "fast
+  path"; CPU autocast hands its LayerNorm bf16 activations while the weights are fp32. With
+  Lightning's default sanity check (``sanity_steps=2``) it raises before any training step;
+  ``trainer.validate/test/predict`` (``stage=``) raise the same under ``inference_mode``.
+- ``condition_table()``: the same encoder call in plain torch (``encoder_call``), with each
+  condition switched off in turn: which of them the crash needs. ``encoder_call`` also tries a
+  frozen encoder under grad (it crashes) and a causal attention mask (it runs).
 - ``old_message()``: the message older torch printed for this bug,
   ``mat1 and mat2 must have the same dtype, but got BFloat16 and Float``, raised by the op that
   used to receive the mixed dtypes.
 - ``fix_runs()`` / ``fix_table()``: each fix run through the real Trainer, with its validation loss
-  next to the fp32 (``"32-true"``) reference.
+  next to the fp32 (``"32-true"``) reference; ``fix_runs(pool="all")`` pools over every position.
+- ``check_sanity_steps``, ``check_fp32_fast_path``, ``check_frozen_encoder``: the lesson's exercises.
 
 Lightning is imported inside the functions that need it; nothing here runs on import.
 """
@@ -31,16 +35,19 @@ import contextlib
 import traceback
 import warnings
 
+import numpy as np
 import torch
 from torch import nn
 
-from ampviz.lessons import Table
+from ampviz.lessons import Check, Table, check
 from ampviz.pitfalls import Outcome, outcome_of, quiet_trainer
 from ampviz.scaling import _shown
 from ampviz.training import _flag, _real, _seed, _whole
 
 __all__ = ["EncoderClassifier", "make_data", "encoder_call", "condition_table", "CONDITIONS",
-           "old_message", "lightning_run", "crash", "FIXES", "fix_runs", "fix_table", "fastpath_disabled"]
+           "old_message", "lightning_run", "crash", "FIXES", "fix_runs", "fix_table", "fastpath_disabled",
+           "check_all_false_mask", "check_furthest_fix", "check_fp32_fast_path", "check_sanity_steps",
+           "check_frozen_encoder"]
 
 VOCAB, MAX_LEN, D_MODEL, NHEAD, FFN, LAYERS, CLASSES = 10, 12, 16, 2, 32, 2, 9
 TRAIN_BATCHES, VAL_BATCHES, BATCH = 8, 2, 16
@@ -78,34 +85,55 @@ def make_encoder(*, batch_first=True, norm_first=False, nested=True, layers=LAYE
 
 
 class EncoderClassifier(nn.Module):
-    """Embedding + position embedding -> TransformerEncoder with a padding mask -> masked mean -> Linear.
+    """Embedding + position embedding -> TransformerEncoder with a padding mask -> pooling -> Linear.
 
     ``nested``: the encoder's ``enable_nested_tensor``; ``fp32_island``: run the encoder with
-    autocast switched off, on float32 activations (``h.float()``).
+    autocast switched off, on float32 activations (``h.float()``; with ``cast=False`` the island
+    leaves out ``h.float()``); ``project``: an ``nn.Linear(16, 16)`` between the embeddings and the
+    encoder (under autocast its output is bf16); ``pool``: "masked" (the mean over the real
+    positions) or "all" (the mean over every position, padded ones included).
     """
 
-    def __init__(self, *, nested: bool = True, fp32_island: bool = False):
+    def __init__(self, *, nested: bool = True, fp32_island: bool = False, cast: bool = True,
+                 project: bool = False, pool: str = "masked"):
         nested, fp32_island = _flag("nested", nested), _flag("fp32_island", fp32_island)
+        cast, project, pool = _flag("cast", cast), _flag("project", project), _pool(pool)
         super().__init__()
         self.embed = nn.Embedding(VOCAB, D_MODEL)
         self.pos = nn.Embedding(MAX_LEN, D_MODEL)
         self.encoder = make_encoder(nested=nested)
         self.head = nn.Linear(D_MODEL, CLASSES)
-        self.fp32_island = fp32_island
+        # made last, so that the other weights are the same with or without it
+        self.project = nn.Linear(D_MODEL, D_MODEL) if project else None
+        self.fp32_island, self.cast, self.pool = fp32_island, cast, pool
 
     def forward(self, tokens: torch.Tensor, pad_mask: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         h = self.embed(tokens) + self.pos(positions)
+        if self.project is not None:
+            h = self.project(h)
         with _no_nested_warning():
             if self.fp32_island:
                 with torch.autocast(tokens.device.type, enabled=False):
-                    h = self.encoder(h.float(), src_key_padding_mask=pad_mask)
+                    h = self.encoder(h.float() if self.cast else h, src_key_padding_mask=pad_mask)
             else:
                 h = self.encoder(h, src_key_padding_mask=pad_mask)
+        if self.pool == "all":  # every position, padded ones too: their values depend on the path taken
+            return self.head(h.mean(dim=1))
         # masked pooling: the fast path leaves zeros at padded positions, the slow path values
         keep = (~pad_mask).unsqueeze(-1).to(h.dtype)
         pooled = (h * keep).sum(dim=1) / keep.sum(dim=1)
         return self.head(pooled)
+
+
+_POOLS = ("masked", "all")
+
+
+def _pool(pool) -> str:
+    if not (isinstance(pool, str) and pool in _POOLS):
+        raise ValueError(f"pool must be 'masked' (mean over the real positions) or 'all' (mean over every "
+                         f"position), not {_shown(pool)}")
+    return pool
 
 
 def make_data(batches: int, batch_size: int = BATCH, seed: int = 0, left_pad: bool = False):
@@ -133,8 +161,8 @@ def make_data(batches: int, batch_size: int = BATCH, seed: int = 0, left_pad: bo
 CONDITIONS = (
     ("all conditions hold", "nothing switched off", {}),
     ("eval mode", "train mode", {"train": True}),
-    ("grad disabled", "grad enabled", {"grad": "enabled"}),
-    ("grad disabled", "inference_mode instead of no_grad", {"grad": "inference_mode"}),
+    ("no gradient to record", "grad enabled", {"grad": "enabled"}),
+    ("no gradient to record", "inference_mode instead of no_grad", {"grad": "inference_mode"}),
     ("nested-tensor fast path", "enable_nested_tensor=False", {"nested": False}),
     ("fast path enabled", "set_fastpath_enabled(False)", {"fastpath": False}),
     ("a padding mask", "src_key_padding_mask=None", {"mask": "none"}),
@@ -155,18 +183,24 @@ _MASKS = ("right", "left", "all-false", "none")
 
 def encoder_call(*, train=False, grad="no_grad", nested=True, fastpath=True, mask="right",
                  batch_first=True, norm_first=False, layers=LAYERS, layer_only=False,
-                 autocast=torch.bfloat16, seed=0) -> Outcome:
+                 autocast=torch.bfloat16, frozen=False, causal=False, seed=0) -> Outcome:
     """One call of a fresh seeded fp32 ``nn.TransformerEncoder`` on a padded batch, in plain torch.
 
     The defaults are the crashing case: eval mode, ``no_grad``, nested tensors on, fast path on, a
     right-padded mask, ``batch_first=True``, ``norm_first=False``, two layers, CPU autocast in bf16.
     ``grad``: "no_grad", "inference_mode" or "enabled"; ``mask``: "right", "left", "all-false" or
     "none"; ``layer_only``: call the encoder's first layer directly (no nested tensor is packed);
-    ``autocast``: a dtype, or None for none. Returns the Outcome (the error, or the output dtype).
+    ``autocast``: a dtype, or None for none; ``frozen``: the encoder's weights do not require grad
+    (``requires_grad_(False)``; the input never does); ``causal``: pass a causal attention mask
+    (``mask=`` / ``src_mask=``) besides the padding mask.
+
+    Returns the Outcome: the error, or ``details`` with the output dtype and, where the mask pads
+    some positions, ``padded_zero``: whether every padded position of the output is exactly 0 (as the
+    nested-tensor path leaves them).
     """
     train, nested, fastpath = _flag("train", train), _flag("nested", nested), _flag("fastpath", fastpath)
     batch_first, norm_first = _flag("batch_first", batch_first), _flag("norm_first", norm_first)
-    layer_only = _flag("layer_only", layer_only)
+    layer_only, frozen, causal = _flag("layer_only", layer_only), _flag("frozen", frozen), _flag("causal", causal)
     if not (isinstance(grad, str) and grad in _GRAD_MODES):
         raise ValueError(f"grad must be one of {', '.join(map(repr, _GRAD_MODES))}, not {_shown(grad)}")
     if not (isinstance(mask, str) and mask in _MASKS):
@@ -182,8 +216,11 @@ def encoder_call(*, train=False, grad="no_grad", nested=True, fastpath=True, mas
     if layer_only:
         enc = enc.layers[0]
     enc.train(train)
+    enc.requires_grad_(not frozen)
     pad = torch.arange(MAX_LEN).unsqueeze(0) >= torch.tensor([[5], [9], [12], [7]])
     pad_mask = {"right": pad, "left": pad.flip(1), "all-false": torch.zeros_like(pad), "none": None}[mask]
+    # boolean like the padding mask (True: may not attend), so torch warns of no mismatch
+    attn_mask = torch.ones(MAX_LEN, MAX_LEN, dtype=torch.bool).triu(1) if causal else None
     if not batch_first:
         x = x.transpose(0, 1)
     grad_ctx = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
@@ -192,8 +229,12 @@ def encoder_call(*, train=False, grad="no_grad", nested=True, fastpath=True, mas
 
     def call():
         with grad_ctx(), amp, _no_nested_warning(), (contextlib.nullcontext() if fastpath else fastpath_disabled()):
-            out = enc(x, src_key_padding_mask=pad_mask)
-        return {"details": {"dtype": str(out.dtype).replace("torch.", "")}}
+            out = enc(x, attn_mask, src_key_padding_mask=pad_mask)
+        details = {"dtype": str(out.dtype).replace("torch.", "")}
+        if pad_mask is not None and pad_mask.any():
+            padded = out if batch_first else out.transpose(0, 1)
+            details["padded_zero"] = bool((padded[pad_mask] == 0).all())
+        return {"details": details}
 
     return outcome_of("encoder call", call)
 
@@ -220,7 +261,15 @@ def old_message() -> Outcome:
 
 
 # ------------------------------------------------------------------ the real Trainer
-def _lightning_module(nested: bool, fp32_island: bool, seed: int):
+def _context(module) -> dict:
+    """The mode a step runs in: train/eval, grad, inference mode, CPU autocast and its dtype."""
+    return {"training": module.training, "grad_enabled": torch.is_grad_enabled(),
+            "inference_mode": torch.is_inference_mode_enabled(),
+            "autocast": torch.is_autocast_enabled("cpu"),
+            "autocast_dtype": str(torch.get_autocast_dtype("cpu")).replace("torch.", "")}
+
+
+def _lightning_module(seed: int, **model_options):
     import lightning as L
 
     class LitEncoderClassifier(L.LightningModule):
@@ -228,25 +277,31 @@ def _lightning_module(nested: bool, fp32_island: bool, seed: int):
             super().__init__()
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
-                self.model = EncoderClassifier(nested=nested, fp32_island=fp32_island)
+                self.model = EncoderClassifier(**model_options)
             self.train_steps = 0
+            self.train_context = {}
             self.val_losses = []
             self.val_context = {}
+            self.sanity_check = False
 
         def training_step(self, batch, batch_idx):
             tokens, pad_mask, labels = batch
+            if not self.train_steps:
+                self.train_context = _context(self)
             loss = nn.functional.cross_entropy(self.model(tokens, pad_mask), labels)
             self.train_steps += 1
             return loss
 
-        def validation_step(self, batch, batch_idx):
+        def validation_step(self, batch, batch_idx):  # also the test and predict step
             tokens, pad_mask, labels = batch
-            self.val_context = {"training": self.training, "grad_enabled": torch.is_grad_enabled(),
-                                "inference_mode": torch.is_inference_mode_enabled(),
-                                "autocast": torch.is_autocast_enabled("cpu"),
-                                "autocast_dtype": str(torch.get_autocast_dtype("cpu")).replace("torch.", "")}
+            self.val_context = _context(self)
+            self.sanity_check = self.trainer.sanity_checking
             loss = nn.functional.cross_entropy(self.model(tokens, pad_mask), labels)
-            self.val_losses.append(loss.item())
+            if not self.trainer.sanity_checking:
+                self.val_losses.append(loss.item())
+            return loss
+
+        test_step = predict_step = validation_step
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -262,26 +317,38 @@ def _loaders():
     return DataLoader(train, batch_size=BATCH, shuffle=False), DataLoader(val, batch_size=BATCH, shuffle=False)
 
 
+_STAGES = ("fit", "validate", "test", "predict")
+
+
 def lightning_run(precision: str = "bf16-mixed", *, nested: bool = True, fp32_island: bool = False,
-                  fastpath: bool = True, stage: str = "fit", name: str | None = None, seed: int = 0) -> Outcome:
+                  cast: bool = True, project: bool = False, pool: str = "masked", fastpath: bool = True,
+                  stage: str = "fit", sanity_steps: int = 0, name: str | None = None, seed: int = 0) -> Outcome:
     """Train the seeded model for one epoch (``TRAIN_BATCHES`` SGD steps) with ``trainer.fit``, then
-    validate (``stage="fit"``: Lightning's end-of-epoch validation, under ``no_grad``;
-    ``stage="validate"``: a separate ``trainer.validate`` after an epoch without validation, under
-    ``inference_mode``). No sanity-check validation, so the training steps run first.
+    evaluate on ``VAL_BATCHES`` batches: ``stage="fit"``: Lightning's end-of-epoch validation
+    (under ``no_grad``); ``"validate"``, ``"test"`` or ``"predict"``: a separate
+    ``trainer.validate/test/predict`` after an epoch without validation. ``sanity_steps``: the
+    Trainer's ``num_sanity_val_steps`` (Lightning's default is 2; 0 here, so the training steps
+    run first). ``nested``, ``fp32_island``, ``cast``, ``project``, ``pool``: the model's options
+    (see ``EncoderClassifier``); ``fastpath=False``: the whole run under
+    ``torch.backends.mha.set_fastpath_enabled(False)`` (restored afterwards).
     ``precision="16-mixed-fp16"``: ``plugins=[MixedPrecision("16-mixed", "cpu")]``, real fp16 autocast
     (``precision="16-mixed"`` itself becomes ``"bf16-mixed"`` on the CPU).
 
     Returns an Outcome: the error (and ``details["raised_in"]``, the innermost source line) or the
-    mean validation loss; ``details`` holds the training steps done, the validation context (train
-    mode, grad, inference mode, autocast) and the dtype of the model's weights.
+    mean evaluation loss; ``details`` holds the training steps done, the context of the first
+    training step and of the evaluation (train mode, grad, inference mode, autocast), whether the
+    last evaluation step was Lightning's sanity check, and after a run the dtype of the model's
+    weights and the trained weights themselves (``state``).
     """
     if isinstance(precision, bool) or not isinstance(precision, (str, int)):
         raise TypeError(f"precision must be a Lightning precision such as 'bf16-mixed' or '32-true' "
                         f"(or '16-mixed-fp16'), not {_shown(precision)}")
-    nested, fp32_island = _flag("nested", nested), _flag("fp32_island", fp32_island)
+    options = dict(nested=_flag("nested", nested), fp32_island=_flag("fp32_island", fp32_island),
+                   cast=_flag("cast", cast), project=_flag("project", project), pool=_pool(pool))
     fastpath, seed = _flag("fastpath", fastpath), _seed(seed)
-    if not (isinstance(stage, str) and stage in ("fit", "validate")):
-        raise ValueError(f"stage must be 'fit' or 'validate', not {_shown(stage)}")
+    if not (isinstance(stage, str) and stage in _STAGES):
+        raise ValueError(f"stage must be one of {', '.join(map(repr, _STAGES))}, not {_shown(stage)}")
+    sanity_steps = _whole("sanity_steps", sanity_steps, 0, VAL_BATCHES)
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be a string or None, not {_shown(name)}")
     name = name or str(precision)
@@ -290,34 +357,39 @@ def lightning_run(precision: str = "bf16-mixed", *, nested: bool = True, fp32_is
         from lightning.pytorch.plugins import MixedPrecision
 
         trainer_kwargs = {"plugins": [MixedPrecision("16-mixed", "cpu")]}
-    model = _lightning_module(nested, fp32_island, seed)
+    model = _lightning_module(seed, **options)
     train, val = _loaders()
     details = {}
     with contextlib.ExitStack() as stack:
         if not fastpath:
             stack.enter_context(fastpath_disabled())
-        trainer = stack.enter_context(quiet_trainer(max_epochs=1, num_sanity_val_steps=0, **trainer_kwargs,
-                                                    deterministic=True))
+        trainer = stack.enter_context(quiet_trainer(max_epochs=1, num_sanity_val_steps=sanity_steps,
+                                                    **trainer_kwargs, deterministic=True))
         try:
             trainer.fit(model, train, val if stage == "fit" else None)
-            if stage == "validate":
-                trainer.validate(model, val, verbose=False)
+            if stage != "fit":
+                run = {"validate": trainer.validate, "test": trainer.test, "predict": trainer.predict}[stage]
+                run(model, val, **({} if stage == "predict" else {"verbose": False}))
         except Exception as exc:  # the failure is the lesson: keep its exact type and message
             frame = traceback.extract_tb(exc.__traceback__)[-1]
             details.update(train_steps=model.train_steps, val_batches=len(model.val_losses),
-                           raised_in=frame.line, val_context=model.val_context)
+                           raised_in=frame.line, train_context=model.train_context,
+                           val_context=model.val_context, sanity_check=model.sanity_check)
             return Outcome(name=name, error_type=type(exc).__name__, message=str(exc), details=details)
-    details.update(train_steps=model.train_steps, val_batches=len(model.val_losses), val_context=model.val_context,
-                   weight_dtype=str(model.model.head.weight.dtype).replace("torch.", ""))
+    details.update(train_steps=model.train_steps, val_batches=len(model.val_losses),
+                   train_context=model.train_context, val_context=model.val_context,
+                   sanity_check=model.sanity_check,
+                   weight_dtype=str(model.model.head.weight.dtype).replace("torch.", ""),
+                   state={k: v.detach().clone() for k, v in model.model.state_dict().items()})
     return Outcome(name=name, loss=sum(model.val_losses) / len(model.val_losses), details=details)
 
 
-def crash(precision: str = "bf16-mixed", stage: str = "fit") -> Outcome:
+def crash(precision: str = "bf16-mixed", stage: str = "fit", sanity_steps: int = 0) -> Outcome:
     """The failing run: the default model under ``precision``. On the CPU Lightning 2.6 replaces
     ``"16-mixed"`` by ``"bf16-mixed"`` (with a warning), so both raise the BFloat16 message here;
     ``"16-mixed-fp16"`` (the ``MixedPrecision("16-mixed", "cpu")`` plugin) runs fp16 autocast and
-    raises ``... found Half``."""
-    return lightning_run(precision, stage=stage)
+    raises ``... found Half``. ``sanity_steps``: the Trainer's ``num_sanity_val_steps``."""
+    return lightning_run(precision, stage=stage, sanity_steps=sanity_steps)
 
 
 #: fix -> keyword arguments of ``lightning_run``
@@ -330,9 +402,11 @@ FIXES = {
 }
 
 
-def fix_runs() -> dict:
-    """Each fix in ``FIXES`` run through the Trainer: fix name -> Outcome (validation loss in ``loss``)."""
-    return {fix: lightning_run(name=fix, **kwargs) for fix, kwargs in FIXES.items()}
+def fix_runs(pool: str = "masked") -> dict:
+    """Each fix in ``FIXES`` run through the Trainer: fix name -> Outcome (validation loss in ``loss``).
+    ``pool``: the model's pooling, "masked" or "all" (see ``EncoderClassifier``)."""
+    pool = _pool(pool)
+    return {fix: lightning_run(name=fix, pool=pool, **kwargs) for fix, kwargs in FIXES.items()}
 
 
 def _check_runs(runs) -> None:
@@ -381,3 +455,78 @@ def fix_table(runs: dict | None = None, *, exact: bool = False, tolerance: float
                          "yes" if abs(diff) <= tolerance else "no"))
     last = "vs fp32" if exact else f"within {tolerance:g} of fp32"
     return Table(("fix", "weights", "validation loss", last), rows)
+
+
+# ------------------------------------------------------------------ exercise checkers
+def _said(answer) -> str | None:
+    """A text answer, folded: case, spaces, quotes and a final full stop ignored (None if not text)."""
+    if not isinstance(answer, str):
+        return None
+    return " ".join(answer.strip().strip("'\"").strip().rstrip(".!").strip().casefold().split())
+
+
+_YES = {"yes", "y", "true"}
+_NO = {"no", "n", "false"}
+
+
+def _yes_or_no(answer, expected: bool, more=()):
+    """True when ``answer`` says ``expected``: a bool, "yes"/"no" (any case) or one of ``more``."""
+    if isinstance(answer, (bool, np.bool_)):
+        return bool(answer) is expected
+    return _said(answer) in (_YES if expected else _NO) | set(more)
+
+
+def check_all_false_mask(answer) -> Check:
+    """Q (predict): with an all-False padding mask (one that pads nothing) instead of the
+    right-padded one, does the encoder call still crash? ("yes": the mask is there, and every
+    sequence is trivially padded at its end, so the batch is packed all the same.)"""
+    return check(answer, "yes", accept=lambda a: _yes_or_no(a, True, {"crash", "crashes", "it crashes", "raises"}),
+                 hint="the encoder decides from the mask it is given, not from how much it pads: "
+                      "is an all-False mask one it can pack?")
+
+
+def _fix_name(answer) -> str | None:
+    """A fix named in any usual spelling, folded: 'precision="bf16-true"', "bf16 true" -> "bf16true"."""
+    said = _said(answer)
+    if said is None:
+        return None
+    said = said.removeprefix("precision").strip().lstrip("=").strip().strip("'\"")
+    return "".join(c for c in said if c not in " -_'\"")
+
+
+def check_furthest_fix(answer) -> Check:
+    """Q (predict): which fix ends furthest from fp32's validation loss? ("bf16-true": its weights
+    themselves are bf16.)"""
+    return check(answer, "bf16-true", accept=lambda a: _fix_name(a) == "bf16true",
+                 hint="ask in which dtype each fix keeps the weights, and what that dtype does to a "
+                      "small update")
+
+
+def check_fp32_fast_path(answer) -> Check:
+    """Q (predict): in the fp32 reference run (``precision="32-true"``), does the validation call of
+    the encoder take the nested-tensor fast path? ("yes": eval mode, no grad and a right-padded
+    mask are all there; autocast is what is missing, and it only decides whether the path fails.)"""
+    return check(answer, "yes", accept=lambda a: _yes_or_no(a, True, {"it does", "fast path", "the fast path"}),
+                 hint="go through the conditions of section 2 one by one for a validation step of the "
+                      "32-true run, and ask which of them the path itself needs")
+
+
+def check_sanity_steps(answer) -> Check:
+    """Q (predict): with Lightning's default ``num_sanity_val_steps=2``, how many training steps run
+    before the crash? (0: the sanity check validates before the first training step.)"""
+    def accept(a):
+        if isinstance(a, (bool, np.bool_)):
+            return False
+        if _said(a) in {"zero", "none", "no steps", "no training steps", "not one", "nil"}:
+            return True
+        return float(_said(a) if isinstance(a, str) else a) == 0
+    return check(answer, 0, accept=accept,
+                 hint="what does a default Trainer run before its first training step?")
+
+
+def check_frozen_encoder(answer) -> Check:
+    """Q (transfer): a frozen encoder (``requires_grad_(False)``, eval mode) called with grad
+    enabled, on an input that does not require grad, under CPU bf16 autocast: does it crash? ("yes")"""
+    return check(answer, "yes", accept=lambda a: _yes_or_no(a, True, {"crash", "crashes", "it crashes", "raises"}),
+                 hint="the encoder does not ask whether grad mode is on, but whether it would have to record "
+                      "a gradient")

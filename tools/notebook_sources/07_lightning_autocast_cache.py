@@ -6,23 +6,26 @@ CELLS = [
     md("""
     # 07 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad
 
-    Why an extra forward pass under `torch.no_grad()` once cost some layers their gradients, why it
-    no longer does on the versions this course pins, and what to write if your code must also run
-    on older ones.
+    The autocast weight cache: why an extra forward pass under `torch.no_grad()` once cost some
+    layers their gradients, why it no longer does on the versions this course pins, and what the
+    same cache still does today when a weight changes in place inside one autocast block.
 
     You will be able to:
-    - tell from the installed torch and Lightning whether the autocast weight cache can bite,
+    - tell from the installed torch and Lightning which part of the autocast cache can bite,
     - recognise the legacy failure: the exact `RuntimeError`, and its silent variant where a layer
       simply stops learning,
-    - pick a fix that works everywhere, and say why re-entering autocast is not one inside Lightning.
+    - predict when a forward under autocast reuses a stale low-precision copy of a weight, and fix
+      it with `cache_enabled=False` or by leaving the autocast block before the weights change.
     """),
     code("""
     import torch
 
-    from ampviz.lessons import check_cache_call, check_layer_without_grad, check_nested_autocast
-    from ampviz.pitfalls.autocast_cache import (SimulatedLegacyAutocastCache, fix_table, make_model,
-                                                real_lightning, real_plain, simulated_lightning,
-                                                simulated_plain, summary, which_world, world)
+    from ampviz.pitfalls.autocast_cache import (LOOP_CASES, SimulatedLegacyAutocastCache, autocast_source,
+                                                check_fabric_loop_loss_changes, check_loop_fixes,
+                                                check_no_grad_sees_update, check_params_without_grad, fix_table,
+                                                loop_table, make_model, real_lightning, real_plain,
+                                                simulated_lightning, simulated_plain, stale_table, summary,
+                                                training_loop, which_world, world)
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -33,14 +36,15 @@ CELLS = [
     The pattern is common: inside `training_step`, a forward pass under `torch.no_grad()` (a target
     network, an EMA model, a metric), then the forward pass whose loss is trained, both inside the
     autocast that `precision="bf16-mixed"` (or `"16-mixed"`) puts around the step. Whether that
-    trains depends on the versions. `which_world()` finds out by trying, not by reading version numbers:
+    trains depends on the versions. `which_world()` finds out by trying, not by reading version
+    numbers, and also tries the part of the cache that no version has changed:
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
     print(which_world())
     """),
     md("""
-    ## 2. On the installed versions it works
+    ## 2. On the installed versions, a `no_grad` pass then a grad pass works
 
     The pattern in plain torch, with a Linear → ReLU → Linear model and with a Linear → LayerNorm
     model; `summary` names each parameter and whether `backward()` gave it a `.grad`:
@@ -70,15 +74,19 @@ CELLS = [
     """),
     md("""
     Notice: every parameter has a gradient, and inside Lightning's step the autocast **cache is
-    disabled**. Two independent changes made this safe:
-    - **torch**: the autocast cache now always makes its cached casts with grad enabled, and skips
-      caching in inference mode (pytorch/pytorch PR #165068, fixing #158232).
-    - **Lightning ≥ 2.6.0**: the precision plugin enters `torch.autocast(..., cache_enabled=False)`
-      (Lightning PR #20921, fixing #20644). Master has since restored caching with a clear when a
-      no-grad block exits (PR #21616, after the memory regression #21611); 2.6.6 does not have it.
+    disabled**. Two independent changes made this pattern safe:
+    - **torch**: the autocast cache now always makes its cached casts with grad enabled, even under
+      `no_grad`, and caches nothing in inference mode (pytorch/pytorch PR #165068, fixing #158232).
+      This course's torch 2.13 has it; `which_world()` tells for any installed version by trying.
+    - **Lightning ≥ 2.6.0**: the Trainer's precision plugin enters
+      `torch.autocast(..., cache_enabled=False)` (Lightning PR #20921, fixing #20644). Master has
+      since restored caching with a clear when a no-grad block exits (PR #21616, after the memory
+      regression #21611); 2.6.6 does not have it.
 
-    Either change alone prevents the failure. Older stacks had neither: Lightning issues #17949
+    Either change alone prevents this failure. Older stacks had neither: Lightning issues #17949
     (closed as won't fix), #19517, #19810, #20251; torch issues #65766, #105211, #112583.
+
+    Neither change removed the cache itself. Section 5 shows what it still does on torch 2.13.
     """),
     md("""
     ## 3. A simulation of the legacy rule
@@ -147,6 +155,46 @@ CELLS = [
     - Running the grad pass first is also safe: its cached casts carry grad.
     """),
     md("""
+    ## 5. Still real: a weight changed in place inside one autocast block
+
+    The cache of the installed torch, as its rule reads today: the low-precision copy of an argument
+    is kept when the target is the autocast dtype (bf16 or fp16 on the CPU), the source is an fp32
+    leaf that requires grad and is not a view, the cache is enabled, and inference mode is off. The
+    entry is dropped when the **outermost** autocast exits, or by `torch.clear_autocast_cache()`.
+    Nothing compares the copy with the weight: change the weight in place (an `opt.step()`, a
+    `p.data.copy_(...)`) and the next forward in the same block reads the old copy.
+
+    A `Linear(8, 4)`: `y1 = lin(x)`, then `lin.weight.add_(1)` under `no_grad`, then `y2 = lin(x)`.
+    Every output must grow by the sum of its input row (up to 7.8 here):
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    print(stale_table())
+    """),
+    md("""
+    Notice:
+    - In one block, with the cache on, `y2` is computed from the **old** weight, in bf16 and in fp16.
+      Nothing is raised, and nothing is wrong with the gradient's path: only the values are old.
+    - An inner `torch.autocast` does not help: the cache lives until the outermost block exits.
+    - The fixes: `cache_enabled=False` on the outermost autocast, `torch.clear_autocast_cache()`
+      after the update, or leave the autocast block before changing weights (autocast around the
+      forward and the loss only, as the torch AMP recipe does).
+
+    Where Lightning enters autocast, read from the installed source with `inspect.getsource`:
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    print("lightning.fabric   MixedPrecision.forward_context:         ", *autocast_source("fabric"))
+    print("lightning.pytorch  MixedPrecision.autocast_context_manager:", *autocast_source("trainer"))
+    """),
+    md("""
+    Notice: the Trainer's autocast passes `cache_enabled=False`, so inside `training_step` nothing is
+    cached and nothing can go stale. Fabric's does not pass it: the cache is on. Every forward of a
+    model returned by `fabric.setup` runs inside this context; on its own that forward is the
+    outermost autocast, and its exit empties the cache. `fabric.autocast()` enters the same context,
+    for code outside the model's forward.
+    """),
+    md("""
     ## Try it
 
     Write the two passes your own way under the simulation, and see which parameters get a
@@ -166,31 +214,132 @@ CELLS = [
     print({name: p.grad is not None for name, p in model.named_parameters()})
     """),
     md("""
+    And the installed torch, no simulation: change the weight in place between two forwards, and
+    see whether the second one notices. Try `cache_enabled=False`, `torch.inference_mode()` around
+    the block, `lin.requires_grad_(False)`, or an `opt.step()` in place of the `add_`:
+    """),
+    code("""
+    lin = torch.nn.Linear(8, 4)
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y1 = lin(x)
+        with torch.no_grad():
+            lin.weight.add_(1.0)
+        y2 = lin(x)
+    print("y2 differs from y1:", not torch.equal(y1, y2))
+    """),
+    md("""
     ## Check yourself
+
+    Answer each question before you run the cell that follows it.
     """),
     code("""
-    # Legacy rule, inside Lightning <= 2.5's autocast: does wrapping the grad pass in its own
-    # torch.autocast(...) give every parameter its gradient? Answer "yes" or "no".
+    # Predict: under the simulated legacy rule, a Linear -> LayerNorm -> Linear model ("sandwich"),
+    # a no_grad pass then a grad pass inside one autocast, then backward(). How many of its six
+    # parameters (three weights, three biases) keep .grad = None? Answer with a number.
     answer = None
-    check_nested_autocast(answer)
+    check_params_without_grad(answer)
     """),
     code("""
-    # Legacy rule, Linear -> LayerNorm: which layer's weight keeps .grad = None? "linear" or "layernorm"
-    answer = None
-    check_layer_without_grad(answer)
+    # NBVAL_CHECK_OUTPUT
+    print(summary(simulated_plain("sandwich")))
     """),
     code("""
-    # Name a torch function to call between the two passes that makes the legacy rule harmless.
+    # Predict: on the installed torch, one autocast block (cache on); y1 = lin(x) under torch.no_grad(),
+    # then lin.weight.add_(1), then y2 = lin(x) under torch.no_grad() again. Does y2 differ from y1?
+    # Answer "yes" or "no".
     answer = None
-    check_cache_call(answer)
+    check_no_grad_sees_update(answer)
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    print(stale_table(["no_grad_passes", "inference_mode", "frozen_weight"]))
+    """),
+    code("""
+    # Predict: Fabric(accelerator="cpu", precision="bf16-mixed"), a model and an SGD optimizer from
+    # fabric.setup, and this loop on one fixed batch:
+    #     with fabric.autocast():
+    #         for step in range(5):
+    #             opt.zero_grad(); loss = F.mse_loss(model(x), y); fabric.backward(loss); opt.step()
+    # Does the loss change from step to step? Answer "yes" or "no".
+    answer = None
+    check_fabric_loop_loss_changes(answer)
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    print(loop_table(["fabric_outer", "fabric_per_step", "outer", "per_step"]))
+    """),
+    code("""
+    # A plain torch loop that never trains (the loss stays at its first value):
+    #     with torch.autocast("cpu", dtype=torch.bfloat16):
+    #         for step in range(5):
+    #             opt.zero_grad()
+    #             loss = F.mse_loss(model(x), y)
+    #             loss.backward()
+    #             opt.step()
+    # Which of these changes, each made alone, make its loss fall? Answer with the letters, e.g. "a, c".
+    #   (a) wrap opt.step() in torch.no_grad()
+    #   (b) pass cache_enabled=False to torch.autocast
+    #   (c) call opt.zero_grad(set_to_none=False) in place of opt.zero_grad()
+    #   (d) call torch.clear_autocast_cache() right after opt.step()
+    answer = None
+    check_loop_fixes(answer)
+    """),
+    code("""
+    # NBVAL_CHECK_OUTPUT
+    print(loop_table(["outer_no_grad_step", "outer_cache_disabled", "outer_zero_grad_keep",
+                      "outer_clear_after_step"]))
+    """),
+    md("""
+    ## Summary
+
+    - Fixed: on torch with PR #165068 (this course's 2.13 has it) and on Lightning ≥ 2.6.0, a
+      `no_grad` pass then a grad pass inside one autocast trains correctly: cached casts carry grad,
+      and the Trainer's autocast does not cache.
+    - Under the legacy rule, casts of parameters made in the `no_grad` pass were reused by the grad
+      pass until the outermost autocast exited. If every path to a trainable tensor went through
+      them: `RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn`.
+      Otherwise, silently, some layers got no gradient. Portable fix:
+      `with torch.no_grad(), torch.autocast(device_type, enabled=False):` for the extra pass.
+    - Still real on torch 2.13: the cache keeps a weight's bf16/fp16 copy until the outermost
+      autocast exits. A weight changed in place inside one block (an `opt.step()`, an EMA copy) is
+      not seen by later forwards there, under `no_grad` too; a whole training loop inside one
+      autocast (or one `fabric.autocast()`) computes the same loss at every step.
+    - Fix: `cache_enabled=False`, or `torch.clear_autocast_cache()` after the update, or autocast
+      around the forward and the loss only, left before `opt.step()`. Re-entering autocast inside
+      an outer block does not clear anything. Lightning's Trainer passes `cache_enabled=False`;
+      Fabric's autocast keeps the cache on.
+
+    **Next:**
+    [08 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation](08_lightning_transformer_eval.ipynb).
+
+    **Open exercises**
+    1. In the first *Try it* cell, put the grad pass first and the `no_grad` pass second. How many
+       casts are reused from the cache, do all parameters get a gradient, and why is this order safe
+       under the legacy rule?
+    2. What does the cache buy? In the second *Try it* cell, make `lin` an `nn.Linear(4096, 4096)`
+       and `x` a `(64, 4096)` batch, and time 20 forwards inside one autocast block against 20
+       forwards each in its own block (`time.perf_counter`), in bf16 and in fp16. How much does
+       the cache save on this machine?
+    3. Keep `fabric.autocast()` in the frozen Fabric loop of *Check yourself*, but move it so that
+       the model trains. Where must the `with` go, and what does the loss do over 5 steps?
+    4. A `Trainer(precision="bf16-mixed")` with manual optimization: in one `training_step`, a
+       forward, `opt.step()`, then a second forward of the same batch. Does the second forward see
+       the update on Lightning 2.6.6? What changes with a plugin that enters autocast with
+       `cache_enabled=True`, as Lightning ≤ 2.5 did?
     """),
     md("""
     The lesson's claims, checked:
     """),
     code("""
     error = "RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn"
-    assert world()["torch: grad pass after a no_grad pass gets gradients"]  # the installed torch is fixed
-    assert world()["lightning bf16-mixed autocast cache_enabled"] is False  # so is the installed Lightning
+    w = world()
+    assert w["torch: grad pass after a no_grad pass gets gradients"]  # fixed in the installed torch
+    assert not w["torch: in-place weight update seen inside one autocast block"]  # still real
+    assert w["lightning bf16-mixed autocast cache_enabled"] is False  # the Trainer: no cache
+    assert w["lightning fabric bf16-mixed autocast cache_enabled"] is True  # Fabric: the cache is on
+    assert "cache_enabled" not in autocast_source("fabric")[0]
+    assert "cache_enabled=False" in autocast_source("trainer")[0]
     assert None not in real_plain("linear").grad_norms.values()
     assert None not in lit.grad_norms.values() and not lit.details["seen in training_step"]["autocast cache enabled"]
     assert summary(simulated_plain("linear")).endswith(error)  # the simulation: the error ...
@@ -200,34 +349,12 @@ CELLS = [
     for fix in ("autocast_off_in_no_grad", "reenter_top_level", "cache_disabled", "clear_cache"):
         assert simulated_plain("linear", fix).grad_norms == real_plain("linear").grad_norms, fix
     assert summary(simulated_plain("linear", "reenter_nested")).endswith(error)  # nested re-entry fails
+    stale = stale_table()
+    assert stale.column("bf16: y2") == stale.column("fp16: y2") == ("stale: old weight",) * 2 + ("changes",) * 4
+    losses = {case: training_loop(case).details["losses"] for case in LOOP_CASES}
+    frozen = {case for case, values in losses.items() if len(set(values)) == 1}
+    assert frozen == {"outer", "outer_no_grad_step", "outer_zero_grad_keep", "fabric_outer"}, frozen
     print("all claims hold")
-    """),
-    md("""
-    ## Summary
-
-    - On torch with PR #165068 (this course's 2.13) and on Lightning ≥ 2.6.0, a `no_grad` pass then
-      a grad pass inside one autocast trains correctly: cached casts carry grad, and Lightning's
-      autocast does not cache.
-    - Under the legacy rule, casts of parameters made in the `no_grad` pass were reused by the grad
-      pass until the outermost autocast exited. If every path to a trainable tensor went through
-      them: `RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn`.
-      Otherwise, silently, some layers got no gradient.
-    - Portable fix: `with torch.no_grad(), torch.autocast(device_type, enabled=False):` for the
-      extra pass. `cache_enabled=False` or `torch.clear_autocast_cache()` also work; re-entering
-      autocast works only at the top level.
-
-    **Next:**
-    [08 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation](08_lightning_transformer_eval.ipynb).
-
-    **Open exercises**
-    1. In *Try it*, put the grad pass first and the `no_grad` pass second. How many casts are reused
-       from the cache, and do all parameters get a gradient? Why is this order safe?
-    2. Replace `torch.no_grad()` by `torch.inference_mode()` in *Try it*. Does anything change under
-       the simulated legacy rule? Today's torch skips caching in inference mode altogether: why is
-       that a safe choice?
-    3. Build a model in which the simulation raises no error but **two** layers get no gradient.
-    4. `SimulatedLegacyAutocastCache` applies the rule to `F.linear` only. Which other ops did the
-       real legacy cache affect on the GPU, and how would you extend the simulation to `F.conv2d`?
     """),
 ]
 
@@ -235,7 +362,8 @@ CELLS = [
 # The exercise cells (code cells that set `answer = None`), each found by a phrase only it contains:
 # (a correct answer, a plausible wrong one), as source text. tests/test_exercises.py runs both.
 SOLUTIONS = {
-    "wrapping the grad pass": ('"no"', '"yes"'),
-    "which layer's weight keeps .grad = None": ('"linear"', '"layernorm"'),
-    "Name a torch function": ('"torch.clear_autocast_cache()"', '"torch.cuda.empty_cache()"'),
+    "How many of its six": ("4", "2"),
+    "y2 = lin(x) under torch.no_grad() again": ('"no"', '"yes"'),
+    "Does the loss change from step to step": ('"no"', '"yes"'),
+    "Which of these changes, each made alone": ('"b, d"', '"a, b, d"'),
 }
