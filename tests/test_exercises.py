@@ -203,3 +203,36 @@ def test_notebook_links_resolve(path):
         elif re.fullmatch(r"\d\d_\w+\.ipynb", target) and label != _title(file):
             mislabelled.append((label, _title(file)))
     assert broken == [] and mislabelled == []
+
+
+GUIDE = ROOT / "TEACHING.md"
+GUIDE_HEADINGS = ("### Prerequisites", "### Minutes per section", "### One-slide recap", "### Check yourself: answers",
+                  "### Open exercises: answers", "### What to demo live")
+
+
+def _guide_sections() -> dict:
+    """The teacher's guide, split at its per-notebook anchors (``<a id="nbNN"></a>``)."""
+    parts = re.split(r'<a id="nb(\d\d)"></a>', GUIDE.read_text(encoding="utf-8"))
+    return {nn: text for nn, text in zip(parts[1::2], parts[2::2])}
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_the_teachers_guide_covers_every_notebook(path):
+    """Every notebook links its section of TEACHING.md; the section has its title, the six parts a
+    teacher needs, and as many answered open exercises as the notebook asks."""
+    nn = path.stem[:2]
+    notebook = NOTEBOOK_DIR / f"{path.stem}.ipynb"
+    targets = [target for _, target in LINK.findall(_markdown(notebook))]
+    assert (f"../TEACHING.md#nb{nn}" if nn != "00" else "../TEACHING.md") in targets
+    sections = _guide_sections()
+    assert nn in sections, f"TEACHING.md has no section nb{nn}"
+    section = sections[nn]
+    assert section.lstrip().startswith(f"## {_title(notebook)}"), section.lstrip().splitlines()[0]
+    missing = [h for h in GUIDE_HEADINGS if h not in section]
+    assert missing == [], missing
+    cells = builder.load_source(path).CELLS
+    summary = next(text for kind, text in cells if text.startswith("## Summary"))
+    asked = len(re.findall(r"^\d+\. ", summary.split("**Open exercises**")[1], flags=re.M))
+    answers = section.split("### Open exercises: answers")[1].split("\n### ")[0]
+    answered = len(re.findall(r"^\d+\. ", answers, flags=re.M))
+    assert answered == asked, f"{asked} open exercises, {answered} answered in the guide"

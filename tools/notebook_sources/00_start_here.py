@@ -13,6 +13,9 @@ CELLS = [
     - find your way around the course: what each notebook teaches, and where its exercises are,
     - run cells and use the interactive explorers in JupyterLab (and fix one that does not show),
     - see what *your* machine measures for fp16 and bf16, rather than what a datasheet promises.
+
+    Teaching with this course? The [teacher's guide](../TEACHING.md) gives, per notebook, timings,
+    the answers to every exercise and what to demo live.
     """),
     code("""
     import numpy as np
@@ -37,8 +40,8 @@ CELLS = [
     | [03 · GradScaler internals: the real scaler, call by call](03_gradscaler_internals.ipynb) | the real `torch.amp.GradScaler` call by call: its float32 scale, `unscale_`, skipped steps, backoff and growth, every error message, clipping and skipped-step checks, and a bit-exact simulator |
     | [04 · The scaling lab: dynamic loss scalers under pressure](04_scaling_lab.ipynb) | the sawtooth, the ratchet and the collapse: the loss scalers of torch, DeepSpeed, Megatron, NeMo, Keras and JAX (and four legacy ones) side by side on the same gradient streams, with a live lab |
     | [05 · Live training: fp16, a scaler, bf16 and pure half weights](05_live_training.ipynb) | one seeded model trained in fp32, fp16 with and without a scaler, bf16 and pure fp16: where gradients vanish, why weights freeze, the measured speed, a live trainer and a gradient check-up for your own model |
-    | [06 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`](06_lightning_manual_backward.ipynb) | the wrong backward call under fp16 AMP: the `_scale is None` error, its silent variant, and why `precision="16-mixed"` on a CPU hides it (it silently becomes `bf16-mixed`, with no scaler) |
-    | [07 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad](07_lightning_autocast_cache.ipynb) | cached casts without gradients on older versions, why the pinned versions are safe, and a fix that works everywhere |
+    | [06 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`](06_lightning_manual_backward.ipynb) | the wrong backward call under fp16 AMP: the `_scale is None` error, its silent variant, and why `precision="16-mixed"` on a CPU hides it (it silently becomes `bf16-mixed`, with no scaler); several optimizers, where one overflow makes the next optimizer apply 2× its gradient; where clipping goes |
+    | [07 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad](07_lightning_autocast_cache.ipynb) | cached casts without gradients on older versions and what fixed them; the cached weight copy that still goes stale after an in-place update inside one autocast block, in PyTorch and Fabric, and its fixes |
     | [08 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation](08_lightning_transformer_eval.ipynb) | `nn.TransformerEncoder` under `bf16-mixed`: the exact conditions of the crash (the fast path with a padding mask), the old and new messages, and fixes checked against fp32 |
 
     Work through 01 and 02 in order: 02 uses the vocabulary of 01 (subnormal, underflow, overflow).

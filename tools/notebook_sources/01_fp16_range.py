@@ -12,6 +12,9 @@ CELLS = [
     - read a format's limits (max, smallest normal and subnormal, eps) off its bit layout,
     - predict what a cast to fp16 does at both ends of its range (2^-25 becomes 0, 65520 becomes inf),
     - explain why a weight stops learning when it is kept in fp16, and why AMP keeps fp32 master weights.
+
+    Teaching this lesson? The [teacher's guide](../TEACHING.md#nb01) has its timings, the answers to
+    its exercises and what to demo live.
     """),
     code("""
     import numpy as np

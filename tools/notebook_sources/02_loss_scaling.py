@@ -12,6 +12,9 @@ CELLS = [
     - measure how many of a model's gradients fp16 flushes to zero, and which layers lose them,
     - explain why multiplying the loss by S shifts every gradient by log2(S), and pick a safe static S,
     - say what one overflowing value does to a training step, and why GradScaler skips such steps.
+
+    Teaching this lesson? The [teacher's guide](../TEACHING.md#nb02) has its timings, the answers to
+    its exercises and what to demo live.
     """),
     code("""
     import numpy as np

@@ -14,6 +14,9 @@ CELLS = [
       and `update`, and predict its scale and growth tracker after any run of clean and overflowing steps,
     - read each of its error messages, and put clipping, skipped-step checks and the scheduler in the right place,
     - check a simulator of the scaler against the real one, step for step.
+
+    Teaching this lesson? The [teacher's guide](../TEACHING.md#nb03) has its timings, the answers to
+    its exercises and what to demo live.
     """),
     code("""
     import numpy as np

@@ -13,6 +13,9 @@ CELLS = [
     - tell a harmless overflow sawtooth from a scale that ratchets down, and say why it ratchets,
     - predict how hysteresis, floors and a minimum-scale error change a run, framework by framework,
     - read "Gradient overflow. Skipping step" lines in a log and decide whether to worry.
+
+    Teaching this lesson? The [teacher's guide](../TEACHING.md#nb04) has its timings, the answers to
+    its exercises and what to demo live.
     """),
     code("""
     import numpy as np

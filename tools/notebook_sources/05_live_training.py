@@ -12,6 +12,9 @@ CELLS = [
     - find, layer by layer, which gradients fp16 training loses without a loss scaler, what that costs the loss, and show that a scaler saves them,
     - explain why bf16 needs no scaler, and why pure fp16 weights fail where fp32 master weights and optimizer state do not,
     - examine your own model's gradients and pick an initial loss scale, or decide that bf16 is the safer choice.
+
+    Teaching this lesson? The [teacher's guide](../TEACHING.md#nb05) has its timings, the answers to
+    its exercises and what to demo live.
     """),
     code("""
     import numpy as np

@@ -15,6 +15,9 @@ CELLS = [
     - explain `Attempted unscale_ but _scale is None` from the scaler's state, and find the call that fixes it,
     - tell when several optimizers step with a wrong gradient under Lightning's fp16 plugin, and
       where gradient clipping must go in manual optimization.
+
+    Teaching this lesson? The [teacher's guide](../TEACHING.md#nb06) has its timings, the answers to
+    its exercises and what to demo live.
     """),
     code("""
     import torch

@@ -16,6 +16,9 @@ CELLS = [
       simply stops learning,
     - predict when a forward under autocast reuses a stale low-precision copy of a weight, and fix
       it with `cache_enabled=False` or by leaving the autocast block before the weights change.
+
+    Teaching this lesson? The [teacher's guide](../TEACHING.md#nb07) has its timings, the answers to
+    its exercises and what to demo live.
     """),
     code("""
     import torch

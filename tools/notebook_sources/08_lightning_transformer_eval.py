@@ -13,6 +13,9 @@ CELLS = [
     - reproduce the crash in a real `Trainer` and name every condition it needs,
     - tell the current error message from the old one that write-ups quote,
     - choose a fix, and say what it costs compared with fp32.
+
+    Teaching this lesson? The [teacher's guide](../TEACHING.md#nb08) has its timings, the answers to
+    its exercises and what to demo live.
     """),
     code("""
     import torch
