@@ -132,7 +132,7 @@ class Diagnosis:
         if kind not in (None, "param", "output"):
             raise ValueError(f"kind must be 'param', 'output' or None (both), got {_describe(kind)}")
         s = self.scale_range[0] if self.scale_range else None
-        head = f"lost at {number(s, pow2=True)}" if s is not None else "lost at -"
+        head = f"lost at {number(s, pow2=True)} (low end)" if s is not None else "lost at low end: -"
         rows = []
         for k, results in (("param", self.params), ("output", self.activations)):
             if kind is not None and k != kind:

@@ -535,7 +535,7 @@ def trace_table(traces) -> Table:
     for t in traces:
         end = t.steps if t.stopped_at is None else t.stopped_at + 1
         scale = np.asarray(t.scale[:end], dtype=np.float64)
-        skipped = int(np.count_nonzero(t.skipped[:end]))
+        skipped = t.skipped_count
         final = "stopped" if t.stopped_at is not None else number(t.final.scale)
         rows.append((t.policy.name, f"{skipped:,}", number(scale[0]) if scale.size else "-",
                      final, number(scale.min()) if scale.size else "-",
@@ -573,6 +573,11 @@ def _number_text(text: str):
     m = _POWER_OF_TWO_TEXT.match(text)
     if m:
         return 2.0 ** int(m.group(1))
+    if text.count("/") == 1:  # a fraction: "5/1024", "1 / 2^15"
+        top, bottom = (_number_text(part) for part in text.split("/"))
+        if isinstance(top, float) and isinstance(bottom, float) and bottom != 0:
+            return top / bottom
+        return text
     try:
         return float(text.strip().strip("'\"").replace("_", "").replace(",", ""))
     except ValueError:
@@ -638,7 +643,8 @@ def _yes_no(expected: bool):
 def check_cast(answer, value, fmt="fp16") -> Check:
     """Q: what ``value`` becomes when it is cast to ``fmt`` (the stored value, exactly)."""
     return check(answer, get_format(fmt).quantize(float(value)),
-                 hint="type the value into the explorer's box and read the value it stores")
+                 hint="find the format's two numbers around the value (or its largest one) and round to the "
+                      "nearest, ties to the even one; what does the format do past its largest number?")
 
 
 def _close(expected: float, rel: float):
@@ -729,7 +735,8 @@ def check_batch_effect(answer) -> Check:
 def check_scale_direction(answer) -> Check:
     """Q: torch's rule (growth_interval 2000), an overflow every 500 steps: does the scale go
     "up" or "down"?"""
-    return check(answer, "down", accept=_text_is("down"),
+    return check(answer, "down", accept=_text_is("down", "it goes down", "goes down", "decreases", "falls",
+                                                 "lower"),
                  hint="growth needs growth_interval clean steps in a row")
 
 
@@ -761,7 +768,8 @@ def check_log_verdict(answer, scales) -> Check:
 # ----- 05: live training -----
 def check_mode_without_loss(answer) -> Check:
     """Q: which mode lost no gradient to underflow at step 0, "fp16" or "fp16+scaler"."""
-    return check(answer, "fp16+scaler", accept=_text_is("fp16+scaler", "fp16 + scaler"),
+    return check(answer, "fp16+scaler", accept=_text_is("fp16+scaler", "fp16 + scaler", "fp16 with a scaler",
+                                                        "fp16 with scaler", "fp16+gradscaler"),
                  hint="which mode multiplied the loss before the backward pass?")
 
 

@@ -1137,7 +1137,9 @@ class ScalerTrace:
 
     @property
     def skipped_count(self) -> int:
-        return int(self.skipped.sum())
+        """Skipped steps of the run; after a stop (``stopped_at``) no step runs, so none is counted."""
+        end = self.steps if self.stopped_at is None else self.stopped_at + 1
+        return int(np.count_nonzero(self.skipped[:end]))
 
     def __repr__(self) -> str:
         return (f"ScalerTrace({self.policy.name}: {self.steps} steps, {self.skipped_count} skipped, "

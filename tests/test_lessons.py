@@ -406,3 +406,18 @@ def test_range_shift_checker():
         assert L.check_range_shift(right)
     for wrong in ("down", "same", 1, None):
         assert L.check_range_shift(wrong).status == ("unanswered" if wrong is None else "wrong")
+
+
+def test_word_answers_take_their_synonyms():
+    for right in ("down", "It goes down", "decreases", " falls "):
+        assert L.check_scale_direction(right), right
+    assert L.check_scale_direction("up").status == "wrong" and L.check_scale_direction("sideways").status == "wrong"
+    for right in ("fp16+scaler", "fp16 with a scaler", "FP16 + scaler"):
+        assert L.check_mode_without_loss(right), right
+    assert L.check_mode_without_loss("fp16").status == "wrong"
+
+
+def test_fractions_typed_as_text_are_numbers():
+    assert L.check("5/1024", 5 / 1024) and L.check("5 / 2**10", 5 / 1024) and L.check("1/2^15", 2.0**-15)
+    for bad in ("1/0", "a/b", "1/2/3", "/"):
+        assert L.check(bad, 0.5).status == "wrong"

@@ -754,3 +754,15 @@ def test_state_is_immutable_and_adjust_returns_a_new_one():
     assert policy.adjust(s1, True) == ScalerState(32768.0, 0, 1)
     with pytest.raises(AttributeError):
         s0.scale = 1.0
+
+
+def test_a_stopped_run_counts_no_skipped_step_after_its_stop():
+    """DeepSpeed ZeRO stops at its minimum scale; the steps after the stop never ran, so they are
+    not skipped steps (ScalerLab's readout and trace_table both read skipped_count)."""
+    from ampviz.lessons import trace_table
+    from ampviz.scaling import PRESETS
+
+    trace = simulate(PRESETS["DeepSpeed ZeRO"], found_inf=np.ones(5_000, bool))
+    assert trace.stopped_at is not None and trace.stopped_at < 100
+    assert trace.skipped_count == int(trace.skipped[:trace.stopped_at + 1].sum()) < int(trace.skipped.sum())
+    assert trace_table([trace]).rows[0][1] == f"{trace.skipped_count:,}"

@@ -237,8 +237,8 @@ CELLS = [
     """),
     code("""
     # Another model: its largest gradient is 3e-3 and its smallest nonzero gradient 1e-9. What is
-    # the largest power-of-two scale at which none of its gradients overflow in fp16? Does that scale
-    # also keep the smallest one from becoming 0?
+    # the largest power-of-two scale at which none of its gradients overflow in fp16? (Then ask
+    # yourself: does that scale also keep the smallest one from becoming 0?)
     answer = None
     check_safe_scale(answer, np.array([3e-3, 1e-9], np.float32))
     """),

@@ -332,14 +332,15 @@ CELLS = [
 
     **Open exercises**
     1. In section 2, set `growth_interval` to the answer of the exercise above and to one more.
-       Where does each run's scale end, and what does the first one cost in skipped steps over
-       10,000 steps, compared with the settled sawtooth of large gradients?
+       Where does each run's scale end? Both skip the same number of steps there: what does the
+       shorter interval cost instead on section 1's steady stream?
     2. Give DeepSpeed ZeRO `consecutive_hysteresis=True`
        (`DeepSpeedZeroScaler(consecutive_hysteresis=True)`). Does it still stop at step 8,750?
     3. With the "warmup" scenario at strength 1, how many steps does each framework skip before the
        scale settles? Which one pays the most for its starting scale?
     4. `write_log(trace, "deepspeed")` prints a simulated run as DeepSpeed would. Write a log for the
-       bursts stream and diagnose it.
+       bursts stream and diagnose it; then diagnose it again without the first messages, those
+       written while the scale came down from its start. Which verdict is right, and why?
     """),
     md("""
     The lesson's claims, checked:

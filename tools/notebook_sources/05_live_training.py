@@ -302,7 +302,8 @@ CELLS = [
        Which layers start to move, and what happens to the loss?
     3. Run `examine` on the transformer: `task = build_task("transformer")`, then
        `examine(task.model, task.batch())`. Which modules lose gradients at scale 1?
-    4. Scale the first layer's weights of a model by 10^4 and examine it again. Why is bf16 now safer?
+    4. Multiply the beam model's first layer (`task.model.embed.weight`) by 10^4 and examine it
+       again; then by 3·10^4. When does `examine` call bf16 safer, and why only then?
     """),
     md("""
     The lesson's claims for these seeded runs, checked:
