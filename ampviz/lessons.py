@@ -166,7 +166,7 @@ def format_table(formats=("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")) -> Ta
 CAST_RULES = (
     ("torch 2.13, CPU (this course)", lambda f: None),
     ("ml_dtypes; torch before 2.12", lambda f: "inf" if f.specials == "ieee" else "nan"),
-    ("CUDA, __NV_SATFINITE", lambda f: "saturate"),
+    ("CUDA, saturating (satfinite)", lambda f: "saturate"),
 )
 
 
