@@ -45,8 +45,10 @@ CELLS = [
     | [08 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation](08_lightning_transformer_eval.ipynb) | `nn.TransformerEncoder` under `bf16-mixed`: the exact conditions of the crash (the fast path with a padding mask), the old and new messages, and fixes checked against fp32 |
 
     Work through 01 and 02 in order: 02 uses the vocabulary of 01 (subnormal, underflow, overflow).
-    Each lesson's exercises are at its end: **Check yourself** (questions a cell checks for you),
-    then the summary and **open exercises** to explore on your own.
+    Some exercises sit in the middle of a lesson: a cell marked **Predict** asks for your answer
+    before the next cell shows it (answer first, then run on). The rest are at its end: **Check
+    yourself** (questions a cell checks for you; in 03, a training step you write), then the
+    summary and **open exercises** to explore on your own.
     The four explorers (formats, ranges, scaling lab, live trainer) also share one page: the
     explorer app (`explorer.ipynb`; `make explorer` serves it as a page with Voila).
     """),
