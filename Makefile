@@ -13,8 +13,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # Runtime packages + ampviz itself (editable), for JupyterLab.
-$(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt -e .
+# JupyterLab's settings for the course (tools/jupyterlab_overrides.json: no news toast over the
+# notebook) go where JupyterLab reads overrides, the environment's own settings folder.
+$(VENV)/.lab-installed: requirements.txt pyproject.toml tools/jupyterlab_overrides.json | $(BIN)/python
+	@echo "Installing the course's packages into $(VENV) (the first time: a few minutes; pip shows its progress)"
+	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar on -r requirements.txt -e .
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	cp tools/jupyterlab_overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $@
 
 # Everything the test suite needs on top.
@@ -23,8 +28,10 @@ $(VENV)/.test-installed: requirements-dev.txt $(VENV)/.lab-installed
 	touch $@
 
 # Bound to 127.0.0.1 with token authentication (JupyterLab's default); --allow-root only for root.
+# The link it prints opens 00_start_here (not the Launcher).
+LAB_ARGS := --ip 127.0.0.1 --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb
 lab: $(VENV)/.lab-installed
-	$(BIN)/jupyter lab --ip 127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/00_start_here.ipynb
+	$(BIN)/jupyter lab $(LAB_ARGS) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # The explorer app as a page of its own (Voila: outputs only, no code), on 127.0.0.1 with a fresh
 # token. Voila masks the token in its own log, so the link with it is printed here first. Voila reads

@@ -202,3 +202,35 @@ def test_notebook_matches_its_source(path):
     committed = nbformat.read(path, as_version=4)
     assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in built.cells], (
         f"{path.name} differs from its source: run `python tools/build_notebooks.py {path.stem[:2]}`")
+
+
+def test_the_course_turns_off_jupyterlabs_news_toast():
+    """tools/jupyterlab_overrides.json holds valid settings of JupyterLab's notification plugin,
+    and both installs (make, Binder) put it where JupyterLab reads overrides."""
+    import json
+
+    settings = json.loads((ROOT / "tools" / "jupyterlab_overrides.json").read_text())
+    notification = settings["@jupyterlab/apputils-extension:notification"]
+    assert notification == {"fetchNews": "false", "checkForUpdates": False}
+    schema = next((ROOT / ".venv" / "share" / "jupyter" / "lab" / "schemas").glob(
+        "@jupyterlab/apputils-extension/notification.json"), None)
+    if schema is not None:  # the installed JupyterLab's own schema
+        props = json.loads(schema.read_text())["properties"]
+        assert {"const": "false", "title": "Never"} in props["fetchNews"]["oneOf"]
+        assert props["checkForUpdates"]["type"] == "boolean"
+    assert "share/jupyter/lab/settings/overrides.json" in (ROOT / "Makefile").read_text()
+    assert "overrides.json" in (ROOT / "binder" / "postBuild").read_text()
+
+
+def test_no_code_cell_ends_in_a_value_nobody_asked_for():
+    """A cell whose last line is `torch.manual_seed(0)` prints `<torch._C.Generator at 0x...>`."""
+    import ast
+
+    for source in sorted((ROOT / "tools" / "notebook_sources").glob("*.py")):
+        for kind, text in builder.load_source(source).CELLS:
+            if kind != "code":
+                continue
+            body = ast.parse(text).body
+            last = body[-1] if body else None
+            if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
+                assert "manual_seed" not in ast.unparse(last.value.func), (source.name, text.splitlines()[-1])

@@ -89,10 +89,8 @@ def jupyter_lab(notebook_dir: Path):
     for name in ("JUPYTER_CONFIG_DIR", "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR",
                  "JUPYTER_RUNTIME_DIR"):
         env[name] = str(tmp / name.lower())
-    # no "get notified about Jupyter news?" toast over the screenshots
-    news = tmp / "jupyterlab_settings_dir" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    news.parent.mkdir(parents=True)
-    news.write_text('{"fetchNews": "false"}')
+    # (no "get notified about Jupyter news?" toast: the course's own settings turn it off, as a
+    # learner gets them from `make lab` or Binder; test_lab checks it)
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip", "127.0.0.1", f"--port={port}",
            "--port-retries=0", f"--IdentityProvider.token={TOKEN}", "--LabApp.extension_manager=readonly",
            f"--ServerApp.root_dir={root}"]

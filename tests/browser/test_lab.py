@@ -2,7 +2,7 @@
 
 import re
 
-from conftest import OUTPUT, SCALE_Y, open_and_run, outputs_without_tracebacks, press_slider
+from conftest import OUTPUT, SCALE_Y, TOKEN, open_and_run, outputs_without_tracebacks, press_slider
 
 
 
@@ -48,4 +48,16 @@ def test_format_explorer_bit_toggle(browser, lab):
     assert "0x7BFE" in explorer.locator(".ampviz-bits-readout").inner_text()
     explorer.screenshot(path=str(OUTPUT / "format_explorer_bit0.png"))
     assert outputs_without_tracebacks(page) == []
+    page.close()
+
+
+def test_no_news_toast_covers_the_notebook(browser, lab):
+    """The course's JupyterLab settings (tools/jupyterlab_overrides.json, installed by make and by
+    binder/postBuild) turn off the news question that otherwise covers the notebook."""
+    page = browser.new_page(viewport={"width": 1300, "height": 1000})
+    page.goto(f"{lab}/lab/tree/00_start_here.ipynb?reset&token={TOKEN}")
+    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=90_000)
+    page.wait_for_timeout(5_000)  # the question appears a few seconds after the page
+    assert page.get_by_text("official Jupyter news").count() == 0
+    page.screenshot(path=str(OUTPUT / "lab_00_start_here.png"))
     page.close()

@@ -27,7 +27,7 @@ CELLS = [
     from ampviz.widgets import FormatExplorer
 
     rng = np.random.default_rng(0)
-    torch.manual_seed(0)
+    _ = torch.manual_seed(0)
     """),
     md("""
     ## The course map

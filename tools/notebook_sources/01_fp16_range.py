@@ -28,7 +28,7 @@ CELLS = [
     from ampviz.widgets import FormatExplorer, RangeExplorer
 
     rng = np.random.default_rng(0)
-    torch.manual_seed(0)
+    _ = torch.manual_seed(0)
     torch.set_num_threads(1)
     """),
     md("""

@@ -31,7 +31,7 @@ CELLS = [
     from ampviz.scaling import TorchGradScaler, simulate
 
     rng = np.random.default_rng(0)
-    torch.manual_seed(0)
+    _ = torch.manual_seed(0)
     torch.set_num_threads(1)
     """),
     md("""

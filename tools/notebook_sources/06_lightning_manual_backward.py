@@ -31,7 +31,7 @@ CELLS = [
                                                  norms_table, partial_overflow, precision_table, run_manual,
                                                  several_optimizers, steps_table, torch_recipe, trace_table)
 
-    torch.manual_seed(0)
+    _ = torch.manual_seed(0)
     torch.set_num_threads(1)
     print(versions())
     """),

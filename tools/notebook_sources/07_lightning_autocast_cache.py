@@ -30,7 +30,7 @@ CELLS = [
                                                 simulated_lightning, simulated_plain, stale_table, summary,
                                                 training_loop, which_world, world)
 
-    torch.manual_seed(0)
+    _ = torch.manual_seed(0)
     torch.set_num_threads(1)
     """),
     md("""

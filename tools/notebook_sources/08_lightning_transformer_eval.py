@@ -25,7 +25,7 @@ CELLS = [
                                                   check_furthest_fix, check_sanity_steps, condition_table, crash,
                                                   encoder_call, fix_runs, fix_table, lightning_run, old_message)
 
-    torch.manual_seed(0)
+    _ = torch.manual_seed(0)
     torch.set_num_threads(1)
     versions()
     """),
