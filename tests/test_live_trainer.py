@@ -219,7 +219,7 @@ def test_an_internal_error_in_the_thread_is_shown(monkeypatch):
 
 
 def test_a_drawing_error_never_ends_the_run(monkeypatch):
-    monkeypatch.setattr(widgets, "live_traces", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(widgets.live_trainer, "live_traces", lambda *a, **k: 1 / 0)
     lt = LiveTrainer(modes=("fp32",), steps=30, census_every=0)
     lt.start()
     assert lt.wait(10) and len(lt.runs["fp32"]) == 30
@@ -245,10 +245,13 @@ def test_redraws_are_throttled():
     original = lt._draw_live
     lt._draw_live = lambda: (draws.append(time.perf_counter()), original())
     lt.start()
-    time.sleep(0.55)
+    deadline = time.perf_counter() + 60  # a loaded machine may take seconds to the first step
+    while len(draws) < 4 and time.perf_counter() < deadline:
+        time.sleep(0.02)
     lt.stop()
     gaps = np.diff(draws[:-1])  # the last draw is the final one, after the stop
-    assert 3 <= len(draws) <= 8 and (gaps >= 0.1).all()
+    assert len(draws) >= 4 and (gaps >= 0.1).all()
+    assert len(lt.runs["fp32"]) > len(draws)  # steps between draws: not one redraw per step
     (loss,) = traces(lt.figure, "loss")
     assert len(loss["y"]) == len(lt.runs["fp32"])  # the final draw shows every record
 

@@ -135,7 +135,7 @@ def test_range_explorer_shows_callback_errors(range_explorer, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("census failed")
 
-    monkeypatch.setattr(widgets, "census", broken)
+    monkeypatch.setattr(widgets.range_explorer, "census", broken)
     ex.scale_slider.value = 4  # must not raise
     assert "census failed" in ex.error and "RuntimeError" in ex.error
     assert "census failed" in text(ex.message)
@@ -457,3 +457,17 @@ def test_scaler_lab_says_why_a_run_ended():
     zero = lab.traces[1]
     assert zero.stopped_at is not None and zero.stop_reason
     assert f"stopped at step {zero.stopped_at:,} (Exception: Current loss scale already at minimum" in lab.readout.value
+
+
+def test_the_view_is_a_package_one_module_per_explorer():
+    import importlib
+
+    from ampviz.widgets import ExplorerApp, FormatExplorer, LiveTrainer, RangeExplorer, ScalerLab
+    from ampviz.widgets.base import _Explorer
+
+    modules = {cls.__module__ for cls in (ExplorerApp, FormatExplorer, LiveTrainer, RangeExplorer, ScalerLab)}
+    assert modules == {"ampviz.widgets.app", "ampviz.widgets.format_explorer", "ampviz.widgets.live_trainer",
+                       "ampviz.widgets.range_explorer", "ampviz.widgets.scaler_lab"}
+    assert all(issubclass(cls, _Explorer) for cls in (FormatExplorer, LiveTrainer, RangeExplorer, ScalerLab))
+    assert importlib.import_module("ampviz.widgets").__all__ == [
+        "ExplorerApp", "FormatExplorer", "LiveTrainer", "RangeExplorer", "ScalerLab", "parse_number", "running_trainers"]

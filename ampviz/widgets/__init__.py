@@ -1,0 +1,24 @@
+"""Explorers: small ipywidgets classes over the core.
+
+Each explorer keeps its state on the instance (so a notebook or a test can read it), builds its
+controls once, and answers every change with a three-step adapter: read the controls, ask the
+core (``ampviz.formats``, ``ampviz.census``), redraw (a fresh figure from ``ampviz.plots`` into an
+``ipywidgets.Output``). The last figure is also kept as ``.figure``.
+
+An error inside a callback (text that is not a number, a bit pattern out of range) is shown in
+the explorer's message line and kept as ``.error``; it never escapes as a traceback.
+
+Show an explorer by making it the last expression of a cell, or with ``display(explorer)``.
+
+The view is a package, one module per explorer on a shared base (``ampviz.widgets.base``); this
+module gathers them, so ``from ampviz.widgets import ScalerLab`` works as before.
+"""
+
+from ampviz.widgets.app import ExplorerApp
+from ampviz.widgets.base import parse_number
+from ampviz.widgets.format_explorer import FormatExplorer
+from ampviz.widgets.live_trainer import LiveTrainer, running_trainers
+from ampviz.widgets.range_explorer import RangeExplorer
+from ampviz.widgets.scaler_lab import ScalerLab
+
+__all__ = ["ExplorerApp", "FormatExplorer", "LiveTrainer", "RangeExplorer", "ScalerLab", "parse_number", "running_trainers"]

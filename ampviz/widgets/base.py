@@ -1,0 +1,148 @@
+"""What every explorer shares: number parsing, argument checks, the error line and the base class."""
+
+from __future__ import annotations
+
+import functools
+import html
+import math
+import re
+
+import numpy as np
+
+import ipywidgets as W
+from IPython.display import clear_output, display
+
+#: Light tints of ``FIELD_COLORS`` for bits that are 0.
+
+
+_FIELD_TINTS = {"sign": "#F3DDE9", "exponent": "#DDEFFA", "mantissa": "#FAEBCC"}
+_ERROR_STYLE = "color:#B00020;font-weight:600"
+_POW2 = re.compile(r"^([+-]?)2\s*(?:\^|\*\*)\s*\(?\s*([+-]?\d+)\s*\)?$")
+
+
+def parse_number(text) -> float:
+    """The number a learner typed: a decimal ("0.1", "1e-8", "65519"), a power of two ("2^-24",
+    "2**-24"), "inf" or "nan". Raises ValueError with a readable message otherwise."""
+    s = str(text).strip().replace("\u2212", "-")
+    if not s:
+        raise ValueError("type a number, e.g. 0.1, 1e-8, 65519, 2^-24, inf or nan")
+    m = _POW2.match(s)
+    if m:
+        digits = m.group(2).lstrip("+-").lstrip("0")
+        negative_k = m.group(2).startswith("-")
+        # far beyond any float: no need to read the whole (possibly huge) exponent
+        k = int(digits or "0") if len(digits) <= 6 else 10**7
+        k = -k if negative_k else k
+        try:
+            v = math.ldexp(1.0, k)
+        except OverflowError:
+            v = math.inf
+        return -v if m.group(1) == "-" else v
+    try:
+        return float(s)
+    except ValueError:
+        raise ValueError(
+            f"could not read {_shown(s)} as a number: type a decimal such as 0.1, 1e-8 or 65519, "
+            "a power of two such as 2^-24, or inf / nan"
+        ) from None
+
+
+def _shown(value, limit: int = 40) -> str:
+    """``value`` as a message shows it: its repr on one line, cut to ``limit`` characters."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= limit else repr(value[:limit]) + f"… ({len(value):,} characters)"
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _parse_bits(text) -> int:
+    """A bit pattern typed as hex ("0x3C00"), binary ("0b0011110000000000") or decimal."""
+    s = str(text).strip().replace("_", "").replace(" ", "")
+    if not s:
+        raise ValueError("type a bit pattern, e.g. 0x3C00 or 0b0011110000000000")
+    try:
+        return int(s, 0) if s[:2].lower() in ("0x", "0b", "0o") else int(s, 16)
+    except ValueError:
+        raise ValueError(f"could not read {_shown(str(text).strip())} as a bit pattern: type hex such as 0x3C00") from None
+
+
+def _whole(name: str, value, lo: int, hi: int | None = None) -> int:
+    """``value`` as an int in [lo, hi], or ValueError/TypeError saying what to pass."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) and not (
+            isinstance(value, (float, np.floating)) and float(value).is_integer()):
+        raise TypeError(f"{name} must be a whole number, got {_shown(value)}")
+    v = int(value)
+    if v < lo or (hi is not None and v > hi):
+        raise ValueError(f"{name} must be between {lo:,} and {hi:,}, got {v:,}" if hi is not None
+                         else f"{name} must be at least {lo:,}, got {v:,}")
+    return v
+
+
+def _real(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {_shown(value)}")
+    return float(value)
+
+
+def _shows_errors(callback):
+    """Run a widget callback; an exception becomes the explorer's message instead of a traceback."""
+
+    @functools.wraps(callback)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return callback(self, *args, **kwargs)
+        except Exception as exc:  # shown to the learner, kept on .error
+            self._show_error(exc)
+            return None
+
+    return wrapper
+
+
+def _show_in(output: W.Output, obj) -> None:
+    """Show ``obj`` in ``output`` instead of what it showed. Outside IPython (a script, a test, a
+    benchmark) there is nothing to show it in, and ``display`` would print the whole figure."""
+    from IPython import get_ipython
+
+    if get_ipython() is None:
+        return
+    with output:
+        clear_output(wait=True)
+        display(obj)
+
+
+class _Explorer:
+    """What every explorer shares: a root widget ``ui``, a message line, a figure output."""
+
+    ui: W.Widget
+
+    def _init_common(self) -> None:
+        self.error: str | None = None
+        self.figure = None
+        self.message = W.HTML(value="")
+        self.message.add_class("ampviz-message")
+        self.output = W.Output()
+
+    def _show_error(self, exc: BaseException) -> None:
+        if isinstance(exc, (ValueError, TypeError, OverflowError)):
+            text = str(exc)
+        else:  # a bug, not the learner's input: still shown, never hidden
+            text = f"internal error ({type(exc).__name__}): {exc}"
+        self.error = text
+        self.message.value = f'<span style="{_ERROR_STYLE}">⚠ {html.escape(text)}</span>'
+
+    def _clear_error(self) -> None:
+        self.error = None
+        self.message.value = ""
+
+    def _draw(self, fig) -> None:
+        """Keep ``fig`` as ``.figure`` and show it in the output, replacing the previous one."""
+        self.figure = fig
+        try:
+            _show_in(self.output, fig)
+        except Exception as exc:  # an exception inside `with output` would print a traceback
+            self._show_error(exc)
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.ui._repr_mimebundle_(**kwargs)
+
+

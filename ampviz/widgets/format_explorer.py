@@ -1,0 +1,296 @@
+"""FormatExplorer: one number in a format, bit by bit."""
+
+from __future__ import annotations
+
+import html
+import math
+import operator
+
+import ipywidgets as W
+
+from ampviz.formats import CATEGORIES, FORMATS, get_format
+
+from ampviz.plots import CATEGORY_COLORS, FIELD_COLORS, format_number, format_pow2, plot_value
+
+from ampviz.widgets.base import _Explorer, _FIELD_TINTS, _parse_bits, _shows_errors, parse_number
+
+
+# ----- formats, bit by bit -----
+class FormatExplorer(_Explorer):
+    """One value in one float format, bit by bit.
+
+    Controls: a format dropdown (``format_dropdown``), one button per bit (``bit_buttons``, showing
+    "1" or "0" and coloured by field; a click flips the bit;
+    most significant first: ``bit_buttons[j]`` is bit ``fmt.bits - 1 - j``, CSS class
+    ``ampviz-bit-<position>``), a decimal box (``decimal_input``: the learner types 0.1, 1e-8, 65519,
+    2^-24, nan ...) and a bit-pattern box (``hex_input``: 0x3C00). The readout (``readout``) shows the
+    stored value, the rounding error, the neighbours and ulp, the category and the three fields.
+
+    State: ``fmt`` (the format), ``bits`` (the stored pattern), ``value`` (``fmt.decode(bits)``),
+    ``typed`` (the number typed, or None when the bits were set directly), ``category``, ``error``,
+    ``figure``. Methods ``set_format``, ``set_value``, ``set_decimal``, ``set_bits``, ``toggle_bit``
+    do what the controls do (and raise on bad input instead of showing a message).
+    """
+
+    def __init__(self, fmt="fp16", value=1.0):
+        self._init_common()
+        self.fmt = get_format(fmt)
+        self.typed: float | None = None
+        self.bits = 0
+        self._syncing = False
+        self.bit_buttons: list[W.Button] = []
+
+        self.format_dropdown = W.Dropdown(options=list(FORMATS), value=self.fmt.name, description="format")
+        self.format_dropdown.add_class("ampviz-format-dropdown")
+        self.decimal_input = W.Text(
+            value="",
+            description="decimal",
+            placeholder="0.1, 1e-8, 65519, 2^-24, nan",
+            continuous_update=False,
+        )
+        self.decimal_input.add_class("ampviz-decimal-input")
+        self.hex_input = W.Text(value="", description="bits (hex)", continuous_update=False)
+        self.hex_input.add_class("ampviz-hex-input")
+        self.field_legend = W.HTML()
+        self.bits_row = W.HBox(layout=W.Layout(flex_flow="row wrap", align_items="center"))
+        self.bits_row.add_class("ampviz-bits-row")
+        self.bits_readout = W.HTML()
+        self.bits_readout.add_class("ampviz-bits-readout")
+        self.readout = W.HTML()
+        self.readout.add_class("ampviz-format-readout")
+        self.output.add_class("ampviz-format-figure")
+
+        self.format_dropdown.observe(self._on_format, names="value")
+        self.decimal_input.observe(self._on_decimal, names="value")
+        self.hex_input.observe(self._on_hex, names="value")
+
+        self.ui = W.VBox(
+            [
+                W.HBox([self.format_dropdown, self.decimal_input, self.hex_input],
+                       layout=W.Layout(flex_flow="row wrap")),
+                self.field_legend,
+                self.bits_row,
+                self.bits_readout,
+                self.message,
+                self.readout,
+                self.output,
+            ]
+        )
+        self.ui.add_class("ampviz-format-explorer")
+        self._build_bit_buttons()
+        self.set_value(value)
+
+    # ----- state -----
+    @property
+    def value(self) -> float:
+        """The stored value: ``fmt.decode(bits)``."""
+        return float(self.fmt.decode(self.bits))
+
+    @property
+    def category(self) -> str:
+        """Category of the typed number once cast (of the stored value when none was typed)."""
+        x = self.value if self.typed is None else self.typed
+        return CATEGORIES[int(self.fmt.classify_codes(x))]
+
+    # ----- actions (the controls call these) -----
+    def set_format(self, fmt) -> None:
+        """Switch format, keeping the typed number (or the stored value) and re-encoding it."""
+        new = get_format(fmt)
+        x = self.value if self.typed is None else self.typed
+        self.bits = int(new.encode(x))
+        self.fmt = new
+        self._build_bit_buttons()
+        self.refresh()
+
+    def set_value(self, x) -> None:
+        """Store the number ``x`` (rounded into the format as a cast does)."""
+        x = float(x)
+        self.bits = int(self.fmt.encode(x))
+        self.typed = x
+        self.refresh(decimal_text=repr(x))
+
+    def set_decimal(self, text) -> None:
+        """Store the number typed as ``text`` ("0.1", "1e-8", "2^-24", "nan")."""
+        x = parse_number(text)
+        self.bits = int(self.fmt.encode(x))
+        self.typed = x
+        self.refresh(decimal_text=str(text).strip())
+
+    def set_bits(self, bits) -> None:
+        """Store the bit pattern ``bits`` (an integer in 0 .. 2**fmt.bits - 1)."""
+        bits = operator.index(bits)  # TypeError for anything but an integer
+        self.fmt.fields(bits)  # a clear ValueError when out of range
+        self.bits = bits
+        self.typed = None
+        self.refresh()
+
+    def toggle_bit(self, position: int) -> None:
+        """Flip bit ``position`` (0 is the last mantissa bit, ``fmt.bits - 1`` the sign)."""
+        if not 0 <= position < self.fmt.bits:
+            raise ValueError(f"{self.fmt.name} has bits 0 to {self.fmt.bits - 1}, not {position}")
+        self.set_bits(self.bits ^ (1 << position))
+
+    # ----- callbacks: read control -> core -> redraw -----
+    @_shows_errors
+    def _on_format(self, change):
+        if not self._syncing:
+            self.set_format(change["new"])
+
+    @_shows_errors
+    def _on_decimal(self, change):
+        if not self._syncing:
+            self.set_decimal(change["new"])
+
+    @_shows_errors
+    def _on_hex(self, change):
+        if not self._syncing:
+            self.set_bits(_parse_bits(change["new"]))
+
+    @_shows_errors
+    def _on_bit(self, button):
+        self.toggle_bit(self.fmt.bits - 1 - self.bit_buttons.index(button))
+
+    # ----- drawing -----
+    def _field_of(self, position: int) -> str:
+        m = self.fmt.mantissa_bits
+        if position == self.fmt.bits - 1:
+            return "sign"
+        return "exponent" if position >= m else "mantissa"
+
+    def _build_bit_buttons(self) -> None:
+        for b in self.bit_buttons:
+            b.on_click(self._on_bit, remove=True)
+            b.close()
+        buttons = []
+        for j in range(self.fmt.bits):
+            position = self.fmt.bits - 1 - j
+            field = self._field_of(position)
+            b = W.Button(
+                description="0",
+                tooltip=f"bit {position} ({field})",
+                layout=W.Layout(width="30px", height="30px", padding="0", margin="1px"),
+            )
+            b.add_class(f"ampviz-bit-{position}")
+            b.add_class(f"ampviz-bit-{field}")
+            b.on_click(self._on_bit)
+            buttons.append(b)
+        self.bit_buttons = buttons
+        self.bits_row.children = tuple(buttons)
+        f = self.fmt
+        self.field_legend.value = (
+            f'<span style="color:{FIELD_COLORS["sign"]}">■ sign (1 bit)</span> &nbsp; '
+            f'<span style="color:{FIELD_COLORS["exponent"]}">■ exponent ({f.exponent_bits} bits, '
+            f"bias {f.bias})</span> &nbsp; "
+            f'<span style="color:{FIELD_COLORS["mantissa"]}">■ mantissa ({f.mantissa_bits} bits)</span>'
+            f" &nbsp; <i>{html.escape(f.description)}</i>"
+        )
+
+    def refresh(self, decimal_text: str | None = None) -> None:
+        """Bring every control, the readout and the figure in line with the state."""
+        f, bits, stored = self.fmt, self.bits, self.value
+        self._syncing = True
+        try:
+            self.format_dropdown.value = f.name
+            for j, b in enumerate(self.bit_buttons):
+                position = f.bits - 1 - j
+                on = bool((bits >> position) & 1)
+                field = self._field_of(position)
+                b.description = "1" if on else "0"
+                b.style.button_color = FIELD_COLORS[field] if on else _FIELD_TINTS[field]
+                b.style.font_weight = "bold" if on else "normal"
+            self.hex_input.value = f"0x{bits:0{(f.bits + 3) // 4}X}"
+            self.decimal_input.value = decimal_text if decimal_text is not None else repr(stored)
+        finally:
+            self._syncing = False
+        self.bits_readout.value = self._bits_html()
+        self.readout.value = self._readout_html()
+        self._clear_error()
+        self._draw(plot_value(f, stored, typed=self.typed))
+
+    def _bits_html(self) -> str:
+        f, bits = self.fmt, self.bits
+        text = format(bits, f"0{f.bits}b")
+        parts = (text[:1], text[1 : 1 + f.exponent_bits], text[1 + f.exponent_bits :])
+        spans = [
+            f'<span style="color:{FIELD_COLORS[name]}">{part}</span>'
+            for name, part in zip(("sign", "exponent", "mantissa"), parts)
+        ]
+        return f'<code style="font-size:1.1em">{" ".join(spans)}</code> &nbsp; = 0x{bits:0{(f.bits + 3) // 4}X}'
+
+    def _readout_html(self) -> str:
+        f, stored, typed = self.fmt, self.value, self.typed
+        sign, exp, man = f.fields(self.bits)
+        cat = self.category
+        rows = []
+        if typed is not None:
+            rows.append(("typed", repr(typed)))
+        rows.append(("stored", f"{stored!r} &nbsp; ({html.escape(format_pow2(stored, digits=6))})"))
+        if typed is not None:
+            rows.append(("rounding error", self._error_text(typed, stored)))
+        rows.append(
+            ("category",
+             f'<b style="color:{CATEGORY_COLORS[cat]}">{cat}</b>' + self._category_note(cat, typed, stored))
+        )
+        below, above = f.neighbours(stored)
+        rows.append(("neighbours", f"below {below!r} &nbsp; above {above!r}"))
+        rows.append(("ulp here", f"{f.ulp(stored)!r}" + (
+            f" &nbsp; ({html.escape(format_pow2(f.ulp(stored)))})" if math.isfinite(f.ulp(stored)) else "")))
+        rows.append(("fields", self._fields_text(sign, exp, man)))
+        body = "".join(
+            f'<tr><td style="padding-right:1em;color:#555">{k}</td><td>{v}</td></tr>' for k, v in rows
+        )
+        return f"<table>{body}</table>"
+
+    @staticmethod
+    def _error_text(typed: float, stored: float) -> str:
+        if math.isnan(typed) or math.isnan(stored):
+            return "— (NaN)"
+        if math.isinf(typed) and typed == stored:
+            return "0"
+        err = typed - stored
+        if math.isinf(err):
+            return f"{err!r} (the value overflowed)"
+        rel = f" &nbsp; relative {abs(err) / abs(typed):.3g}" if typed != 0 and math.isfinite(typed) else ""
+        return f"typed − stored = {err!r}{rel}"
+
+    def _category_note(self, cat: str, typed, stored: float) -> str:
+        f = self.fmt
+        if cat == "overflow":
+            if f.specials == "fn":
+                return f" — beyond max, saturated to {format_number(f.max)} (no inf in {f.name})"
+            return f" — at or beyond {format_number(f.overflow_boundary)}, becomes inf"
+        if cat == "underflow":
+            return f" — at most {format_pow2(f.underflow_boundary)}, becomes 0"
+        if cat == "subnormal":
+            return f" — below the smallest normal {format_pow2(f.smallest_normal)}: fewer significant bits"
+        return ""
+
+    def _fields_text(self, sign: int, exp: int, man: int) -> str:
+        f = self.fmt
+        m, e = f.mantissa_bits, f.exponent_bits
+        top = (1 << e) - 1
+        exp_bits, man_bits = format(exp, f"0{e}b"), format(man, f"0{m}b")
+        parts = [f"sign {sign} ({'−' if sign else '+'})"]
+        stored = self.value
+        if math.isnan(stored):
+            parts.append(f"exponent {exp_bits} (all ones) and mantissa {man_bits}: NaN")
+            return "<br>".join(parts)
+        if math.isinf(stored):
+            parts.append(f"exponent {exp_bits} (all ones) and mantissa 0: inf")
+            return "<br>".join(parts)
+        if exp == 0:
+            parts.append(f"exponent {exp_bits} = 0: subnormal, exponent 1 − {f.bias} = {f.emin}")
+            parts.append(f"mantissa {man_bits} = {man} → significand 0 + {man}/2^{m}")
+            significand = man / (1 << m)
+            power = f.emin
+        else:
+            power = exp - f.bias
+            parts.append(f"exponent {exp_bits} = {exp}, {exp} − bias {f.bias} = {power}")
+            parts.append(f"mantissa {man_bits} = {man} → significand 1 + {man}/2^{m}")
+            significand = 1 + man / (1 << m)
+        parts.append(f"value (−1)^{sign} × {significand!r} × 2^{power} = {stored!r}")
+        if exp == top:  # only reachable in an "fn" format, where the top exponent holds numbers
+            parts.append(f"({f.name} has no inf: the top exponent holds numbers)")
+        return "<br>".join(parts)
+
+

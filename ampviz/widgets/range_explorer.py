@@ -1,0 +1,126 @@
+"""RangeExplorer: a census of values under a loss scale."""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as W
+
+from ampviz.census import Profile, census, profile
+from ampviz.formats import CATEGORIES, get_format
+
+from ampviz.plots import (
+    BAND_CATEGORIES,
+    CATEGORY_COLORS,
+    census_x_range,
+    format_pow2,
+    format_share,
+    plot_census,
+)
+
+from ampviz.widgets.base import _Explorer, _shown, _shows_errors, _whole
+
+
+# ----- a census under a loss scale -----
+class RangeExplorer(_Explorer):
+    """Where a set of gradients lands in a low-precision format as the loss scale changes.
+
+    Controls: ``scale_slider`` (an IntSlider for log2 of the scale; CSS class
+    ``ampviz-scale-slider``) and ``format_dropdown`` (fp16, bf16, fp8_e4m3, fp8_e5m2). On every
+    change it takes ``census(profile, fmt, 2**k)``, keeps it as ``.result``, writes the shares into
+    ``readout`` and draws ``plot_census`` into ``output`` (kept as ``.figure``). The x axis stays
+    fixed while the scale moves (it changes only with the format).
+    """
+
+    FORMAT_CHOICES = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
+    #: log2 of the scales a census can take: every power of two that float32 holds
+    LOG2_LIMITS = (-149, 127)
+
+    def __init__(self, values, fmt="fp16", log2_scale=0, log2_scale_range=(-16, 32)):
+        self._init_common()
+        name = get_format(fmt).name
+        if name not in self.FORMAT_CHOICES:
+            raise ValueError(f"RangeExplorer shows {', '.join(self.FORMAT_CHOICES)}; got {name!r}")
+        self.profile = values if isinstance(values, Profile) else profile(values)
+        self.result = None
+        # lowest and highest binade of the unscaled values; the slider shifts them by k
+        bins = census(self.profile, name, 1.0).log2_bins
+        self._bin_extent = (int(bins.min()), int(bins.max())) if len(bins) else None
+
+        log2_scale = _whole("log2_scale", log2_scale, *self.LOG2_LIMITS)
+        try:
+            lo_given, hi_given = log2_scale_range
+        except (TypeError, ValueError):
+            raise TypeError(f"log2_scale_range must be two whole numbers (lowest, highest), got "
+                            f"{_shown(log2_scale_range)}") from None
+        lo_given = _whole("log2_scale_range[0]", lo_given, *self.LOG2_LIMITS)
+        hi_given = _whole("log2_scale_range[1]", hi_given, *self.LOG2_LIMITS)
+        if lo_given > hi_given:
+            raise ValueError(f"log2_scale_range must be (lowest, highest), got {_shown(log2_scale_range)}")
+        lo, hi = min(lo_given, log2_scale), max(hi_given, log2_scale)
+        self.scale_slider = W.IntSlider(
+            value=int(log2_scale), min=lo, max=hi, step=1, description="log2 scale",
+            layout=W.Layout(width="420px"),
+        )
+        self.scale_slider.add_class("ampviz-scale-slider")
+        self.scale_label = W.HTML()
+        self.scale_label.add_class("ampviz-scale-label")
+        self.format_dropdown = W.Dropdown(options=list(self.FORMAT_CHOICES), value=name, description="format")
+        self.format_dropdown.add_class("ampviz-format-dropdown")
+        self.readout = W.HTML()
+        self.readout.add_class("ampviz-census-readout")
+        self.output.add_class("ampviz-census-figure")
+
+        self.scale_slider.observe(self._on_change, names="value")
+        self.format_dropdown.observe(self._on_change, names="value")
+
+        self.ui = W.VBox(
+            [
+                W.HBox([self.scale_slider, self.scale_label], layout=W.Layout(flex_flow="row wrap")),
+                self.format_dropdown,
+                self.message,
+                self.readout,
+                self.output,
+            ]
+        )
+        self.ui.add_class("ampviz-range-explorer")
+        self.update()
+
+    @property
+    def scale(self) -> float:
+        return 2.0 ** self.scale_slider.value
+
+    @property
+    def fmt(self):
+        return get_format(self.format_dropdown.value)
+
+    def x_range(self) -> tuple[int, int]:
+        """The figure's x range: the format's window and every bin the slider can reach."""
+        if self._bin_extent is None:
+            return census_x_range(self.fmt)
+        lo, hi = self._bin_extent
+        return census_x_range(self.fmt, lo + self.scale_slider.min, hi + self.scale_slider.max)
+
+    @_shows_errors
+    def _on_change(self, change):
+        self.update()
+
+    def update(self) -> None:
+        """Census at the slider's scale and the dropdown's format, then redraw."""
+        self.result = census(self.profile, self.fmt, self.scale)
+        self.scale_label.value = f"scale = {html.escape(format_pow2(self.scale))}"
+        self.readout.value = self._readout_html()
+        self._clear_error()
+        self._draw(plot_census(self.result, x_range=self.x_range()))
+
+    def _readout_html(self) -> str:
+        r = self.result
+        shown = [k for k in CATEGORIES if k in BAND_CATEGORIES or r.counts[k]]
+        cells = "".join(
+            f'<span style="margin-right:1.2em"><b style="color:{CATEGORY_COLORS[k]}">{k}</b> '
+            f"{format_share(r.fractions[k])} <small>({r.counts[k]:,})</small></span>"
+            for k in shown
+        )
+        return f"<div>{cells}<small>of {r.total:,} values</small></div>"
+
+

@@ -1,0 +1,224 @@
+"""ScalerLab: dynamic loss scaling on a long gradient stream, live."""
+
+from __future__ import annotations
+
+import html
+import math
+
+import numpy as np
+
+import ipywidgets as W
+
+from ampviz import scaling, synth
+from ampviz.census import underflow_fractions
+
+from ampviz.plots import format_number, plot_scale_trace
+
+from ampviz.widgets.base import _Explorer, _real, _shown, _shows_errors, _whole
+
+
+# ----- dynamic loss scaling, live -----
+class ScalerLab(_Explorer):
+    """A dynamic loss scaler on a stream of gradients, re-simulated on every slider move.
+
+    Controls: ``init_slider`` (log2 of init_scale), ``growth_slider``, ``backoff_slider``,
+    ``interval_input`` (growth_interval), ``scenario_dropdown`` and ``strength_slider`` (the
+    gradient stream, from ``ampviz.synth``), ``loss_dropdown`` (the loss in float32, as autocast
+    computes it, or in fp16: ``ampviz.scaling.overflows``), ``overlay`` (other frameworks'
+    scalers from ``ampviz.scaling.PRESETS`` to run on the same stream). Your settings run as
+    ``torch.amp.GradScaler`` would (``TorchGradScaler``).
+
+    State: ``stream`` (per-step max |gradient|), ``traces`` (``ScalerTrace`` per scaler, yours
+    first), ``lost`` (steps and share of ``gradients`` lost to fp16 underflow at your scale),
+    ``figure``, ``error``. Invalid settings (growth <= 1, backoff outside (0, 1), interval < 1)
+    show a message and keep the last good figure.
+    """
+
+    #: The sliders' usual ranges (every position valid; a valid value given beyond them widens them).
+    GROWTH_RANGE = (1.001, 4.0)
+    BACKOFF_RANGE = (0.005, 0.995)
+    #: The loss-dtype choices: (label, loss_dtype for ``scaling.overflows``).
+    LOSSES = (("float32 (autocast)", "float32"), ("fp16 (a .half() model)", "float16"))
+
+    def __init__(self, steps=100_000, *, scenario="spikes", strength=0.5, gradients=None, seed=0,
+                 init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                 overlay=(), loss_dtype="float32"):
+        self._init_common()
+        self.steps = _whole("steps", steps, 1, 10**8)
+        self.seed = _whole("seed", seed, 0)
+        self._streams: dict = {}
+        self._lost_cache: dict = {}
+        self.traces: list = []
+        self.lost = None
+        if gradients is None:  # a fixed sample spread over ~25 binades below its largest value, as
+            rng = np.random.default_rng(self.seed)  # real gradients are (notebook 02's span ~30)
+            gradients = np.exp2(-np.abs(rng.normal(0.0, 8.0, 20_000))).astype(np.float32)
+        g = np.abs(np.asarray(gradients, dtype=np.float32).ravel())
+        self._grad_shape = g / g.max() if g.size and g.max() > 0 else g
+
+        log2_init = self._log2_init(init_scale)
+        growth_factor, backoff_factor = _real("growth_factor", growth_factor), _real("backoff_factor", backoff_factor)
+        growth_interval = _whole("growth_interval", growth_interval, 1, 10**7)
+        strength = _real("strength", strength)
+        if not 0 <= strength <= 1:
+            raise ValueError(f"strength must be between 0 and 1, got {_shown(strength)}")
+        if not isinstance(scenario, str) or scenario not in synth.SCENARIOS:
+            raise ValueError(f"unknown scenario {_shown(scenario)}; choose one of {', '.join(synth.SCENARIOS)}")
+        if not isinstance(loss_dtype, str) or loss_dtype not in dict(self.LOSSES).values():
+            raise ValueError(f"loss_dtype must be 'float32' (the loss autocast computes in fp32) or 'float16' "
+                             f"(a loss computed in fp16), got {_shown(loss_dtype)}")
+        unknown = [name for name in overlay if name not in scaling.PRESETS or name == "torch"] \
+            if not isinstance(overlay, str) else [overlay]
+        if unknown:
+            raise ValueError(f"cannot compare with {unknown[0]!r}; choose from "
+                             f"{', '.join(n for n in scaling.PRESETS if n != 'torch')}")
+        if not (math.isfinite(growth_factor) and growth_factor > 1):
+            raise ValueError(f"growth_factor must be a finite number above 1 (the scale must be able to grow), "
+                             f"got {_shown(growth_factor)}")
+        if not 0 < backoff_factor < 1:
+            raise ValueError(f"backoff_factor must be between 0 and 1 (both excluded), got {_shown(backoff_factor)}")
+        style = {"description_width": "110px"}
+        wide = W.Layout(width="420px")
+        self.init_slider = W.IntSlider(value=log2_init, min=-10, max=40,
+                                       description="log2 init_scale", style=style, layout=wide)
+        # Every position of a slider is a valid setting (Home and End included): growth above 1,
+        # backoff strictly between 0 and 1. A valid value beyond the usual range widens it: shown
+        # as given, never moved.
+        g_lo, g_hi = self.GROWTH_RANGE
+        b_lo, b_hi = self.BACKOFF_RANGE
+        self.growth_slider = W.FloatSlider(value=growth_factor, min=min(g_lo, growth_factor),
+                                           max=max(g_hi, growth_factor), step=0.001,
+                                           readout_format=".4g", description="growth_factor",
+                                           style=style, layout=wide)
+        self.backoff_slider = W.FloatSlider(value=backoff_factor, min=min(b_lo, backoff_factor),
+                                            max=max(b_hi, backoff_factor), step=0.005,
+                                            readout_format=".4g", description="backoff_factor",
+                                            style=style, layout=wide)
+        self.interval_input = W.BoundedIntText(value=growth_interval, min=1, max=10**7,
+                                               description="growth_interval", style=style)
+        self.scenario_dropdown = W.Dropdown(options=list(synth.SCENARIOS), value=scenario,
+                                            description="scenario", style=style)
+        self.strength_slider = W.FloatSlider(value=strength, min=0.0, max=1.0, step=0.05,
+                                             description="strength", style=style, layout=wide)
+        self.loss_dropdown = W.Dropdown(options=list(self.LOSSES), value=loss_dtype, description="loss",
+                                        style=style)
+        others = [(f"{name} (legacy)" if name in scaling.LEGACY else name, name)
+                  for name in scaling.PRESETS if name != "torch"]
+        self.overlay = W.SelectMultiple(options=others, value=tuple(overlay) if not isinstance(overlay, str) else (overlay,), rows=min(6, max(len(others), 1)),
+                                        description="compare with", style=style)
+        for w, cls in ((self.init_slider, "init"), (self.growth_slider, "growth"),
+                       (self.backoff_slider, "backoff"), (self.interval_input, "interval"),
+                       (self.scenario_dropdown, "scenario"), (self.strength_slider, "strength"),
+                       (self.loss_dropdown, "loss"), (self.overlay, "overlay")):
+            w.add_class(f"ampviz-scaler-{cls}")
+            w.observe(self._on_change, names="value")
+        self.readout = W.HTML()
+        self.readout.add_class("ampviz-scaler-readout")
+        self.output.add_class("ampviz-scaler-figure")
+        self.ui = W.VBox([
+            W.HBox([W.VBox([self.init_slider, self.growth_slider, self.backoff_slider, self.interval_input]),
+                    W.VBox([self.scenario_dropdown, self.strength_slider, self.loss_dropdown, self.overlay])],
+                   layout=W.Layout(flex_flow="row wrap")),
+            self.message, self.readout, self.output,
+        ])
+        self.ui.add_class("ampviz-scaler-lab")
+        self.update()
+
+    @staticmethod
+    def _log2_init(init_scale) -> int:
+        """log2 of ``init_scale``: the slider moves in powers of two from 2^-10 to 2^40."""
+        x = _real("init_scale", init_scale)
+        if x > 0 and math.isfinite(x):
+            m, e = math.frexp(x)
+            if m == 0.5 and -10 <= e - 1 <= 40:
+                return e - 1
+        raise ValueError(f"init_scale must be a power of two from 2^-10 to 2^40 (the slider moves in "
+                         f"powers of two), got {_shown(init_scale)}")
+
+    # ----- read the controls -----
+    def policy(self) -> "scaling.DynamicScaler":
+        """Your settings as a scaler, or ValueError with what is wrong."""
+        gf, bf, gi = self.growth_slider.value, self.backoff_slider.value, self.interval_input.value
+        problems = []
+        if not gf > 1:
+            problems.append(f"growth_factor must be above 1 (it is {gf:g}: the scale could never grow)")
+        if not 0 < bf < 1:
+            problems.append(f"backoff_factor must be between 0 and 1 (it is {bf:g})")
+        if not gi >= 1:
+            problems.append(f"growth_interval must be at least 1 step (it is {gi})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        # torch.amp.GradScaler's rule (TorchGradScaler), under its own name in the figure
+        return scaling.DynamicScaler(name="your settings", init_scale=2.0 ** self.init_slider.value,
+                                     growth_factor=gf, backoff_factor=bf, growth_interval=int(gi),
+                                     arithmetic="torch", source=scaling.TorchGradScaler().source)
+
+    @property
+    def stream(self) -> np.ndarray:
+        key = (self.scenario_dropdown.value, float(self.strength_slider.value))
+        if key not in self._streams:
+            self._streams[key] = synth.scenario(key[0], self.steps, key[1], np.random.default_rng(self.seed))
+        return self._streams[key]
+
+    # ----- react -----
+    @_shows_errors
+    def _on_change(self, change):
+        self.update()
+
+    def update(self) -> None:
+        """Simulate every scaler on the stream and redraw (the last good figure stays on error)."""
+        mine = self.policy()
+        g = self.stream
+        loss = self.loss_dropdown.value
+        self.traces = [scaling.simulate(p, grad_max=g, loss_dtype=loss)
+                       for p in [mine, *(scaling.PRESETS[name] for name in self.overlay.value)]]
+        self.lost = self._lost_share(self.traces[0], self._typical_max(g))
+        self.readout.value = self._readout_html()
+        self._clear_error()
+        self._draw(plot_scale_trace(self.traces, lost={"your settings": self.lost},
+                                    title=f"{self.scenario_dropdown.value} gradients "
+                                          f"(strength {self.strength_slider.value:g}), {self.steps:,} steps, "
+                                          f"{'float32' if loss == 'float32' else 'fp16'} loss"))
+
+    def _typical_max(self, g) -> float:
+        """The stream's median largest gradient (computed once per stream)."""
+        key = ("median", id(g))
+        if key not in self._streams:
+            self._streams[key] = float(np.median(g)) if g.size else 1.0
+        return self._streams[key]
+
+    def _lost_share(self, trace, level: float):
+        """Share of the gradient sample (scaled to the stream's typical max) lost to fp16 underflow
+        at the scale in effect, at the steps where the scale changes (at most 200 of them)."""
+        s = trace.scale.astype(np.float64)
+        if s.size == 0:
+            return np.zeros(0, np.int64), np.zeros(0)
+        changed = np.flatnonzero(s[1:] != s[:-1]) + 1
+        idx = np.concatenate([[0], changed])
+        if idx.size > 200:
+            idx = idx[np.linspace(0, idx.size - 1, 200).round().astype(np.int64)]
+        if self._lost_cache.get("level") != level:
+            self._lost_cache = {"level": level, "sample": (self._grad_shape * level).astype(np.float32)}
+        scales = s[idx]
+        usable = np.isfinite(scales) & (scales > 0) & (scales <= 3e38)
+        shares = np.where(scales == 0, 1.0, 0.0)  # a zero scale loses every gradient
+        if usable.any():
+            shares[usable] = underflow_fractions(self._lost_cache["sample"], "fp16", scales[usable])
+        return np.append(idx, s.size - 1), np.append(shares, shares[-1])
+
+    def _readout_html(self) -> str:
+        rows = []
+        for t in self.traces:
+            finite = t.scale[np.isfinite(t.scale)]
+            low = format_number(float(finite.min())) if finite.size else "—"
+            if t.stopped_at is not None:
+                reason = getattr(t, "stop_reason", None)
+                end = f"stopped at step {t.stopped_at:,}" + (f" ({html.escape(reason)})" if reason else "")
+            else:
+                end = format_number(float(t.final.scale))
+            rows.append(f"<tr><td>{html.escape(t.policy.name)}</td><td>{t.skipped_count:,}</td>"
+                        f"<td>{end}</td><td>{low}</td></tr>")
+        head = "<tr><th>scaler</th><th>skipped steps</th><th>final scale</th><th>lowest scale</th></tr>"
+        return f"<table>{head}{''.join(rows)}</table>"
+
+
