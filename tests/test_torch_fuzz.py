@@ -477,7 +477,7 @@ REGRESSIONS = [
                  id="encoder_call-no-layer-IndexError"),
     pytest.param(TE.EncoderClassifier, (), {"nested": torch.ones(2)}, TypeError, "nested must be True or False",
                  id="EncoderClassifier-tensor-flag-RuntimeError"),
-    pytest.param(TE.lightning_run, ("32-true",), {"stage": "test"}, ValueError, "stage must be 'fit' or 'validate'",
+    pytest.param(TE.lightning_run, ("32-true",), {"stage": "tune"}, ValueError, "stage must be one of 'fit'",
                  id="lightning_run-stage-ZeroDivisionError"),
     pytest.param(TE.fix_table, ({},), {}, TypeError, "runs must be a dict", id="fix_table-empty-StopIteration"),
     pytest.param(TE.fix_table, ({"ref": P.Outcome("ref", loss=0.5)},), {}, None, "", id="fix_table-no-dtype-KeyError"),
