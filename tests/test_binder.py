@@ -134,9 +134,12 @@ def test_postbuild_checks_the_lab_extensions(tmp_path, states, problem):
     """postBuild's extension check, against stand-in ``python`` and ``jupyter`` commands."""
     repo = tmp_path / "repo"
     shutil.copytree(BINDER, repo / "binder")
+    (repo / "tools").mkdir()
+    shutil.copy(ROOT / "tools" / "jupyterlab_overrides.json", repo / "tools")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python").write_text("#!/bin/sh\nexit 0\n")
+    prefix = tmp_path / "prefix"  # what the stand-in python says sys.prefix is
+    (bin_dir / "python").write_text(f"#!/bin/sh\necho '{prefix}'\n")
     (tmp_path / "listing").write_text(_fake_listing(states))
     (bin_dir / "jupyter").write_text(f"#!/bin/sh\ncat '{tmp_path / 'listing'}' >&2\n")
     for stub in bin_dir.iterdir():
@@ -146,6 +149,9 @@ def test_postbuild_checks_the_lab_extensions(tmp_path, states, problem):
                          capture_output=True, text=True, timeout=60)
     if problem is None:
         assert run.returncode == 0, run.stderr
+        # the course's JupyterLab settings (no news toast) where JupyterLab reads overrides
+        installed = prefix / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+        assert installed.read_text() == (ROOT / "tools" / "jupyterlab_overrides.json").read_text()
     else:
         assert run.returncode != 0
         assert f"JupyterLab extension {problem} is missing, disabled or broken" in run.stderr
