@@ -108,7 +108,9 @@ def format_pow2(x, digits: int = 3) -> str:
     dfrac, de = math.frexp(2.0 - 2.0 * frac)  # 2 - (significand in [1, 2))
     if dfrac == 0.5 and de - 1 <= -2:
         return f"{sign}(2 - 2^{de - 1})·2^{e - 1} {rel} {sign}{dec}"
-    return f"{sign}{dec} ≈ {sign}2^{math.log2(a):.2f}"
+    log2 = math.log2(a)
+    shown = f"{log2:.2f}" if abs(log2) >= 0.005 else f"{log2:.2g}"  # never "2^0.00" for a number that is not 1
+    return f"{sign}{dec} ≈ {sign}2^{shown}"
 
 
 def _pow2_short(x) -> str:
@@ -663,10 +665,11 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 2000) 
             "hovertext": [f"{name} · step {i:,} · scale {format_number(v)}" for i, v in zip(idx.tolist(), sc.tolist())],
             "hoverinfo": "text", "meta": {"policy": name, "kind": "scale"},
         })
-        sk = np.flatnonzero(t.skipped)
+        end = t.steps if t.stopped_at is None else t.stopped_at + 1  # no step runs after a stop
+        sk = np.flatnonzero(t.skipped[:end])
         shown = _thin(sk, max_markers)
         if shown.size:
-            label = "skipped" if shown.size == sk.size else f"skipped (every {sk.size / shown.size:.0f}th shown)"
+            label = "skipped" if shown.size == sk.size else f"skipped (1 in {sk.size / shown.size:.0f} shown)"
             data.append({
                 "type": "scatter", "x": shown, "y": _log2_scale(np.asarray(t.scale, np.float64)[shown]),
                 "mode": "markers", "marker": {"symbol": "x", "size": 7, "color": color},

@@ -365,3 +365,21 @@ def test_plot_scale_trace_zero_scale_stopped_run_and_lost_panel():
     assert stopped.stopped_at == 1 and any(s.x0 == 1 for s in fig.layout.shapes)
     lost = [d for d in fig.data if d.meta and d.meta.get("kind") == "lost"]
     assert len(lost) == 1 and list(lost[0].y) == [50, 25] and lost[0].yaxis == "y2"
+
+
+def test_small_figure_texts_read_right():
+    """A legend says "1 in 4 shown" (never "every 2th"); a number near 1 is never "2^0.00"; the
+    skip markers of a run that stopped end at its stop."""
+    import numpy as np
+
+    from ampviz.plots import format_pow2, plot_scale_trace
+    from ampviz.scaling import PRESETS, TorchGradScaler, simulate
+
+    assert format_pow2(-0.9995) == "-1 ≈ -2^-0.00072" and format_pow2(1.0007) == "1 ≈ 2^0.001"
+    assert format_pow2(0.1) == "0.1 ≈ 2^-3.32"
+    dense = simulate(TorchGradScaler(growth_interval=1), found_inf=np.arange(50_000) % 2 == 0)
+    names = [d.name for d in plot_scale_trace(dense).data if d.meta["kind"] == "skipped"]
+    assert len(names) == 1 and " in " in names[0] and "th shown" not in names[0], names
+    stopped = simulate(PRESETS["DeepSpeed ZeRO"], found_inf=np.ones(5_000, bool))
+    (marks,) = [d for d in plot_scale_trace(stopped).data if d.meta["kind"] == "skipped"]
+    assert len(marks.x) == stopped.skipped_count and max(marks.x) <= stopped.stopped_at

@@ -471,3 +471,11 @@ def test_the_view_is_a_package_one_module_per_explorer():
     assert all(issubclass(cls, _Explorer) for cls in (FormatExplorer, LiveTrainer, RangeExplorer, ScalerLab))
     assert importlib.import_module("ampviz.widgets").__all__ == [
         "ExplorerApp", "FormatExplorer", "LiveTrainer", "RangeExplorer", "ScalerLab", "parse_number", "running_trainers"]
+
+
+def test_compare_with_fits_its_names_and_says_how_to_pick_several():
+    from ampviz.widgets import ScalerLab
+
+    lab = ScalerLab(steps=1000)
+    assert lab.overlay.layout.width == "340px" and "Ctrl" in lab.overlay_hint.value
+    assert lab.overlay_hint in lab.ui.children[0].children[1].children

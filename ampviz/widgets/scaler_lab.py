@@ -104,8 +104,11 @@ class ScalerLab(_Explorer):
                                         style=style)
         others = [(f"{name} (legacy)" if name in scaling.LEGACY else name, name)
                   for name in scaling.PRESETS if name != "torch"]
-        self.overlay = W.SelectMultiple(options=others, value=tuple(overlay) if not isinstance(overlay, str) else (overlay,), rows=min(6, max(len(others), 1)),
-                                        description="compare with", style=style)
+        self.overlay = W.SelectMultiple(options=others, value=tuple(overlay) if not isinstance(overlay, str) else (overlay,),
+                                        rows=min(6, max(len(others), 1)), description="compare with", style=style,
+                                        layout=W.Layout(width="340px"))  # the longest name fits
+        self.overlay_hint = W.HTML("<small>Ctrl- or Shift-click to compare several</small>",
+                                   layout=W.Layout(margin="0 0 0 120px"))
         for w, cls in ((self.init_slider, "init"), (self.growth_slider, "growth"),
                        (self.backoff_slider, "backoff"), (self.interval_input, "interval"),
                        (self.scenario_dropdown, "scenario"), (self.strength_slider, "strength"),
@@ -117,7 +120,8 @@ class ScalerLab(_Explorer):
         self.output.add_class("ampviz-scaler-figure")
         self.ui = W.VBox([
             W.HBox([W.VBox([self.init_slider, self.growth_slider, self.backoff_slider, self.interval_input]),
-                    W.VBox([self.scenario_dropdown, self.strength_slider, self.loss_dropdown, self.overlay])],
+                    W.VBox([self.scenario_dropdown, self.strength_slider, self.loss_dropdown, self.overlay,
+                            self.overlay_hint])],
                    layout=W.Layout(flex_flow="row wrap")),
             self.message, self.readout, self.output,
         ])
