@@ -564,23 +564,32 @@ class Check:
     __repr__ = __str__
 
 
-_POWER_OF_TWO_TEXT = re.compile(r"^\s*2\s*(?:\*\*|\^)\s*\(?\s*([+-]?\d{1,4})\s*\)?\s*$")
+#: Numbers learners write in words, and the plain number syntax ``_number_text`` reads.
+_NUMBER_WORDS = {"one": 1.0, "once": 1.0, "two": 2.0, "twice": 2.0, "double": 2.0, "doubled": 2.0, "four": 4.0,
+                 "half": 0.5, "halved": 0.5}
+_PLAIN = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?"
 
 
 def _number_text(text: str):
-    """A number typed as text ("32768", "6.1e-5", "inf", "2**-24", "2^(-24)") as a float, else
-    the text unchanged (then it matches no number)."""
-    m = _POWER_OF_TWO_TEXT.match(text)
-    if m:
-        return 2.0 ** int(m.group(1))
-    if text.count("/") == 1:  # a fraction: "5/1024", "1 / 2^15"
-        top, bottom = (_number_text(part) for part in text.split("/"))
-        if isinstance(top, float) and isinstance(bottom, float) and bottom != 0:
-            return top / bottom
-        return text
+    """A number typed as text as a float, else the text unchanged (then it matches no number):
+    "32768", "32,768", "6.1e-5", "inf", "2**-24", "2^(-24)", "5/1024", "1/2^15", "2x", "×2",
+    "2 times", "two", "twice"."""
+    t = (text.strip().strip("'\"").casefold().replace("×", "x").replace(" ", "").replace("_", "")
+         .replace(",", "").replace("(", "").replace(")", ""))
+    t = t.removesuffix("times").removesuffix("x").removeprefix("x").removeprefix("*")
+    if t in _NUMBER_WORDS:
+        return _NUMBER_WORDS[t]
     try:
-        return float(text.strip().strip("'\"").replace("_", "").replace(",", ""))
-    except ValueError:
+        if t.count("/") == 1:
+            top, bottom = (_number_text(part) for part in t.split("/"))
+            ok = isinstance(top, float) and isinstance(bottom, float) and bottom != 0
+            return top / bottom if ok else text
+        power = re.fullmatch(f"({_PLAIN})(?:\\*\\*|\\^)({_PLAIN})", t)
+        if power:  # "-2^-24" is -(2^-24), as written on paper
+            base = float(power[1])
+            return math.copysign(abs(base) ** float(power[2]), base)
+        return float(t)
+    except (ValueError, OverflowError, ZeroDivisionError):
         return text
 
 
@@ -623,19 +632,29 @@ def check(answer, expected, *, tol: float = 0.0, hint: str = "", accept=None) ->
     return Check("wrong", "✗ not quite" + (f": {hint}" if hint else ""))
 
 
+def _said(answer) -> str | None:
+    """A text answer, folded: case, quotes, runs of spaces and a final full stop ignored (None if
+    the answer is not text)."""
+    if not isinstance(answer, str):
+        return None
+    return " ".join(answer.strip().strip("'\"").strip().rstrip(".!").strip().casefold().split())
+
+
 def _text_is(*accepted):
-    """An ``accept`` function: the answer is one of ``accepted`` (case, spaces and quotes ignored)."""
+    """An ``accept`` function: the answer is one of ``accepted`` (as ``_said`` folds it)."""
     def accept(answer) -> bool:
-        return isinstance(answer, str) and answer.strip().strip("'\"").strip().casefold() in accepted
+        return _said(answer) in accepted
     return accept
 
 
-def _yes_no(expected: bool):
-    """An ``accept`` function for a yes/no question: "yes"/"no" (any case) or True/False."""
+def _yes_no(expected: bool, more=()):
+    """An ``accept`` function for a yes/no question: True/False (numpy's too), "yes"/"y"/"true" or
+    "no"/"n"/"false" in any case, or one of the question's own words ``more`` ("crashes")."""
     def accept(answer) -> bool:
-        if isinstance(answer, bool):
-            return answer is expected
-        return _text_is("yes" if expected else "no")(answer)
+        if isinstance(answer, (bool, np.bool_)):
+            return bool(answer) is expected
+        words = {"yes", "y", "true"} if expected else {"no", "n", "false"}
+        return _said(answer) in words | set(more)
     return accept
 
 

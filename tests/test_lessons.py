@@ -421,3 +421,14 @@ def test_fractions_typed_as_text_are_numbers():
     assert L.check("5/1024", 5 / 1024) and L.check("5 / 2**10", 5 / 1024) and L.check("1/2^15", 2.0**-15)
     for bad in ("1/0", "a/b", "1/2/3", "/"):
         assert L.check(bad, 0.5).status == "wrong"
+
+
+def test_one_number_reader_for_every_checker():
+    """lessons._number_text is the one reader (notebook 06's checkers use it too)."""
+    from ampviz.lessons import _number_text
+
+    for text, value in (("2x", 2.0), ("×2", 2.0), ("2 times", 2.0), ("twice", 2.0), ("-2^-24", -(2.0**-24)),
+                        ("2^(-24)", 2.0**-24), ("32,768", 32768.0), ("1/2^15", 2.0**-15)):
+        assert _number_text(text) == value, text
+    for text in ("1/0", "2**", "max", "2**99999"):
+        assert _number_text(text) == text

@@ -43,14 +43,13 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import sys
 import tempfile
 import warnings
 
 import torch
 
-from ampviz.lessons import Check, Table, _yes_no, check
+from ampviz.lessons import Check, Table, _close, _yes_no, check
 from ampviz.pitfalls import Outcome, outcome_of, quiet_trainer
 
 __all__ = [
@@ -692,53 +691,10 @@ def check_cpu_precision(answer) -> Check:
                  == "bf16-mixed", hint="read the warning Lightning gives when the Trainer is built")
 
 
-_WORDS = {"one": 1.0, "once": 1.0, "two": 2.0, "twice": 2.0, "double": 2.0, "doubled": 2.0, "four": 4.0,
-          "half": 0.5, "halved": 0.5}
-_PLAIN = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?"
-
-
-def _number(answer) -> float | None:
-    """A learner's number: an int, a float, a 0-dim tensor, or a string such as "2", "2.0", "2x",
-    "×2", "2 times", "two", "twice", "1/32768", "2**-15" or "2^-15". None if it is none of these."""
-    if isinstance(answer, bool):
-        return None
-    if not isinstance(answer, str):
-        if hasattr(answer, "detach") and callable(answer.detach):
-            answer = answer.detach()
-        try:
-            return float(answer)
-        except (TypeError, ValueError, RuntimeError, OverflowError):
-            return None
-    text = answer.strip().strip("'\"").casefold().replace("×", "x").replace(" ", "")
-    text = text.removesuffix("times").removesuffix("x").removeprefix("x").removeprefix("*")
-    if text in _WORDS:
-        return _WORDS[text]
-    try:
-        if re.fullmatch(_PLAIN, text):
-            return float(text)
-        parts = re.fullmatch(f"({_PLAIN})/({_PLAIN})", text)
-        if parts:
-            return float(parts[1]) / float(parts[2])
-        parts = re.fullmatch(f"({_PLAIN})(?:\\*\\*|\\^)({_PLAIN})", text)
-        if parts:
-            return float(parts[1]) ** float(parts[2])
-    except (ZeroDivisionError, OverflowError, ValueError):
-        return None
-    return None
-
-
-def _number_is(expected: float, rel: float = 1e-9):
-    """An ``accept`` function: the answer is ``expected`` (within ``rel``), in any form ``_number`` reads."""
-    def accept(answer) -> bool:
-        value = _number(answer)
-        return isinstance(value, float) and abs(value - expected) <= rel * abs(expected)
-    return accept
-
-
 def check_partial_overflow_factor(answer) -> Check:
     """Q: Lightning, two optimizers, one ``self.manual_backward(loss)``, only optimizer 1's
     gradients overflow: optimizer 2's applied gradient ÷ its true gradient (2)."""
-    return check(answer, 2.0, accept=_number_is(2.0),
+    return check(answer, 2.0, accept=_close(2.0, 1e-9),
                  hint="which scale multiplied optimizer 2's gradients, and which scale divides them after "
                       "optimizer 1's step has run update()?")
 
@@ -755,7 +711,7 @@ def check_unscale_wrapper_raises(answer) -> Check:
 def check_third_optimizer_factor(answer) -> Check:
     """Q: Lightning, three optimizers, one ``self.manual_backward(loss)``, only optimizer 2's
     gradients overflow: optimizer 3's applied gradient ÷ its true gradient (2)."""
-    return check(answer, 2.0, accept=_number_is(2.0),
+    return check(answer, 2.0, accept=_close(2.0, 1e-9),
                  hint="follow the scale through the three opt.step() calls: which update() changes it, and "
                       "which optimizers unscale after that?")
 
@@ -764,6 +720,6 @@ def check_clip_before_step_norm(answer) -> Check:
     """Q: fp16 AMP at scale 32768, ``self.clip_gradients(opt, gradient_clip_val=1.0, ...)`` right
     before ``opt.step()``, true gradient norm 5: the norm of the gradient the optimizer applies
     (1/32768 = 3.0517578125e-05, within 0.1%)."""
-    return check(answer, 1.0 / 32768, accept=_number_is(1.0 / 32768, rel=1e-3),
+    return check(answer, 1.0 / 32768, accept=_close(1.0 / 32768, 1e-3),
                  hint="clip_gradients sees the gradients before the plugin unscales them: what is their norm "
                       "then, what does clipping make it, and what does unscale_ do next?")

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ampviz.lessons import Check, Table, check
+from ampviz.lessons import Check, Table, _said, _yes_no, check
 from ampviz.pitfalls import Outcome, outcome_of, quiet_trainer
 from ampviz.scaling import _shown
 from ampviz.training import _flag, _real, _seed, _whole
@@ -458,29 +458,11 @@ def fix_table(runs: dict | None = None, *, exact: bool = False, tolerance: float
 
 
 # ------------------------------------------------------------------ exercise checkers
-def _said(answer) -> str | None:
-    """A text answer, folded: case, spaces, quotes and a final full stop ignored (None if not text)."""
-    if not isinstance(answer, str):
-        return None
-    return " ".join(answer.strip().strip("'\"").strip().rstrip(".!").strip().casefold().split())
-
-
-_YES = {"yes", "y", "true"}
-_NO = {"no", "n", "false"}
-
-
-def _yes_or_no(answer, expected: bool, more=()):
-    """True when ``answer`` says ``expected``: a bool, "yes"/"no" (any case) or one of ``more``."""
-    if isinstance(answer, (bool, np.bool_)):
-        return bool(answer) is expected
-    return _said(answer) in (_YES if expected else _NO) | set(more)
-
-
 def check_all_false_mask(answer) -> Check:
     """Q (predict): with an all-False padding mask (one that pads nothing) instead of the
     right-padded one, does the encoder call still crash? ("yes": the mask is there, and every
     sequence is trivially padded at its end, so the batch is packed all the same.)"""
-    return check(answer, "yes", accept=lambda a: _yes_or_no(a, True, {"crash", "crashes", "it crashes", "raises"}),
+    return check(answer, "yes", accept=_yes_no(True, {"crash", "crashes", "it crashes", "raises"}),
                  hint="the encoder decides from the mask it is given, not from how much it pads: "
                       "is an all-False mask one it can pack?")
 
@@ -506,7 +488,7 @@ def check_fp32_fast_path(answer) -> Check:
     """Q (predict): in the fp32 reference run (``precision="32-true"``), does the validation call of
     the encoder take the nested-tensor fast path? ("yes": eval mode, no grad and a right-padded
     mask are all there; autocast is what is missing, and it only decides whether the path fails.)"""
-    return check(answer, "yes", accept=lambda a: _yes_or_no(a, True, {"it does", "fast path", "the fast path"}),
+    return check(answer, "yes", accept=_yes_no(True, {"it does", "fast path", "the fast path"}),
                  hint="go through the conditions of section 2 one by one for a validation step of the "
                       "32-true run, and ask which of them the path itself needs")
 
@@ -527,6 +509,6 @@ def check_sanity_steps(answer) -> Check:
 def check_frozen_encoder(answer) -> Check:
     """Q (transfer): a frozen encoder (``requires_grad_(False)``, eval mode) called with grad
     enabled, on an input that does not require grad, under CPU bf16 autocast: does it crash? ("yes")"""
-    return check(answer, "yes", accept=lambda a: _yes_or_no(a, True, {"crash", "crashes", "it crashes", "raises"}),
+    return check(answer, "yes", accept=_yes_no(True, {"crash", "crashes", "it crashes", "raises"}),
                  hint="the encoder does not ask whether grad mode is on, but whether it would have to record "
                       "a gradient")
