@@ -63,7 +63,6 @@ __all__ = [
     "constructor_warnings",
     "SchedulerReport",
     "scheduler_report",
-    "check_tracker_after_growth",
     "check_backoffs_to_zero",
     "check_skip_test",
     "check_clip_before_unscale",
@@ -936,15 +935,6 @@ def _check(answer, expected, **kwargs) -> Check:
     if answer is _UNREADABLE:
         return check(answer, expected, accept=lambda a: False, hint=kwargs.get("hint", ""))
     return check(answer, expected, **kwargs)
-
-
-def check_tracker_after_growth(answer) -> Check:
-    """Q: with growth_interval=3, three clean steps from 2^16: the growth tracker after the third
-    ``update()``."""
-    trace = simulate(TorchGradScaler(growth_interval=3), found_inf=np.zeros(3, bool))
-    return _check(answer, int(trace.growth_tracker[-1]),
-                 hint="the scale grows on the update that brings the tracker to growth_interval; "
-                      "what is the tracker set to then?")
 
 
 def check_backoffs_to_zero(answer) -> Check:

@@ -53,12 +53,8 @@ __all__ = [
     "Check",
     "check",
     "check_cast",
-    "check_smallest_subnormal",
     "check_fnuz_smallest",
-    "check_fp16_cast_65520",
-    "check_bf16_lost_ratio",
     "check_update_lost",
-    "check_lost_share",
     "check_safe_scale",
     "check_overflow_action",
     "check_batch_effect",
@@ -67,14 +63,7 @@ __all__ = [
     "check_steady_interval",
     "check_log_verdict",
     "check_mode_without_loss",
-    "check_fp16_lost_ratio",
-    "check_low_scale",
     "check_range_shift",
-    "check_nested_autocast",
-    "check_layer_without_grad",
-    "check_cache_call",
-    "check_left_padding_crash",
-    "check_local_fix",
 ]
 
 
@@ -678,13 +667,6 @@ def _close(expected: float, rel: float):
     return accept
 
 
-def check_smallest_subnormal(answer) -> Check:
-    """Q: the smallest positive value fp16 can store (2^-24; 5.96e-8 as printed counts too)."""
-    e = get_format("fp16").smallest_subnormal
-    return check(answer, e, accept=_close(e, 5e-4),
-                 hint="look at the exponent field 00000 with the last mantissa bit set")
-
-
 #: float8_e4m3fnuz (AMD MI300's E4M3): 4 exponent bits, 3 mantissa bits, bias 8, one NaN (0x80),
 #: no inf, no -0. Its smallest subnormal and its max, as ``torch.finfo``/its bit patterns give them.
 E4M3FNUZ_SMALLEST, E4M3FNUZ_MAX = 2.0**-10, 240.0
@@ -694,20 +676,6 @@ def check_fnuz_smallest(answer) -> Check:
     """Q: the smallest positive number of float8_e4m3fnuz (bias 8 instead of E4M3's 7): 2^-10."""
     return check(answer, E4M3FNUZ_SMALLEST, accept=_close(E4M3FNUZ_SMALLEST, 5e-4),
                  hint="the smallest subnormal is 2^(1 - bias) x 2^-(mantissa bits); which of those changed?")
-
-
-def check_fp16_cast_65520(answer) -> Check:
-    """Q: what 65520.0 becomes when cast to fp16."""
-    return check(answer, get_format("fp16").quantize(65520.0),
-                 hint="65520 is exactly halfway between 65504 and the next step, 65536")
-
-
-def check_bf16_lost_ratio(answer) -> Check:
-    """Q: how many times larger than a positive update a bf16 weight of 1.0 must be for the update
-    to vanish (256; a negative update on 1.0 must be 512 times smaller)."""
-    bf16 = get_format("bf16")
-    return check(answer, 1.0 / largest_lost_update(1.0, bf16),
-                 hint="bf16 keeps 7 mantissa bits; count one more for rounding")
 
 
 def check_update_lost(answer, w=1.0, u=-(2.0**-11), fmt="fp16") -> Check:
@@ -720,13 +688,6 @@ def check_update_lost(answer, w=1.0, u=-(2.0**-11), fmt="fp16") -> Check:
 
 
 # ----- 02: loss scaling -----
-def check_lost_share(answer, values, fmt="fp16") -> Check:
-    """Q: the share (0 to 1) of all ``values`` that fmt flushes to zero at scale 1, within 0.01."""
-    c = census(values, fmt, 1.0)
-    return check(answer, c.counts["underflow"] / max(c.total, 1), tol=0.01,
-                 hint="count values whose magnitude is at most 2^-25 (but not already zero)")
-
-
 def check_safe_scale(answer, values, fmt="fp16") -> Check:
     """Q: the largest power-of-two loss scale at which no value of ``values`` overflows."""
     return check(answer, largest_safe_scale(values, fmt),
@@ -792,21 +753,6 @@ def check_mode_without_loss(answer) -> Check:
                  hint="which mode multiplied the loss before the backward pass?")
 
 
-def check_fp16_lost_ratio(answer) -> Check:
-    """Q: how many times larger than a positive update an fp16 weight of 1.0 must be for the update
-    to vanish (2048; a negative update on 1.0 must be 4096 times smaller)."""
-    return check(answer, 1.0 / largest_lost_update(1.0, "fp16"),
-                 hint="fp16 keeps 10 mantissa bits; count one more for rounding")
-
-
-def check_low_scale(answer, diagnosis) -> Check:
-    """Q: the low end of the initial loss scale range that ``ampviz.doctor.examine`` recommends
-    (``diagnosis.scale_range[0]``; "none" when it recommends no range)."""
-    if diagnosis.scale_range is None:
-        return check(answer, "none", hint="read the diagnosis's summary: does it recommend a range?")
-    return check(answer, diagnosis.scale_range[0], hint="the smallest power of two that loses < 0.1%")
-
-
 def check_range_shift(answer) -> Check:
     """Q: with a batch of 1024 instead of 256, does the low end of the beam model's recommended
     initial scale (``examine``) go "up" or "down"? "up": more of its gradients are lost at scale 1
@@ -814,38 +760,3 @@ def check_range_shift(answer) -> Check:
     return check(answer, "up", accept=_text_is("up", "higher", "it goes up", "rises", "larger"),
                  hint="a larger batch divides each output's gradient by more: does that lose more or fewer?")
 
-
-# ----- 07: the autocast weight cache -----
-def check_nested_autocast(answer) -> Check:
-    """Q: under the legacy cache rule, inside Lightning <= 2.5's autocast, does wrapping the grad
-    pass in its own ``torch.autocast`` give every parameter its gradient? ("no")"""
-    return check(answer, "no", accept=_yes_no(False),
-                 hint="when is the cache cleared: at every autocast exit, or only at one?")
-
-
-def check_layer_without_grad(answer) -> Check:
-    """Q: under the legacy rule, Linear -> LayerNorm: which layer's weight keeps ``.grad = None``."""
-    return check(answer, "linear", accept=_text_is("linear", "nn.linear", "the linear layer"),
-                 hint="which op reused a cast made under no_grad?")
-
-
-def check_cache_call(answer) -> Check:
-    """Q: a torch function to call between the two passes that makes the legacy rule harmless
-    (``torch.clear_autocast_cache``)."""
-    return check(answer, "torch.clear_autocast_cache",
-                 accept=lambda a: isinstance(a, str) and "clear_autocast_cache" in a,
-                 hint="the function torch.autocast itself calls when the outermost autocast exits")
-
-
-# ----- 08: TransformerEncoder under bf16-mixed -----
-def check_left_padding_crash(answer) -> Check:
-    """Q: eval + no_grad under CPU bf16 autocast, with a LEFT-padded mask: does the encoder crash? ("no")"""
-    return check(answer, "no", accept=_yes_no(False),
-                 hint="the nested-tensor fast path needs right padding; look at section 2")
-
-
-def check_local_fix(answer) -> Check:
-    """Q: which fix keeps bf16-mixed training and changes nothing outside one module: "nested"
-    (``enable_nested_tensor=False``), "fastpath" or "bf16-true"."""
-    return check(answer, "nested", accept=_text_is("nested", "enable_nested_tensor=false"),
-                 hint="one of them is a global switch, one changes the weights' dtype")

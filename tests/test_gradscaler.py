@@ -305,7 +305,7 @@ def test_no_warning_leaks():
 
 # ---------------------------------------------------------------- checkers
 @pytest.mark.parametrize("checker, right, wrong", [
-    (G.check_tracker_after_growth, 0, 3),
+    (G.check_scale_after_pattern, 65536, 32768),
     (G.check_backoffs_to_zero, 166, 165),
     (G.check_skip_test, "b", "a"),
     (G.check_clip_before_unscale, 2.0**-16, 1.0),

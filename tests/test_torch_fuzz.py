@@ -526,8 +526,8 @@ def test_step_out_of_range_is_a_value_error_and_an_index_error():
 
 def test_checkers_read_a_tensor_answer_and_call_an_unreadable_one_wrong():
     """Before, each of these answers raised: a UserWarning, an OverflowError, a RuntimeError."""
-    assert G.check_tracker_after_growth(torch.tensor(0.0, requires_grad=True)).status == "right"
-    assert G.check_tracker_after_growth(0).status == "right"
+    assert G.check_scale_after_pattern(torch.tensor(65536.0, requires_grad=True)).status == "right"
+    assert G.check_scale_after_pattern(65536).status == "right"
     assert G.check_backoffs_to_zero(10**400).status == "wrong"
     assert G.check_clip_before_unscale(_meta(2)).status == "wrong"
     assert G.check_clip_before_unscale(torch.tensor(1 + 2j)).status == "wrong"
