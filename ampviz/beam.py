@@ -196,16 +196,24 @@ _AUTOCAST = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16}
 class BeamGradients:
     """The gradients of one backward pass: ``params`` by parameter name ("head.weight", ...) and
     ``outputs`` by Linear layer ("head", ...: the gradient of that layer's output, one value per
-    example and unit), each a flattened float32 numpy array, in forward order. ``all`` is every
-    one of them in one array, the parameters' first."""
+    example and unit), each a flattened float32 numpy array, in forward order. ``weights`` and
+    ``layer_outputs`` are each kind in one array, ``all`` both (the parameters' first)."""
 
     params: dict
     outputs: dict
     loss: float
 
     @property
+    def weights(self) -> np.ndarray:
+        return np.concatenate(list(self.params.values()))
+
+    @property
+    def layer_outputs(self) -> np.ndarray:
+        return np.concatenate(list(self.outputs.values()))
+
+    @property
     def all(self) -> np.ndarray:
-        return np.concatenate(list(self.params.values()) + list(self.outputs.values()))
+        return np.concatenate([self.weights, self.layer_outputs])
 
 
 def gradients(seed: int = 0, *, loss_scale=1.0, batch_size: int = 256, autocast=None) -> BeamGradients:

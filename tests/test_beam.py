@@ -110,7 +110,8 @@ def test_gradients_are_the_live_tasks_first_backward_pass():
     for name, p in task.model.named_parameters():
         assert np.array_equal(g.params[name], p.grad.reshape(-1).numpy()), name
     assert list(g.outputs) == ["embed", "blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2", "head"]
-    assert g.outputs["head"].size == 256 * GAUGES and g.all.size == 10_880 + 73_728
+    assert g.outputs["head"].size == 256 * GAUGES and (g.weights.size, g.layer_outputs.size) == (10_880, 73_728)
+    assert np.array_equal(g.all, np.concatenate([g.weights, g.layer_outputs]))
     assert not np.array_equal(gradients(1).all, g.all)
 
 

@@ -353,6 +353,7 @@ CELLS = [
     assert ratchet.final.scale == 0.0625 == 2.0**16 / 2**20  # 20 spikes, 20 halvings, no growth
     assert np.flatnonzero(settled.skipped)[:3].tolist() == [250, 750, 1250] and settled.scale.min() == 2.0**13
     assert set(settled.scale[1251:].tolist()) == {2.0**13, 2.0**14}  # settled: saws between 2^13 and 2^14
+    assert set(np.diff(np.flatnonzero(settled.skipped)[2:]).tolist()) == {2500}  # one skip per 2,500 steps
     assert diagnose(read_log(write_log(settled))).verdict == "sawtooth"
     nemo, zero, megatron = spike_runs[1:]
     assert list(PRESETS)[:3] == ["torch", "DeepSpeed ZeRO", "DeepSpeed"] and list(PRESETS)[-4:] == list(LEGACY)
