@@ -19,6 +19,7 @@ the first view's request, instead of with every widget.
 from __future__ import annotations
 
 import base64
+import json
 import math
 import zlib
 from functools import lru_cache
@@ -105,6 +106,11 @@ def _check(value) -> None:
             isinstance(value, (np.complexfloating, np.datetime64, np.timedelta64, np.void)):
         raise TypeError(f"cannot send a {type(value).__name__} to a figure: use numbers, strings, lists, "
                         f"dicts or numpy arrays of numbers")
+
+
+def _layout_key(layout: dict) -> str:
+    """The layout as its wire text: equal keys mean the browser would receive the same layout."""
+    return json.dumps(pack(layout), sort_keys=True)
 
 
 def _to_json(value, widget):
@@ -259,6 +265,7 @@ class FigureView(anywidget.AnyWidget):
         data, layout = _figure_parts(figure) if figure is not None else ([], {})
         super().__init__(data=data, layout=layout,
                          config={"displaylogo": False, **(config or {})}, **kwargs)
+        self._shown_layout = _layout_key(self.layout)
         self.on_msg(self._on_custom)
 
     def _on_custom(self, widget, content, buffers) -> None:
@@ -266,10 +273,15 @@ class FigureView(anywidget.AnyWidget):
             self.send({"type": "plotly.js"}, buffers=[_plotly_js()])
 
     def update(self, figure) -> None:
-        """Replace the whole figure (traces and layout) in one message."""
+        """Replace the whole figure in one message: the traces always, the layout only when it
+        differs from the one shown (a slider move usually changes only the data)."""
         data, layout = _figure_parts(figure)
+        key = _layout_key(layout)
         with self.hold_sync():
-            self.data, self.layout = data, layout
+            self.data = data
+            if key != self._shown_layout:
+                self.layout = layout
+                self._shown_layout = key
             self.revision += 1
 
     def set_data(self, data) -> None:
@@ -288,4 +300,5 @@ class FigureView(anywidget.AnyWidget):
         _check(layout)
         with self.hold_sync():
             self.layout = dict(layout)
+            self._shown_layout = _layout_key(self.layout)
             self.revision += 1

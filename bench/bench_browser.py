@@ -1,15 +1,25 @@
-"""Browser latency: from a ScalerLab slider move to the plot repainted, in Chromium.
+"""Browser latency: from a control moved to its figure repainted, in Chromium, against a floor.
 
-Opens a ScalerLab of 1,000,000 simulated steps, presses the backoff slider's arrow key, and times
-until the scale curve in the page holds new data (plotly has redrawn it). Repeats, then prints
-the median (p50) and the 90th percentile. Target: p50 <= 300 ms. Measured three times: in
-JupyterLab and in Voila on a notebook with the ScalerLab alone (beside a baseline: the smallest
-explorer of the same shape, whose latency is the front end's own round trip), and in the explorer
-app served by Voila (its Loss scaling tab, also 1,000,000 steps).
+The floor is the front end's own round trip, measured in the same page: a bare plotly
+``go.FigureWidget`` whose slider assigns two points to its trace (key -> widget message -> kernel ->
+figure message -> plotly redraws). Every explorer is timed the same way in the same page, its moves
+interleaved with the floor's so that a busy machine slows both alike:
 
-    .venv/bin/python bench/bench_browser.py
+- ``ScalerLab(steps=1_000_000)``: a press of the backoff slider's arrow key (a new position each
+  time: nothing can come from a cache);
+- ``RangeExplorer`` over the beam model's 84,608 gradients (notebook 02's): the scale slider;
+- ``FormatExplorer``: a click on a mantissa bit.
+
+A move counts as repainted when the explorer's figure in the page has drawn the new state
+(``FigureView`` marks each drawn revision; the floor's trace holds its new point). Measured in
+JupyterLab, in Voila (the same notebook) and in the explorer app (``ExplorerApp``, a page of its own
+with the floor beside it, as Voila serves it). Prints p50 and p90 per explorer and the ratio of
+p50s to the floor's. Target: every ratio <= 1.3.
+
+    .venv/bin/python bench/bench_browser.py [--moves N]
 """
 
+import argparse
 import statistics
 import sys
 import tempfile
@@ -19,92 +29,147 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "browser"))
-import conftest  # noqa: E402  (the browser tests' JupyterLab and Chromium set-up)
-from conftest import SCALE_Y  # noqa: E402
+import conftest  # noqa: E402  (the browser tests' JupyterLab, Voila and Chromium set-up)
 
-MOVES = 20
+TARGET = 1.3
 
-
-# The baseline, in the same notebook: the smallest explorer of the same shape (a slider whose
-# callback draws a two-point go.Figure into an Output). What it costs is JupyterLab's own round
-# trip (key -> widget message -> kernel -> display -> plotly), which no explorer can beat.
-BASELINE_CELL = """
+FLOOR_CELL = """
 import ipywidgets as W, plotly.graph_objects as go
-from IPython.display import clear_output, display
-out, slider = W.Output(), W.FloatSlider(value=0.5, min=0, max=1, step=0.005)
-out.add_class("bench-baseline-figure"); slider.add_class("bench-baseline-slider")
-def draw(change=None):
-    with out:
-        clear_output(wait=True)
-        display(go.Figure(go.Scatter(x=[0, 1], y=[0, slider.value]), layout=dict(height=300)))
-slider.observe(draw, names="value"); draw()
-W.VBox([slider, out])
+floor_figure = go.FigureWidget(go.Scatter(x=[0, 1], y=[0, 0.5]), layout=dict(height=300))
+floor_slider = W.FloatSlider(value=0.5, min=0, max=1, step=0.005)
+floor_slider.add_class("bench-floor-slider")
+def _floor_move(change):
+    floor_figure.data[0].y = [0, change["new"]]
+floor_slider.observe(_floor_move, names="value")
+floor = W.VBox([floor_slider, floor_figure]); floor.add_class("bench-floor")
+floor
 """
-BASELINE_Y = """() => { const gd = document.querySelector('.bench-baseline-figure .js-plotly-plot');
+EXPLORER_CELLS = [
+    "import torch\n_ = torch.manual_seed(0)\ntorch.set_num_threads(1)\n"
+    "from ampviz.beam import gradients\nfrom ampviz.widgets import FormatExplorer, RangeExplorer, ScalerLab\n"
+    "grads = gradients(0).all",
+    "ScalerLab(steps=1_000_000, scenario='spikes', strength=0.5, gradients=grads)",
+    "RangeExplorer(grads, log2_scale=0, log2_scale_range=(-16, 36))",
+    "FormatExplorer('fp16', 0.1)",
+]
+APP_CELL = "from ampviz.widgets import ExplorerApp\nExplorerApp()"
+
+# What each explorer's move is, and how the page shows it repainted.
+REVISION = """() => {{ const el = document.querySelector('{root} .ampviz-figure-view .js-plotly-plot');
+    return el ? el.dataset.revision || null : null; }}"""
+FLOOR_Y = """() => { const gd = document.querySelector('.bench-floor .js-plotly-plot');
     return gd && gd.data && gd.data[0] ? JSON.stringify(gd.data[0].y) : null; }"""
+EXPLORERS = {
+    # name: (root CSS class, what moves it)
+    "ScalerLab, 1,000,000 steps (backoff slider)": (".ampviz-scaler-lab", ("slider", "ampviz-scaler-backoff")),
+    "RangeExplorer, 84,608 gradients (scale slider)": (".ampviz-range-explorer", ("slider", "ampviz-scale-slider")),
+    "FormatExplorer (a bit clicked)": (".ampviz-format-explorer", ("click", ".ampviz-bit-0")),
+}
 
 
-def measure(page, slider="ampviz-scaler-backoff", curve=SCALE_Y) -> list:
-    """Milliseconds from each key press on ``slider`` to the ``curve`` in the page holding new data."""
-    page.wait_for_function(f"() => {{ const y = ({curve})(); return y && y.length > 2; }}", timeout=60_000)
-    handle = conftest.press_slider(page, slider, 0)
-    times = []
-    for k in range(MOVES):
-        before = page.evaluate(curve)
+class Mover:
+    """One control in the page and how to tell its figure has repainted."""
+
+    def __init__(self, page, name, root, action):
+        self.page, self.name, self.root = page, name, root
+        kind, target = action
+        scope = page.locator(root).first if root else page
+        if kind == "slider":
+            self.handle = scope.locator(f".{target} .noUi-handle").first
+            self.press = lambda: (self.handle.focus(), self.handle.press("ArrowRight"))
+        else:
+            button = scope.locator(target).first
+            self.press = button.click
+        self.js = FLOOR_Y if root is None else REVISION.format(root=root)
+        self.times: list = []
+
+    def ready(self):
+        self.page.wait_for_function(f"() => ({self.js})() !== null", timeout=180_000)
+
+    def move(self):
+        before = self.page.evaluate(self.js)
         t0 = time.perf_counter()
-        handle.press("ArrowRight" if k % 2 == 0 else "ArrowLeft")
-        page.wait_for_function(f"(prev) => {{ const y = ({curve})(); return y && y !== prev; }}",
-                               arg=before, timeout=30_000, polling="raf")
-        times.append(1e3 * (time.perf_counter() - t0))
-    return sorted(times)
+        self.press()
+        self.page.wait_for_function(f"(prev) => {{ const s = ({self.js})(); return s !== null && s !== prev; }}",
+                                    arg=before, timeout=60_000, polling="raf")
+        self.times.append(1e3 * (time.perf_counter() - t0))
+        self.page.wait_for_timeout(150)  # let the kernel go idle before the next move
 
 
-def report(where: str, times: list, baseline: list | None = None) -> None:
-    print(f"ScalerLab, 1,000,000 steps, {MOVES} backoff_factor moves in {where} (headless Chromium)")
-    print(f"  slider move -> plot repainted: p50 {statistics.median(times):.0f} ms, "
-          f"p90 {times[int(0.9 * (len(times) - 1))]:.0f} ms, min {times[0]:.0f} ms (target p50 <= 300 ms)")
-    if baseline:
-        b = statistics.median(baseline)
-        print(f"  baseline (a slider redrawing a two-point figure, same page): p50 {b:.0f} ms; "
-              f"ScalerLab / baseline = {statistics.median(times) / b:.2f}")
+def run_page(page, explorers: dict, moves: int) -> tuple[list, list]:
+    floor = Mover(page, "floor", None, ("slider", "bench-floor-slider"))
+    others = [Mover(page, name, root, action) for name, (root, action) in explorers.items()]
+    for m in [floor, *others]:
+        m.ready()
+    for m in [floor, *others]:  # one warm-up move each (plotly's first restyle, caches of the page)
+        m.move()
+        m.times.clear()
+    for _ in range(moves):  # interleaved: a busy moment slows every control alike
+        for m in [floor, *others]:
+            m.move()
+    return floor.times, others
+
+
+def report(where: str, floor: list, others: list) -> list:
+    f50 = statistics.median(floor)
+    print(f"{where} (headless Chromium), {len(floor)} moves each, interleaved")
+    print(f"  floor (a FigureWidget whose slider assigns two points): p50 {f50:.0f} ms, "
+          f"p90 {sorted(floor)[int(0.9 * (len(floor) - 1))]:.0f} ms")
+    ratios = []
+    for m in others:
+        t = sorted(m.times)
+        p50 = statistics.median(t)
+        ratio = p50 / f50
+        ratios.append(ratio)
+        print(f"  {m.name}: p50 {p50:.0f} ms, p90 {t[int(0.9 * (len(t) - 1))]:.0f} ms, "
+              f"ratio to the floor {ratio:.2f} ({'within' if ratio <= TARGET else 'ABOVE'} {TARGET}x)")
+    return ratios
+
+
+def open_voila(browser, url):
+    page = browser.new_page(viewport={"width": 1300, "height": 1000})
+    page.goto(url, timeout=conftest.VOILA_LOAD_MS)
+    return page
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--moves", type=int, default=20, help="moves per control (default 20)")
+    args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
-    nb.cells = [nbformat.v4.new_code_cell(
-        "from ampviz.widgets import ScalerLab\nScalerLab(steps=1_000_000, scenario='spikes', strength=0.5)"),
-        nbformat.v4.new_code_cell(BASELINE_CELL)]
-    notebooks = Path(tempfile.mkdtemp(prefix="ampviz-bench-"))
-    nbformat.write(nb, notebooks / "latency.ipynb")
+    kernelspec = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    folder = Path(tempfile.mkdtemp(prefix="ampviz-bench-"))
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": kernelspec})
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in (FLOOR_CELL, *EXPLORER_CELLS)]
+    nbformat.write(nb, folder / "latency.ipynb")
+    app = nbformat.v4.new_notebook(metadata={"kernelspec": kernelspec})
+    app.cells = [nbformat.v4.new_code_cell(c) for c in (FLOOR_CELL, APP_CELL)]
+    nbformat.write(app, folder / "app_latency.ipynb")
+    all_ratios = []
     with sync_playwright() as p:
         browser = conftest.launch(p)
-        with conftest.jupyter_lab(notebooks) as url:
+        with conftest.jupyter_lab(folder) as url:
             page = conftest.open_and_run(browser, url, "latency.ipynb")
-            page.locator(".ampviz-scaler-lab .js-plotly-plot").wait_for(timeout=120_000)
-            page.locator(".bench-baseline-figure .js-plotly-plot").wait_for(timeout=120_000)
-            times = measure(page)
-            baseline = measure(page, "bench-baseline-slider", BASELINE_Y)
-            report("JupyterLab", times, baseline)
+            all_ratios += report("JupyterLab", *run_page(page, EXPLORERS, args.moves))
             page.close()
-        with conftest.voila(notebooks / "latency.ipynb") as url:
-            page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            page.goto(url, timeout=conftest.VOILA_LOAD_MS)
-            page.locator(".bench-baseline-figure .js-plotly-plot").wait_for(timeout=120_000)
-            times = measure(page)
-            baseline = measure(page, "bench-baseline-slider", BASELINE_Y)
-            report("Voila (the same notebook)", times, baseline)
+        with conftest.voila(folder / "latency.ipynb") as url:
+            page = open_voila(browser, url)
+            all_ratios += report("Voila, the same notebook", *run_page(page, EXPLORERS, args.moves))
             page.close()
-        with conftest.voila(conftest.ROOT / "notebooks" / "explorer.ipynb") as url:
-            page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            page.goto(url, timeout=conftest.VOILA_LOAD_MS)
-            page.get_by_role("tab", name="Loss scaling").click()
-            page.locator(".ampviz-scaler-lab .js-plotly-plot").wait_for(timeout=120_000)
-            report("the explorer app (Voila)", measure(page))
+        with conftest.voila(folder / "app_latency.ipynb") as url:
+            page = open_voila(browser, url)
+            tabs = {"Formats": "FormatExplorer (a bit clicked)",
+                    "Ranges": "RangeExplorer, 84,608 gradients (scale slider)",
+                    "Loss scaling": "ScalerLab, 1,000,000 steps (backoff slider)"}
+            for tab, name in tabs.items():  # each tab against the floor measured beside it
+                page.get_by_role("tab", name=tab).click()
+                all_ratios += report(f"the explorer app (Voila), {tab} tab",
+                                     *run_page(page, {name: EXPLORERS[name]}, args.moves))
             page.close()
         browser.close()
+    worst = max(all_ratios)
+    print(f"worst ratio to the floor: {worst:.2f} (target <= {TARGET})")
 
 
 if __name__ == "__main__":

@@ -479,3 +479,138 @@ def test_compare_with_fits_its_names_and_says_how_to_pick_several():
     lab = ScalerLab(steps=1000)
     assert lab.overlay.layout.width == "340px" and "Ctrl" in lab.overlay_hint.value
     assert lab.overlay_hint in lab.ui.children[0].children[1].children
+
+
+# ----- figures updated in place; moves from the browser coalesced -----
+def _trace_ys(fig):
+    return [np.asarray(t.y if t.y is not None else [], dtype=float) for t in fig.data]
+
+
+def _view_y(view, i: int = 0) -> np.ndarray:
+    """Trace ``i``'s y as the view holds it (plotly's base64 typed-array form or a list)."""
+    import base64
+
+    y = view.data[i]["y"]
+    if isinstance(y, dict):
+        return np.frombuffer(base64.b64decode(y["bdata"]), dtype=y["dtype"]).astype(float)
+    return np.asarray(y, dtype=float)
+
+
+def _same_figure(a, b) -> bool:
+    ya, yb = _trace_ys(a), _trace_ys(b)
+    return len(ya) == len(yb) and all(np.array_equal(x, y, equal_nan=True) for x, y in zip(ya, yb)) \
+        and a.layout.title.text == b.layout.title.text
+
+
+def test_figures_are_updated_in_place_in_one_view():
+    """Every explorer keeps one FigureView and assigns new traces to it; the layout travels only
+    when it changed (a move of the backoff slider changes only the data)."""
+    from ampviz.figureview import FigureView
+
+    lab = _lab()
+    view = lab.view
+    assert isinstance(view, FigureView) and view in lab.ui.children
+    sent = []
+    view.observe(lambda c: sent.append(c["name"]), names=["data", "layout"])
+    lab.backoff_slider.value = 0.25
+    assert lab.view is view and sent == ["data"]
+    assert np.array_equal(_view_y(view), lab.figure.data[0].y)
+    lab.scenario_dropdown.value = "warmup"  # a new title: the layout is sent too
+    assert sent[1:] == ["data", "layout"] and "warmup" in view.layout["title"]["text"]
+    for ex in (FormatExplorer("fp16", 0.1), RangeExplorer(GRADS)):
+        assert isinstance(ex.view, FigureView) and ex.view.data
+
+
+@pytest.mark.parametrize("which", ["scaler", "range"])
+def test_browser_moves_are_coalesced_and_the_last_position_wins(which, monkeypatch):
+    """Ten slider moves from the browser (``set_state``, as the front end sends them) while the
+    explorer computes: the intermediate positions are dropped, and the figure and readout end at
+    the final position's, equal to a fresh explorer's at that position."""
+    import time
+
+    if which == "scaler":
+        ex, slider, values = _lab(), "backoff_slider", [round(0.3 + 0.02 * k, 3) for k in range(10)]
+    else:
+        ex, slider, values = RangeExplorer(GRADS), "scale_slider", list(range(1, 11))
+    calls = []
+    original = type(ex).update
+
+    def slow_update(self):
+        calls.append(getattr(self, slider).value)
+        time.sleep(0.05)
+        original(self)
+
+    monkeypatch.setattr(ex, "update", slow_update.__get__(ex))
+    for v in values:
+        getattr(ex, slider).set_state({"value": v})
+    assert ex.settle(30)
+    assert 1 <= len(calls) <= 3 and calls[-1] == values[-1]  # not ten redraws
+    if which == "scaler":
+        fresh = _lab(backoff_factor=values[-1])
+        assert ex.readout.value == fresh.readout.value
+    else:
+        fresh = RangeExplorer(GRADS, log2_scale=values[-1])
+        assert ex.result.counts == fresh.result.counts and ex.readout.value == fresh.readout.value
+    assert _same_figure(ex.figure, fresh.figure)
+    assert np.array_equal(_view_y(ex.view), _trace_ys(fresh.figure)[0], equal_nan=True)
+    # the plausible wrong variant: the figure of an intermediate position differs
+    assert not _same_figure(ex.figure, (_lab(backoff_factor=values[-2]) if which == "scaler"
+                                        else RangeExplorer(GRADS, log2_scale=values[-2])).figure)
+
+
+def test_a_move_made_in_python_redraws_before_it_returns():
+    lab = _lab()
+    lab.backoff_slider.value = 0.25
+    assert lab._worker is None and lab.traces[0].policy.backoff_factor == 0.25
+    assert lab.settle(0)
+
+
+def test_a_browser_move_that_fails_shows_its_message(monkeypatch):
+    ex = RangeExplorer(GRADS)
+
+    def broken(*a, **k):
+        raise RuntimeError("census failed")
+
+    monkeypatch.setattr(widgets.range_explorer, "census", broken)
+    ex.scale_slider.set_state({"value": 3})
+    assert ex.settle(30)
+    assert "census failed" in ex.error and "census failed" in text(ex.message)
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), "soon", None, True])
+def test_settle_refuses_a_bad_timeout(bad):
+    with pytest.raises((TypeError, ValueError), match="timeout"):
+        _lab().settle(bad)
+
+
+def test_scaler_lab_works_ahead_on_the_moved_slider_and_its_runs_are_exact():
+    """After moves from the browser, the next positions of the moved slider are run ahead; the
+    run a later move finds is the run a fresh ScalerLab computes at that position, bit for bit."""
+    lab = _lab()
+    s = lab.backoff_slider
+    s.set_state({"value": 0.5 + 0.005})  # a browser's sum: 0.505 exactly here
+    assert lab.settle(30) and s.value == 0.505
+    ahead = lab._on_grid(s, s.value + s.step)
+    assert ahead == 0.51 and ("yours", lab._settings(backoff_slider=0.51)) in lab._runs
+    s.set_state({"value": 0.505 + 0.005})  # 0.51000000000000001 in binary: put on the slider's grid
+    assert lab.settle(30) and s.value == 0.51
+    fresh = _lab(backoff_factor=0.51)
+    assert np.array_equal(lab.traces[0].scale, fresh.traces[0].scale)
+    assert np.array_equal(lab.traces[0].skipped, fresh.traces[0].skipped)
+    assert lab.readout.value == fresh.readout.value and _same_figure(lab.figure, fresh.figure)
+    # a wrong variant: the run of the neighbouring position is a different run
+    assert not np.array_equal(lab.traces[0].scale, _lab(backoff_factor=0.515).traces[0].scale)
+    assert len(lab._runs) <= 2 * lab.KEPT_RUNS
+
+
+def test_scaler_lab_reuses_the_frameworks_runs_while_only_your_settings_move(monkeypatch):
+    from ampviz import scaling
+
+    lab = _lab(overlay=("DeepSpeed ZeRO",))
+    calls = []
+    real = scaling.simulate
+    monkeypatch.setattr(scaling, "simulate", lambda p, **k: (calls.append(p.name), real(p, **k))[1])
+    lab.backoff_slider.value = 0.25
+    assert calls == ["your settings"]
+    lab.scenario_dropdown.value = "warmup"  # a new stream: every scaler runs again
+    assert sorted(calls[1:]) == sorted(["your settings", scaling.PRESETS["DeepSpeed ZeRO"].name])

@@ -6,11 +6,13 @@ import functools
 import html
 import math
 import re
+import threading
 
 import numpy as np
 
 import ipywidgets as W
-from IPython.display import clear_output, display
+
+from ampviz.figureview import FigureView
 
 #: Light tints of ``FIELD_COLORS`` for bits that are 0.
 
@@ -98,20 +100,16 @@ def _shows_errors(callback):
     return wrapper
 
 
-def _show_in(output: W.Output, obj) -> None:
-    """Show ``obj`` in ``output`` instead of what it showed. Outside IPython (a script, a test, a
-    benchmark) there is nothing to show it in, and ``display`` would print the whole figure."""
-    from IPython import get_ipython
-
-    if get_ipython() is None:
-        return
-    with output:
-        clear_output(wait=True)
-        display(obj)
-
-
 class _Explorer:
-    """What every explorer shares: a root widget ``ui``, a message line, a figure output."""
+    """What every explorer shares: a root widget ``ui``, a message line, and its figure in a
+    ``FigureView`` (``view``) that is updated in place: each redraw sends the new traces, and the
+    layout only when it changed.
+
+    Moves that come from the browser faster than the explorer computes are coalesced: a slider's
+    change arriving from the front end (``widget.set_state``, as the browser sends it) only marks
+    the figure out of date, and a worker thread redraws it from the controls' newest values, so
+    the intermediate positions are dropped and the last position always wins. A change made in
+    Python (``slider.value = ...``) redraws at once, before the assignment returns."""
 
     ui: W.Widget
 
@@ -120,7 +118,11 @@ class _Explorer:
         self.figure = None
         self.message = W.HTML(value="")
         self.message.add_class("ampviz-message")
-        self.output = W.Output()
+        self.view = FigureView()
+        self._update_lock = threading.RLock()  # one redraw at a time (worker or caller)
+        self._queue_lock = threading.Lock()
+        self._pending = False
+        self._worker: threading.Thread | None = None
 
     def _show_error(self, exc: BaseException) -> None:
         if isinstance(exc, (ValueError, TypeError, OverflowError)):
@@ -135,14 +137,78 @@ class _Explorer:
         self.message.value = ""
 
     def _draw(self, fig) -> None:
-        """Keep ``fig`` as ``.figure`` and show it in the output, replacing the previous one."""
+        """Keep ``fig`` as ``.figure`` and show it in the view, in place of the previous one."""
         self.figure = fig
-        try:
-            _show_in(self.output, fig)
-        except Exception as exc:  # an exception inside `with output` would print a traceback
-            self._show_error(exc)
+        self.view.update(fig)
+
+    # ----- coalesced redraws -----
+    def update(self) -> None:  # pragma: no cover - every explorer that coalesces defines it
+        raise NotImplementedError
+
+    def _request_update(self, change=None) -> None:
+        """A control changed: redraw now (a change made in Python), or mark the figure out of date
+        for the worker (a change from the browser, which may be followed by many more)."""
+        owner = change.get("owner") if isinstance(change, dict) else None
+        if getattr(owner, "_property_lock", None):
+            with self._queue_lock:
+                self._pending = True
+                if self._worker is not None:
+                    return
+                self._worker = threading.Thread(target=self._drain, name="ampviz-explorer-redraw",
+                                                daemon=True)
+                worker = self._worker
+            worker.start()
+        else:
+            self._update_now()
+
+    def _update_now(self) -> None:
+        with self._update_lock:
+            try:
+                self.update()
+            except Exception as exc:  # shown to the learner, kept on .error
+                self._show_error(exc)
+
+    def _drain(self) -> None:
+        idle_done = False
+        while True:
+            with self._queue_lock:
+                redraw = self._pending
+                if not redraw and idle_done:
+                    self._worker = None
+                    return
+                self._pending = False
+            if redraw:
+                self._update_now()
+                idle_done = False
+                continue
+            idle_done = True
+            with self._update_lock:  # the moves are drawn: work ahead for the next one
+                try:
+                    self._after_browser_update()
+                except Exception:  # work ahead only: the next move computes what it needs
+                    pass
+
+    def _after_browser_update(self) -> None:
+        """Work to do once a browser's moves are drawn (an explorer may run what comes next)."""
+
+    def settle(self, timeout: float = 30.0) -> bool:
+        """Wait until no redraw is pending or running (at most ``timeout`` seconds); True when
+        the figure and readout show the controls' current values."""
+        timeout = _real("timeout", timeout)
+        if not timeout >= 0:
+            raise ValueError(f"timeout must be a number of seconds, at least 0, got {_shown(timeout)}")
+        import time
+
+        end = time.monotonic() + min(timeout, 1e6)
+        while True:
+            with self._queue_lock:
+                worker = self._worker
+            if worker is None:
+                return True
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            worker.join(min(left, 0.05))
 
     def _repr_mimebundle_(self, **kwargs):
         return self.ui._repr_mimebundle_(**kwargs)
-
-

@@ -58,7 +58,7 @@ class FormatExplorer(_Explorer):
         self.bits_readout.add_class("ampviz-bits-readout")
         self.readout = W.HTML()
         self.readout.add_class("ampviz-format-readout")
-        self.output.add_class("ampviz-format-figure")
+        self.view.add_class("ampviz-format-figure")
 
         self.format_dropdown.observe(self._on_format, names="value")
         self.decimal_input.observe(self._on_decimal, names="value")
@@ -73,7 +73,7 @@ class FormatExplorer(_Explorer):
                 self.bits_readout,
                 self.message,
                 self.readout,
-                self.output,
+                self.view,
             ]
         )
         self.ui.add_class("ampviz-format-explorer")
@@ -162,13 +162,15 @@ class FormatExplorer(_Explorer):
             b.on_click(self._on_bit, remove=True)
             b.close()
         buttons = []
+        # 32 buttons of 22 px fit on one line of a notebook (736 px with their gaps); 16 of 32 px
+        size = "32px" if self.fmt.bits <= 16 else "22px"
         for j in range(self.fmt.bits):
             position = self.fmt.bits - 1 - j
             field = self._field_of(position)
             b = W.Button(
                 description="0",
                 tooltip=f"bit {position} ({field})",
-                layout=W.Layout(width="30px", height="30px", padding="0", margin="1px"),
+                layout=W.Layout(width=size, height="30px", padding="0", margin="1px" if size == "32px" else "0 1px 0 0"),
             )
             b.add_class(f"ampviz-bit-{position}")
             b.add_class(f"ampviz-bit-{field}")

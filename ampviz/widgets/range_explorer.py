@@ -18,7 +18,7 @@ from ampviz.plots import (
     plot_census,
 )
 
-from ampviz.widgets.base import _Explorer, _shown, _shows_errors, _whole
+from ampviz.widgets.base import _Explorer, _shown, _whole
 
 
 # ----- a census under a loss scale -----
@@ -69,7 +69,7 @@ class RangeExplorer(_Explorer):
         self.format_dropdown.add_class("ampviz-format-dropdown")
         self.readout = W.HTML()
         self.readout.add_class("ampviz-census-readout")
-        self.output.add_class("ampviz-census-figure")
+        self.view.add_class("ampviz-census-figure")
 
         self.scale_slider.observe(self._on_change, names="value")
         self.format_dropdown.observe(self._on_change, names="value")
@@ -80,7 +80,7 @@ class RangeExplorer(_Explorer):
                 self.format_dropdown,
                 self.message,
                 self.readout,
-                self.output,
+                self.view,
             ]
         )
         self.ui.add_class("ampviz-range-explorer")
@@ -101,9 +101,8 @@ class RangeExplorer(_Explorer):
         lo, hi = self._bin_extent
         return census_x_range(self.fmt, lo + self.scale_slider.min, hi + self.scale_slider.max)
 
-    @_shows_errors
     def _on_change(self, change):
-        self.update()
+        self._request_update(change)  # at once from Python; coalesced from the browser
 
     def update(self) -> None:
         """Census at the slider's scale and the dropdown's format, then redraw."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections import OrderedDict
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from ampviz.census import underflow_fractions
 
 from ampviz.plots import format_number, plot_scale_trace
 
-from ampviz.widgets.base import _Explorer, _real, _shown, _shows_errors, _whole
+from ampviz.widgets.base import _Explorer, _real, _shown, _whole
 
 
 # ----- dynamic loss scaling, live -----
@@ -48,6 +49,8 @@ class ScalerLab(_Explorer):
         self.seed = _whole("seed", seed, 0)
         self._streams: dict = {}
         self._lost_cache: dict = {}
+        self._runs: OrderedDict = OrderedDict()  # settings -> ScalerTrace: recent runs, reused
+        self._nudged = None  # (slider, +1 or -1): the slider the browser moved last, and which way
         self.traces: list = []
         self.lost = None
         if gradients is None:  # a fixed sample spread over ~25 binades below its largest value, as
@@ -117,13 +120,13 @@ class ScalerLab(_Explorer):
             w.observe(self._on_change, names="value")
         self.readout = W.HTML()
         self.readout.add_class("ampviz-scaler-readout")
-        self.output.add_class("ampviz-scaler-figure")
+        self.view.add_class("ampviz-scaler-figure")
         self.ui = W.VBox([
             W.HBox([W.VBox([self.init_slider, self.growth_slider, self.backoff_slider, self.interval_input]),
                     W.VBox([self.scenario_dropdown, self.strength_slider, self.loss_dropdown, self.overlay,
                             self.overlay_hint])],
                    layout=W.Layout(flex_flow="row wrap")),
-            self.message, self.readout, self.output,
+            self.message, self.readout, self.view,
         ])
         self.ui.add_class("ampviz-scaler-lab")
         self.update()
@@ -142,7 +145,11 @@ class ScalerLab(_Explorer):
     # ----- read the controls -----
     def policy(self) -> "scaling.DynamicScaler":
         """Your settings as a scaler, or ValueError with what is wrong."""
-        gf, bf, gi = self.growth_slider.value, self.backoff_slider.value, self.interval_input.value
+        return self._policy_of(self.init_slider.value, self.growth_slider.value, self.backoff_slider.value,
+                               self.interval_input.value)
+
+    @staticmethod
+    def _policy_of(log2_init, gf, bf, gi) -> "scaling.DynamicScaler":
         problems = []
         if not gf > 1:
             problems.append(f"growth_factor must be above 1 (it is {gf:g}: the scale could never grow)")
@@ -151,9 +158,10 @@ class ScalerLab(_Explorer):
         if not gi >= 1:
             problems.append(f"growth_interval must be at least 1 step (it is {gi})")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("; ".join(problems) + ". Nothing is redrawn until it is fixed: the figure and "
+                             "the table still show the last settings that ran")
         # torch.amp.GradScaler's rule (TorchGradScaler), under its own name in the figure
-        return scaling.DynamicScaler(name="your settings", init_scale=2.0 ** self.init_slider.value,
+        return scaling.DynamicScaler(name="your settings", init_scale=2.0 ** log2_init,
                                      growth_factor=gf, backoff_factor=bf, growth_interval=int(gi),
                                      arithmetic="torch", source=scaling.TorchGradScaler().source)
 
@@ -165,18 +173,105 @@ class ScalerLab(_Explorer):
         return self._streams[key]
 
     # ----- react -----
-    @_shows_errors
+    #: How many runs are kept for reuse (your recent settings, the slider's next positions, the
+    #: frameworks compared).
+    KEPT_RUNS = 6
+
     def _on_change(self, change):
-        self.update()
+        owner = change.get("owner") if isinstance(change, dict) else None
+        if getattr(owner, "_property_lock", None) and isinstance(owner, (W.FloatSlider, W.IntSlider)):
+            on_grid = self._on_grid(owner, change["new"])
+            if on_grid != change["new"]:  # a browser's sum (0.505 + 0.005 = 0.51000000000000001):
+                owner.value = on_grid     # the slider's own position, exactly (that change redraws)
+                return
+            old = change.get("old")
+            self._nudged = (owner, 1 if old is None or change["new"] >= old else -1)
+        self._request_update(change)  # at once from Python; coalesced from the browser
+
+    @staticmethod
+    def _on_grid(slider, value):
+        """``value`` on ``slider``'s grid of positions (min + k * step), as a decimal rounds it."""
+        if isinstance(slider, W.IntSlider) or not isinstance(value, float) or not math.isfinite(value):
+            return value
+        k = round((value - slider.min) / slider.step)
+        grid = round(slider.min + k * slider.step, 12)
+        return grid if abs(grid - value) <= 1e-9 * max(1.0, abs(value)) and slider.min <= grid <= slider.max \
+            else value
+
+    def _run(self, policy, g, loss: str, key) -> "scaling.ScalerTrace":
+        """``simulate(policy)`` on the stream, reused when the same settings ran recently."""
+        if key in self._runs:
+            self._runs.move_to_end(key)
+            return self._runs[key]
+        trace = scaling.simulate(policy, grad_max=g, loss_dtype=loss)
+        self._runs[key] = trace
+        while len(self._runs) > 2 * self.KEPT_RUNS:  # a run and its lost share each
+            self._runs.popitem(last=False)
+        return trace
+
+    def _lost_of(self, key, trace, level: float):
+        """``_lost_share(trace, level)``, kept with the run it belongs to."""
+        full = ("lost", key, level)
+        if full in self._runs:
+            self._runs.move_to_end(full)
+        else:
+            self._runs[full] = self._lost_share(trace, level)
+            while len(self._runs) > 2 * self.KEPT_RUNS:
+                self._runs.popitem(last=False)
+        return self._runs[full]
+
+    def _settings(self, **changed) -> tuple:
+        """Your settings as a key (``changed`` replaces some, by slider attribute name)."""
+        values = {name: getattr(self, name).value for name in
+                  ("init_slider", "growth_slider", "backoff_slider", "interval_input", "scenario_dropdown",
+                   "strength_slider", "loss_dropdown")}
+        values.update(changed)
+        return tuple(values.items())
+
+    def _prefetch(self) -> None:
+        """After a move from the browser, run the positions the slider's arrow keys reach next
+        (the same way first), unless another move is already waiting: a key press then finds its
+        run ready. Only your own scaler's run on the current stream."""
+        if self._nudged is None:
+            return
+        slider, way = self._nudged
+        names = {id(getattr(self, n)): n for n in ("init_slider", "growth_slider", "backoff_slider")}
+        name = names.get(id(slider))
+        if name is None:
+            return
+        g, loss = self.stream, self.loss_dropdown.value
+        for k in (way, -way):
+            if self._pending:  # a move is waiting: it comes first
+                return
+            value = self._on_grid(slider, slider.value + k * slider.step)
+            if not slider.min <= value <= slider.max:
+                continue
+            key = ("yours", self._settings(**{name: value}))
+            if key in self._runs:
+                continue
+            try:
+                policy = self._policy_with(**{name: value})
+            except ValueError:
+                continue
+            self._lost_of(key, self._run(policy, g, loss, key), self._typical_max(g))
+
+    def _policy_with(self, **changed) -> "scaling.DynamicScaler":
+        settings = dict(self._settings(**changed))
+        return self._policy_of(settings["init_slider"], settings["growth_slider"], settings["backoff_slider"],
+                               settings["interval_input"])
+
+    def _after_browser_update(self) -> None:
+        self._prefetch()
 
     def update(self) -> None:
         """Simulate every scaler on the stream and redraw (the last good figure stays on error)."""
         mine = self.policy()
         g = self.stream
         loss = self.loss_dropdown.value
-        self.traces = [scaling.simulate(p, grad_max=g, loss_dtype=loss)
-                       for p in [mine, *(scaling.PRESETS[name] for name in self.overlay.value)]]
-        self.lost = self._lost_share(self.traces[0], self._typical_max(g))
+        stream_key = (self.scenario_dropdown.value, float(self.strength_slider.value), loss)
+        self.traces = [self._run(mine, g, loss, ("yours", self._settings()))] + [
+            self._run(scaling.PRESETS[name], g, loss, ("preset", name, stream_key)) for name in self.overlay.value]
+        self.lost = self._lost_of(("yours", self._settings()), self.traces[0], self._typical_max(g))
         self.readout.value = self._readout_html()
         self._clear_error()
         self._draw(plot_scale_trace(self.traces, lost={"your settings": self.lost},
