@@ -1,6 +1,34 @@
-"""Fixtures shared by the test files."""
+"""Fixtures and hooks shared by the test files.
+
+The ``gpu`` marker: a test marked ``@pytest.mark.gpu`` needs a CUDA device. Where there is none,
+it is skipped with ``GPU_SKIP_REASON``. torch is imported only when a collected test carries the
+marker, so test files that do not need torch never load it.
+"""
 
 import pytest
+
+GPU_SKIP_REASON = "needs a CUDA device (torch.cuda.is_available() is False)"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device")
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    try:
+        import torch
+    except ImportError:
+        reason = "needs a CUDA device (torch is not installed)"
+    else:
+        if torch.cuda.is_available():
+            return
+        reason = GPU_SKIP_REASON
+    skip = pytest.mark.skip(reason=reason)
+    for item in gpu_items:
+        item.add_marker(skip)
 
 
 @pytest.fixture(scope="module")

@@ -246,6 +246,42 @@ def test_the_autocast_check_reads_cuda_only():
     assert te.encoder_call().message == BF16_MESSAGE
 
 
+def test_device_none_and_cpu_are_the_same_call(fused_calls):
+    """``device`` defaults to today's CPU call: None, "cpu" and torch.device("cpu") give the same
+    outcome, details and table; the CPU's autocast is the one switched on (a CUDA autocast would
+    avoid the crash, test_the_autocast_check_reads_cuda_only)."""
+    for device in (None, "cpu", torch.device("cpu")):
+        assert te.encoder_call(device=device).message == BF16_MESSAGE
+        assert te.encoder_call(device=device, autocast=None).details == {"dtype": "float32", "padded_zero": True}
+        assert te.encoder_call(device=device, grad="enabled").details == {"dtype": "float32", "padded_zero": False}
+    assert fused_calls["nested"] == 6  # each crash and each fp32 call packed the batch
+    table = te.condition_table()
+    assert table.title == "nn.TransformerEncoder, eval + no_grad + bf16 autocast on the CPU, one change at a time"
+    cpu = te.condition_table(device="cpu")
+    assert (cpu.title, cpu.column("outcome")) == (table.title, table.column("outcome"))
+
+
+def test_the_device_argument_refuses_what_is_not_a_device():
+    what = r"device must be None \(the CPU\), 'cpu', or a CUDA device such as 'cuda' or 'cuda:0'"
+    for bad in ("gpu", "CPU", "meta", "mps", "", "cuda:x", torch.device("meta")):
+        with pytest.raises(ValueError, match=what):
+            te.encoder_call(device=bad)
+    for bad in (0, 1.5, True, torch.float16, ["cpu"]):
+        with pytest.raises(TypeError, match=what):
+            te.encoder_call(device=bad)
+    with pytest.raises(ValueError, match=what):
+        te.condition_table(device="gpu")
+    if not torch.cuda.is_available():
+        for device in ("cuda", "cuda:0", torch.device("cuda")):
+            with pytest.raises(ValueError, match=r"needs a CUDA device, and torch.cuda.is_available\(\) is False"):
+                te.encoder_call(device=device)
+            with pytest.raises(ValueError, match="needs a CUDA device"):
+                te.condition_table(device=device)
+    else:
+        with pytest.raises(ValueError, match=f"this machine has {torch.cuda.device_count()} CUDA device"):
+            te.encoder_call(device=f"cuda:{torch.cuda.device_count()}")
+
+
 @pytest.mark.parametrize("condition, change, kwargs", te.CONDITIONS, ids=[c[1] for c in te.CONDITIONS])
 def test_output_dtype_shows_the_path(fused_calls, condition, change, kwargs):
     """Section 2: bf16 output where the fused kernel ran, fp32 where the layers ran as Python modules
@@ -493,6 +529,18 @@ def test_encoder_call_answers_or_refuses(kwargs):
         _one_line_refusal(exc)
         return
     assert out.failed or out.details["dtype"] in ("float32", "bfloat16", "float16")
+
+
+@settings(max_examples=40, deadline=None)
+@given(device=st.one_of(ANYTHING, st.sampled_from(["cpu", "cpu:0", "cuda", "cuda:0", "cuda:99", "meta", "mps",
+                                                   "gpu", torch.device("cpu"), torch.device("meta")])))
+def test_the_device_argument_answers_or_refuses(device):
+    try:
+        out = te.encoder_call(device=device, autocast=None)
+    except Exception as exc:  # noqa: BLE001
+        _one_line_refusal(exc)
+        return
+    assert out.details == {"dtype": "float32", "padded_zero": True}
 
 
 @settings(max_examples=25, deadline=None)

@@ -18,7 +18,12 @@ What the scenarios show (torch 2.13, lightning 2.6, CPU):
   ``trainer.validate/test/predict`` (``stage=``) raise the same under ``inference_mode``.
 - ``condition_table()``: the same encoder call in plain torch (``encoder_call``), with each
   condition switched off in turn: which of them the crash needs. ``encoder_call`` also tries a
-  frozen encoder under grad (it crashes) and a causal attention mask (it runs).
+  frozen encoder under grad (it crashes) and a causal attention mask (it runs). Both take
+  ``device="cuda"``. What follows from torch's source, and what ``tests/test_gpu.py`` checks on a
+  GPU: there nothing crashes. The encoder's fast-path check asks ``torch.is_autocast_enabled()``,
+  which reads CUDA's autocast only, so under CUDA autocast the encoder always runs its layers as
+  Python modules (fp32 output: CUDA autocast runs ``layer_norm`` in fp32), and only without
+  autocast does it pack the batch (its padded positions come out exactly 0).
 - ``old_message()``: the message older torch printed for this bug,
   ``mat1 and mat2 must have the same dtype, but got BFloat16 and Float``, raised by the op that
   used to receive the mixed dtypes.
@@ -181,9 +186,35 @@ _GRAD_MODES = ("no_grad", "inference_mode", "enabled")
 _MASKS = ("right", "left", "all-false", "none")
 
 
+def _device(device) -> torch.device:
+    """``device`` as a torch device: None is the CPU; a CUDA device must exist."""
+    if device is None:
+        return torch.device("cpu")
+    what = "None (the CPU), 'cpu', or a CUDA device such as 'cuda' or 'cuda:0'"
+    if isinstance(device, torch.device):
+        dev = device
+    elif isinstance(device, str):
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, ValueError):
+            raise ValueError(f"device must be {what}, not {_shown(device)}") from None
+    else:
+        raise TypeError(f"device must be {what}, not {_shown(device)}")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be {what}, not {_shown(device)}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {_shown(device)} needs a CUDA device, and torch.cuda.is_available() is False "
+                             f"here: pass device=None for the CPU")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {_shown(device)} does not exist: this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s), numbered from 0")
+    return dev
+
+
 def encoder_call(*, train=False, grad="no_grad", nested=True, fastpath=True, mask="right",
                  batch_first=True, norm_first=False, layers=LAYERS, layer_only=False,
-                 autocast=torch.bfloat16, frozen=False, causal=False, seed=0) -> Outcome:
+                 autocast=torch.bfloat16, frozen=False, causal=False, seed=0, device=None) -> Outcome:
     """One call of a fresh seeded fp32 ``nn.TransformerEncoder`` on a padded batch, in plain torch.
 
     The defaults are the crashing case: eval mode, ``no_grad``, nested tensors on, fast path on, a
@@ -192,7 +223,9 @@ def encoder_call(*, train=False, grad="no_grad", nested=True, fastpath=True, mas
     "none"; ``layer_only``: call the encoder's first layer directly (no nested tensor is packed);
     ``autocast``: a dtype, or None for none; ``frozen``: the encoder's weights do not require grad
     (``requires_grad_(False)``; the input never does); ``causal``: pass a causal attention mask
-    (``mask=`` / ``src_mask=``) besides the padding mask.
+    (``mask=`` / ``src_mask=``) besides the padding mask. ``device``: None or "cpu" for the CPU
+    (autocast is then CPU autocast), or a CUDA device such as "cuda" (CUDA autocast); the encoder and
+    its input are made on the CPU from ``seed`` and moved there, so every device gets the same numbers.
 
     Returns the Outcome: the error, or ``details`` with the output dtype and, where the mask pads
     some positions, ``padded_zero``: whether every padded position of the output is exactly 0 (as the
@@ -206,26 +239,28 @@ def encoder_call(*, train=False, grad="no_grad", nested=True, fastpath=True, mas
     if not (isinstance(mask, str) and mask in _MASKS):
         raise ValueError(f"mask must be one of {', '.join(map(repr, _MASKS))}, not {_shown(mask)}")
     if not any(autocast is dt for dt in (None, torch.bfloat16, torch.float16)):
-        raise ValueError(f"autocast must be torch.bfloat16, torch.float16 or None (the dtypes CPU autocast "
+        raise ValueError(f"autocast must be torch.bfloat16, torch.float16 or None (the dtypes autocast "
                          f"runs in), not {_shown(autocast)}")
-    layers, seed = _whole("layers", layers, 1, MAX_LAYERS), _seed(seed)
+    layers, seed, dev = _whole("layers", layers, 1, MAX_LAYERS), _seed(seed), _device(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         enc = make_encoder(batch_first=batch_first, norm_first=norm_first, nested=nested, layers=layers)
         x = torch.randn(4, MAX_LEN, D_MODEL)
     if layer_only:
         enc = enc.layers[0]
+    enc, x = enc.to(dev), x.to(dev)
     enc.train(train)
     enc.requires_grad_(not frozen)
     pad = torch.arange(MAX_LEN).unsqueeze(0) >= torch.tensor([[5], [9], [12], [7]])
     pad_mask = {"right": pad, "left": pad.flip(1), "all-false": torch.zeros_like(pad), "none": None}[mask]
+    pad_mask = None if pad_mask is None else pad_mask.to(dev)
     # boolean like the padding mask (True: may not attend), so torch warns of no mismatch
-    attn_mask = torch.ones(MAX_LEN, MAX_LEN, dtype=torch.bool).triu(1) if causal else None
+    attn_mask = torch.ones(MAX_LEN, MAX_LEN, dtype=torch.bool, device=dev).triu(1) if causal else None
     if not batch_first:
         x = x.transpose(0, 1)
     grad_ctx = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
                 "enabled": contextlib.nullcontext}[grad]
-    amp = (torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext())
+    amp = (torch.autocast(dev.type, dtype=autocast) if autocast is not None else contextlib.nullcontext())
 
     def call():
         with grad_ctx(), amp, _no_nested_warning(), (contextlib.nullcontext() if fastpath else fastpath_disabled()):
@@ -239,15 +274,18 @@ def encoder_call(*, train=False, grad="no_grad", nested=True, fastpath=True, mas
     return outcome_of("encoder call", call)
 
 
-def condition_table() -> Table:
-    """Each condition of the crash, the change that switches it off, and what the encoder call then does."""
+def condition_table(device=None) -> Table:
+    """Each condition of the crash, the change that switches it off, and what the encoder call then
+    does; ``device``: as in ``encoder_call`` (None: the CPU)."""
+    dev = _device(device)
     rows = []
     for condition, change, kwargs in CONDITIONS:
-        out = encoder_call(**kwargs)
+        out = encoder_call(**kwargs, device=dev)
         result = f"{out.error_type}: {out.message}" if out.failed else f"runs ({out.details['dtype']} output)"
         rows.append((condition, change, result))
+    where = "the CPU" if dev.type == "cpu" else f"the GPU ({dev})"
     return Table(("condition", "changed to", "outcome"), rows,
-                 title="nn.TransformerEncoder, eval + no_grad + bf16 autocast on the CPU, one change at a time")
+                 title=f"nn.TransformerEncoder, eval + no_grad + bf16 autocast on {where}, one change at a time")
 
 
 def old_message() -> Outcome:
