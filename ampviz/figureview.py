@@ -8,9 +8,10 @@ nothing. ``FigureView`` keeps the whole figure -- its traces (``data``), ``layou
 ``config`` -- as ordinary synced widget state, so every view, attached at any time, draws the
 current figure; numeric arrays travel as base64 of their bytes (exact, NaN kept as a gap; binary
 widget buffers are not used, since Voila's page drops them from a widget's first state).
-Updates assign ``data`` or ``layout``; the browser draws the newest state at its next animation
-frame, so when updates come faster than it can draw, the intermediate ones are skipped and the
-last one always wins.
+Updates assign ``data`` or ``layout``; the browser draws at once when it is idle, and an update
+that arrives while a draw runs only asks for one more draw of the newest state when it ends: when
+updates come faster than it can draw, the intermediate ones are skipped and the last one always
+wins.
 
 plotly.js itself (about 4.8 MB, from the plotly Python package) is sent once per browser page, on
 the first view's request, instead of with every widget.
@@ -203,24 +204,33 @@ export default {
     el.classList.add("ampviz-figure-view");
     const div = document.createElement("div");
     el.appendChild(div);
-    let alive = true, queued = false, chain = Promise.resolve(), width = 0;
+    let alive = true, drawing = false, again = false, width = 0;
     const draw = async () => {
-      queued = false;
       const Plotly = await loadPlotly(model);
       if (!alive) return;
-      // the newest state, read now: updates that arrived since the last frame are skipped
+      // the newest state, read now: updates that arrived while the last one was drawn are skipped
+      const revision = model.get("revision");
       const layout = decode(model.get("layout") || {});
       const data = decode(model.get("data") || []);
       await Plotly.react(div, data, layout, model.get("config") || {});
-      div.dataset.revision = String(model.get("revision"));
+      div.dataset.revision = String(revision);
     };
-    const schedule = () => {
-      if (queued || !alive) return;
-      queued = true;
-      chain = chain
-        .then(() => new Promise((r) => requestAnimationFrame(() => r())))
-        .then(draw)
-        .catch((e) => { queued = false; div.textContent = "The figure could not be drawn: " + e; });
+    // Draw at once when idle; while a draw runs, later updates only ask for one more draw of the
+    // newest state once it ends (the intermediate ones are never drawn).
+    const schedule = async () => {
+      if (!alive) return;
+      if (drawing) { again = true; return; }
+      drawing = true;
+      try {
+        do {
+          again = false;
+          await draw();
+        } while (again && alive);
+      } catch (e) {
+        div.textContent = "The figure could not be drawn: " + e;
+      } finally {
+        drawing = false;
+      }
     };
     model.on("change:revision", schedule);
     schedule();
