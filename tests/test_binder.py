@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BINDER = ROOT / "binder"
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-EXTENSIONS = ("@jupyter-widgets/jupyterlab-manager", "anywidget", "jupyterlab-plotly")
+EXTENSIONS = ("@jupyter-widgets/jupyterlab-manager", "anywidget", "jupyterlab-plotly", "jupyterlab-jupytext")
 CELL_TIMEOUT_S = 300
 
 # What the copy of the repository leaves out: the local environment, git, build output, caches.
@@ -102,6 +102,34 @@ def test_binder_postbuild_is_an_executable_strict_bash_script():
         staged = ""
     if staged:
         assert staged.startswith("100755"), f"git records binder/postBuild without +x: {staged}"
+
+
+@pytest.mark.parametrize("before", [None, "/elsewhere/etc/jupyter"])
+def test_binder_start_puts_the_repository_on_jupyters_config_path(tmp_path, before):
+    """binder/start (run by repo2docker before the server, with its command as arguments) puts the
+    repository first on JUPYTER_CONFIG_PATH, as `make lab` does, so that JupyterLab reads the
+    course's jupyter_server_config.py (the pre-save hook); then it runs the command."""
+    start = BINDER / "start"
+    assert os.access(start, os.X_OK), "binder/start must be executable (chmod +x)"
+    text = start.read_text()
+    assert text.splitlines()[0] in ("#!/usr/bin/env bash", "#!/bin/bash") and "set -euo pipefail" in text
+    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_CONFIG_PATH"}
+    if before:
+        env["JUPYTER_CONFIG_PATH"] = before
+    probe = "import os, sys; print(os.environ['JUPYTER_CONFIG_PATH']); sys.exit(7)"
+    run = subprocess.run([str(start), sys.executable, "-c", probe], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 7, run.stderr  # the command ran, and its exit status came through
+    paths = run.stdout.strip().split(os.pathsep)
+    assert paths == [str(ROOT)] + ([before] if before else [])
+    assert (Path(paths[0]) / "jupyter_server_config.py").is_file()
+    try:  # once committed, git must keep the executable bit too
+        staged = subprocess.run(["git", "ls-files", "-s", "binder/start"], cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        staged = ""
+    if staged:
+        assert staged.startswith("100755"), f"git records binder/start without +x: {staged}"
 
 
 def test_readme_launch_links_open_existing_notebooks():

@@ -1,13 +1,18 @@
 """Sentences the course used to teach and that real runs proved wrong stay out of it. Each entry
-names the notebook source, the old sentence (a fragment of it) and the test or checked cell that
-now holds the corrected claim."""
+names the notebook, the old sentence (a fragment of it) and the test or checked cell that now holds
+the corrected claim. Both sides of each notebook's pair are read (the .ipynb and its script in
+notebook_scripts/, through Jupytext), with line breaks and indentation counted as one space, so
+that rewrapping a paragraph cannot bring a sentence back."""
 
+import re
 from pathlib import Path
 
+import jupytext
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ROOT / "tools" / "notebook_sources"
+NOTEBOOKS = ROOT / "notebooks"
+SCRIPTS = ROOT / "notebook_scripts"
 
 WRONG = [
     # saturation is the cast's, not the format's: tests/test_formats.py::test_overflow_rules_match_each_librarys_cast
@@ -20,7 +25,7 @@ WRONG = [
     # update() after unscale_ alone works: tests/test_gradscaler.py::test_every_error_case_has_its_exact_message
     ("03_gradscaler_internals.py", "`update()` needs a `step()` to count"),
     # a scale settles when backing off removes the overflow: notebook 04's checked cell and claims
-    ("04_scaling_lab.py", "a scaler without hysteresis\n      can only lower the scale"),
+    ("04_scaling_lab.py", "a scaler without hysteresis can only lower the scale"),
     ("04_scaling_lab.py", "what a dozen frameworks' loss scalers do"),
     # only the optimizers that overflow halve the scale: tests/test_pitfall_manual_backward.py
     ("06_lightning_manual_backward.py", "overflowing iteration divides the scale by 2^N"),
@@ -29,7 +34,34 @@ WRONG = [
 ]
 
 
+def _words(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+def sides_saying(stem: str, sentence: str, notebooks: Path = NOTEBOOKS, scripts: Path = SCRIPTS) -> list[str]:
+    """The files of notebook ``stem``'s pair (.ipynb, script) whose cells contain ``sentence``."""
+    sides = [notebooks / f"{stem}.ipynb", scripts / f"{stem}.py"]
+    missing = [p.name for p in sides if not p.is_file()]
+    assert not missing, f"no {missing}"
+    return [p.name for p in sides
+            if _words(sentence) in _words("\n".join(c.source for c in jupytext.read(p).cells))]
+
+
 @pytest.mark.parametrize("name, sentence", WRONG, ids=[f"{n[:2]}: {s[:30]}" for n, s in WRONG])
 def test_a_disproved_sentence_stays_out(name, sentence):
-    text = (SOURCES / name).read_text(encoding="utf-8")
-    assert sentence not in text
+    assert sides_saying(Path(name).stem, sentence) == []
+
+
+def test_a_sentence_is_found_on_either_side_across_line_breaks(tmp_path):
+    """The check finds a sentence put back on one side only, wrapped differently."""
+    stem, sentence = "04_scaling_lab", "a scaler without hysteresis can only lower the scale"
+    original = jupytext.read(NOTEBOOKS / f"{stem}.ipynb")
+    edited = jupytext.read(NOTEBOOKS / f"{stem}.ipynb")
+    edited.cells[0].source += "\n\nOnly a scaler without\n  hysteresis can only lower the scale."
+    for notebook, script, found in ((edited, original, [f"{stem}.ipynb"]), (original, edited, [f"{stem}.py"])):
+        (tmp_path / "nb").mkdir(exist_ok=True)
+        (tmp_path / "py").mkdir(exist_ok=True)
+        jupytext.write(notebook, tmp_path / "nb" / f"{stem}.ipynb")
+        jupytext.write(script, tmp_path / "py" / f"{stem}.py", fmt="py:percent")
+        assert sides_saying(stem, sentence, tmp_path / "nb", tmp_path / "py") == found
+        assert sides_saying(stem, "what a dozen frameworks' loss scalers do", tmp_path / "nb", tmp_path / "py") == []

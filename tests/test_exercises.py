@@ -1,14 +1,14 @@
 """Every lesson ends with exercises whose checkers work, and 00_start_here links every lesson.
 
 An exercise cell is a code cell with the line ``answer = None`` followed by a checker call, which
-answers with one fixed line. Each notebook source (``tools/notebook_sources/0N_*.py``) defines
-``SOLUTIONS``: for each exercise cell, found by a phrase that only that cell contains, a correct
-answer and a plausible wrong one, as source text.
+answers with one fixed line. ``tests/exercise_solutions.py`` holds, for each lesson
+(``notebooks/0N_*.ipynb``), ``SOLUTIONS``: for each exercise cell, found by a phrase that only that
+cell contains, a correct answer and a plausible wrong one, as source text.
 
-``test_checkers_answer_three_ways`` builds the notebook from its source with two copies of each
-exercise cell inserted after it (``answer = <wrong>``, ``answer = <right>``), executes it once in
-a fresh kernel of this environment, and reads the three lines: "not answered yet", "✗ not quite"
-and "✓ correct".
+``test_checkers_answer_three_ways`` takes the lesson's cells with two copies of each exercise cell
+inserted after it (``answer = <wrong>``, ``answer = <right>``), executes them once in a fresh
+kernel of this environment, and reads the three lines: "not answered yet", "✗ not quite" and
+"✓ correct".
 """
 
 import re
@@ -20,14 +20,28 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
-SOURCES = sorted((ROOT / "tools" / "notebook_sources").glob("0[0-9]_*.py"))
+LESSONS = sorted(NOTEBOOK_DIR.glob("0[0-9]_*.ipynb"))
 UNANSWERED = "answer = None"
 EXPECTED = {"unanswered": "not answered yet", "wrong": "✗ not quite", "right": "✓ correct"}
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
 
 
-sys.path.insert(0, str(ROOT / "tools"))  # the builder, imported as the notebook sources import it
-import build_notebooks as builder  # noqa: E402  (executes with its SlicedPollClient: no stall on widget output)
+sys.path.insert(0, str(ROOT / "tools"))  # the refresh tool, imported as the tools import each other
+import run_notebooks  # noqa: E402  (executes with its SlicedPollClient: no stall on widget output)
+from exercise_solutions import SOLUTIONS  # noqa: E402  (tests/, on the path as pytest runs the tests)
+
+
+def lesson_cells(path: Path) -> list[tuple[str, str]]:
+    """A notebook's cells as (kind, source text) pairs."""
+    return [(c.cell_type, c.source) for c in nbformat.read(path, as_version=4).cells]
+
+
+def notebook_of(path: Path, cells) -> nbformat.NotebookNode:
+    """The notebook at ``path`` (its kernel and metadata) with ``cells`` in place of its own."""
+    nb = nbformat.read(path, as_version=4)
+    nb.cells = [nbformat.v4.new_markdown_cell(text) if kind == "markdown" else nbformat.v4.new_code_cell(text)
+                for kind, text in cells]
+    return nb
 
 
 def exercise_cells(cells) -> list[int]:
@@ -39,7 +53,7 @@ def exercise_cells(cells) -> list[int]:
 def solution_keys(cells, solutions) -> dict[int, str]:
     """Each exercise cell's SOLUTIONS key; AssertionError listing every exercise without exactly
     one solution, every solution that matches no exercise or several, and malformed entries."""
-    assert isinstance(solutions, dict), "the source defines no SOLUTIONS dict"
+    assert isinstance(solutions, dict), "tests/exercise_solutions.py has no SOLUTIONS dict for this lesson"
     exercises = exercise_cells(cells)
     problems = [] if exercises else ["no exercise cell (a code cell with `answer = None`)"]
     keys = {}
@@ -71,14 +85,14 @@ def answered(text: str, answer: str) -> str:
     return "\n".join(f"answer = {answer}" if line.strip() == UNANSWERED else line for line in text.splitlines())
 
 
-def with_answers(module):
-    """(CELLS with a wrong and a right copy after each exercise, [(cell index, key, status)])."""
-    keys = solution_keys(module.CELLS, module.SOLUTIONS)
+def with_answers(lesson: list[tuple[str, str]], solutions: dict):
+    """(the cells with a wrong and a right copy after each exercise, [(cell index, key, status)])."""
+    keys = solution_keys(lesson, solutions)
     cells, expect = [], []
-    for i, (kind, text) in enumerate(module.CELLS):
+    for i, (kind, text) in enumerate(lesson):
         cells.append((kind, text))
         if i in keys:
-            right, wrong = module.SOLUTIONS[keys[i]]
+            right, wrong = solutions[keys[i]]
             expect.append((len(cells) - 1, keys[i], "unanswered"))
             for answer, status in ((wrong, "wrong"), (right, "right")):
                 cells.append(("code", answered(text, answer)))
@@ -100,19 +114,22 @@ def printed(cell) -> str:
 
 
 # ----- every exercise has a solution (fast: no kernel) -----
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
 def test_every_exercise_has_a_solution(path):
-    module = builder.load_source(path)
-    solution_keys(module.CELLS, getattr(module, "SOLUTIONS", None))
+    solution_keys(lesson_cells(path), SOLUTIONS.get(path.stem))
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_every_solution_belongs_to_a_lesson():
+    assert sorted(SOLUTIONS) == [p.stem for p in LESSONS]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
 def test_lesson_ends_with_exercises(path):
     """Check yourself, then the Summary with the open exercises; after it at most the lesson's
     claims (an "all claims hold" cell), so that no answer is printed between the questions and the
     summary. An exercise cell sits under Check yourself, or earlier as a prediction ("# Predict")
     placed before the cell that shows the answer."""
-    cells = builder.load_source(path).CELLS
+    cells = lesson_cells(path)
     headings = [line for kind, text in cells if kind == "markdown" for line in text.splitlines()
                 if line.startswith("## ")]
     assert headings[-2:] == ["## Check yourself", "## Summary"], headings[-3:]
@@ -152,11 +169,11 @@ def test_missing_solutions_are_found():
 
 
 # ----- every checker answers three ways (one kernel per notebook) -----
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
 def test_checkers_answer_three_ways(path):
-    module = builder.load_source(path)
-    cells, expect = with_answers(module)
-    nb = builder.execute(builder.make_notebook(path.stem, cells))
+    solutions = SOLUTIONS[path.stem]
+    cells, expect = with_answers(lesson_cells(path), solutions)
+    nb = run_notebooks.execute(notebook_of(path, cells))
     wrong = []
     for index, key, status in expect:
         text = printed(nb.cells[index])
@@ -165,7 +182,7 @@ def test_checkers_answer_three_ways(path):
         if not ok:
             wrong.append(f"{key!r} answered {status}: printed {text!r}")
     assert not wrong, "\n".join(wrong)
-    assert [s for _, _, s in expect].count("right") == len(module.SOLUTIONS)
+    assert [s for _, _, s in expect].count("right") == len(solutions)
 
 
 # ----- 00 links every lesson; no link points nowhere -----
@@ -216,12 +233,12 @@ def _guide_sections() -> dict:
     return {nn: text for nn, text in zip(parts[1::2], parts[2::2])}
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
 def test_the_teachers_guide_covers_every_notebook(path):
     """Every notebook links its section of TEACHING.md; the section has its title, the six parts a
     teacher needs, and as many answered open exercises as the notebook asks."""
     nn = path.stem[:2]
-    notebook = NOTEBOOK_DIR / f"{path.stem}.ipynb"
+    notebook = path
     targets = [target for _, target in LINK.findall(_markdown(notebook))]
     assert (f"../TEACHING.md#nb{nn}" if nn != "00" else "../TEACHING.md") in targets
     sections = _guide_sections()
@@ -230,7 +247,7 @@ def test_the_teachers_guide_covers_every_notebook(path):
     assert section.lstrip().startswith(f"## {_title(notebook)}"), section.lstrip().splitlines()[0]
     missing = [h for h in GUIDE_HEADINGS if h not in section]
     assert missing == [], missing
-    cells = builder.load_source(path).CELLS
+    cells = lesson_cells(path)
     summary = next(text for kind, text in cells if text.startswith("## Summary"))
     asked = len(re.findall(r"^\d+\. ", summary.split("**Open exercises**")[1], flags=re.M))
     answers = section.split("### Open exercises: answers")[1].split("\n### ")[0]

@@ -1,17 +1,24 @@
-"""Committed notebooks stay small, clean and checkable, and ``import ampviz`` stays light.
+"""Committed notebooks stay small, clean, checkable and paired, and ``import ampviz`` stays light.
 
 Rules (see the architecture notes): outputs only on cells marked ``# NBVAL_CHECK_OUTPUT`` (and
 those need an output and an execution count, or nbval cannot compare them); no error outputs, no
 stderr, no plotly or widget outputs in checked cells; no widget state; under 1 MB.
+
+Every notebook is paired by Jupytext (``jupytext.toml``) with a percent-format script in
+``notebook_scripts/``: the script exists, and its cells, read by Jupytext, are the notebook's.
 """
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import jupytext
 import nbformat
 import pytest
+from jupytext.config import load_jupytext_config
+from jupytext.paired_paths import paired_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -22,8 +29,10 @@ FORBIDDEN_IN_CHECKED = ("application/vnd.plotly.v1+json", "application/vnd.jupyt
                         "application/vnd.jupyter.widget-state+json")
 
 
+SCRIPT_DIR = ROOT / "notebook_scripts"
+
+
 sys.path.insert(0, str(ROOT / "tools"))  # the repository's tools, imported as the scripts import each other
-import build_notebooks as builder  # noqa: E402
 import strip_notebook as strip_tool  # noqa: E402
 
 
@@ -175,12 +184,61 @@ def test_strip_keeps_only_checked_outputs():
     nb["cells"][1]["metadata"]["execution"] = {"iopub.status.busy": "2024"}
     out = strip_tool.strip(nb)
     assert "widgets" not in out["metadata"]
-    assert out["cells"][0]["outputs"] == [_stream("1\n")] and out["cells"][0]["execution_count"] == 5
+    assert out["cells"][0]["outputs"] == [_stream("1\n")]
     assert out["cells"][1]["outputs"] == [] and out["cells"][1]["execution_count"] is None
     assert out["cells"][1]["metadata"] == {} and out["cells"][3]["metadata"] == {}
-    assert out["cells"][2]["execution_count"] == 7  # nbval strips the line too
+    assert out["cells"][2]["outputs"] == [_stream("3\n")]  # nbval strips the line too
     assert problems(out) == []
     assert nb["cells"][1]["outputs"]  # the input is left alone
+    assert nb["cells"][0]["execution_count"] == 5
+
+
+def test_strip_keeps_what_a_run_all_gives_whatever_the_run():
+    """A checked cell's count is its position among the code cells (Run All in a fresh kernel),
+    its stream outputs are joined as JupyterLab shows them, the Python version is dropped: two runs
+    that printed the same text store the same notebook."""
+    result = {"output_type": "execute_result", "data": {"text/plain": "3"}, "metadata": {}, "execution_count": 41}
+    run_twice = _nb([
+        {"cell_type": "markdown", "source": "# Title", "metadata": {}},
+        _code("x = 1", [], 40),
+        _code("# NBVAL_CHECK_OUTPUT\nprint('a'); print('b')", [_stream("a\n"), _stream(["b", "\n"])], 39),
+        _code("# NBVAL_CHECK_OUTPUT\nx + 2", [result], 41),
+    ], language_info={"name": "python", "version": "3.11.9"})
+    run_once = _nb([
+        {"cell_type": "markdown", "source": "# Title", "metadata": {}},
+        _code("x = 1", [], 1),
+        _code("# NBVAL_CHECK_OUTPUT\nprint('a'); print('b')", [_stream("a\nb\n")], 2),
+        _code("# NBVAL_CHECK_OUTPUT\nx + 2", [{**result, "execution_count": 3}], 3),
+    ], language_info={"name": "python", "version": "3.11.7"})
+    for nb in (run_twice, run_once):
+        for i, cell in enumerate(nb["cells"]):
+            cell["id"] = f"cell-{i}"
+    a, b = strip_tool.strip(run_twice), strip_tool.strip(run_once)
+    assert a == b
+    assert [c.get("execution_count") for c in a["cells"]] == [None, None, 2, 3]
+    assert a["cells"][2]["outputs"] == [_stream("a\nb\n")] and a["cells"][3]["outputs"][0]["execution_count"] == 3
+    assert a["metadata"]["language_info"] == {"name": "python"}
+    assert strip_tool.dumps(a) == strip_tool.dumps(b)
+    # streams of different names, or not next to each other, stay apart
+    mixed = _nb([_code("# NBVAL_CHECK_OUTPUT\nf()", [_stream("a"), _stream("w", "stderr"), _stream("b")], 1)])
+    assert [o["name"] for o in strip_tool.strip(mixed)["cells"][0]["outputs"]] == ["stdout", "stderr", "stdout"]
+    with pytest.raises(TypeError, match="strip needs a notebook"):
+        strip_tool.strip(["not", "a", "notebook"])
+
+
+def test_strip_file_writes_as_the_jupyter_server_writes(tmp_path):
+    """A stripped file is byte for byte what nbformat.write (the server's writer) gives."""
+    path = tmp_path / "nb.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nprint(1)\nprint(2)")])
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n2\n")]
+    nb.cells[0].execution_count = 1
+    nbformat.write(nb, path)
+    assert not strip_tool.strip_file(path, check_only=True)
+    path.write_text(json.dumps(json.loads(path.read_text()), indent=2))  # same notebook, other layout
+    assert strip_tool.strip_file(path)
+    written = path.read_text(encoding="utf-8")
+    nbformat.write(nbformat.read(path, as_version=4), path)
+    assert path.read_text(encoding="utf-8") == written
 
 
 # ----- import ampviz stays light -----
@@ -192,16 +250,96 @@ def test_import_ampviz_loads_no_heavy_packages():
     assert result.returncode == 0, result.stderr
 
 
+# ----- each notebook and its paired script agree -----
+def paired_script(notebook: Path) -> Path | None:
+    """The script Jupytext pairs with ``notebook`` under the repository's jupytext.toml (None if
+    no pairing applies to it), as Jupytext itself computes it."""
+    config = load_jupytext_config(str(notebook))
+    formats = config.default_formats(str(notebook)) if config is not None else None
+    if not formats:
+        return None
+    others = [Path(p) for p, fmt in paired_paths(str(notebook), "ipynb", formats)
+              if fmt.get("extension") == ".py" and fmt.get("format_name") == "percent"]
+    return others[0] if len(others) == 1 else None
+
+
+def cells(nb) -> list[tuple[str, str]]:
+    return [(c.cell_type, c.source) for c in nb.cells]
+
+
+def pair_problems(notebook: Path, script: Path) -> list[str]:
+    """How ``script`` (read by Jupytext as py:percent) differs from ``notebook``, as readable lines."""
+    if not script.is_file():
+        return [f"{notebook.name} has no paired script {script.relative_to(script.parents[1])}"]
+    ours, theirs = cells(nbformat.read(notebook, as_version=4)), cells(jupytext.read(script, fmt="py:percent"))
+    out = []
+    if len(ours) != len(theirs):
+        out.append(f"{notebook.name} has {len(ours)} cells, {script.name} {len(theirs)}")
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            first = next((x for x, y in zip(a[1].splitlines() or [""], b[1].splitlines() or [""]) if x != y), "")
+            out.append(f"cell {i} differs between {notebook.name} and {script.name} ({a[0]} / {b[0]}; {first[:60]!r})")
+    return out
+
+
+def test_jupytext_pairs_the_notebooks_with_percent_scripts():
+    """jupytext.toml (at the repository root, found by Jupytext from the notebooks) pairs each
+    notebook with a py:percent script of the same name in notebook_scripts/, outside notebooks/."""
+    for path in NOTEBOOKS:
+        assert paired_script(path) == SCRIPT_DIR / f"{path.stem}.py", path.name
+    assert paired_script(ROOT / "tests" / "some.ipynb") is None  # only notebooks/ is paired
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_matches_its_source(path):
-    """Each notebook is built from tools/notebook_sources: an edit to one without rebuilding the
-    other would leave the committed lesson out of date."""
-    source = ROOT / "tools" / "notebook_sources" / f"{path.stem}.py"
-    assert source.exists(), f"{path.name} has no source in tools/notebook_sources"
-    built = builder.make_notebook(path.stem, builder.load_source(source).CELLS)
-    committed = nbformat.read(path, as_version=4)
-    assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in built.cells], (
-        f"{path.name} differs from its source: run `python tools/build_notebooks.py {path.stem[:2]}`")
+def test_notebook_and_its_script_have_the_same_cells(path):
+    """An edit to one side that did not reach the other (JupyterLab with Jupytext writes both;
+    outside it, `jupytext --sync` or tools/run_notebooks.py) leaves the pair disagreeing."""
+    assert pair_problems(path, paired_script(path)) == [], (
+        f"run `.venv/bin/jupytext --sync notebooks/{path.name}` (the side edited last wins)")
+
+
+def test_every_script_has_its_notebook():
+    scripts = sorted(SCRIPT_DIR.glob("*.py"))
+    assert scripts, "notebook_scripts/ holds no scripts"
+    assert [s.name for s in scripts if not (NOTEBOOK_DIR / f"{s.stem}.ipynb").exists()] == []
+    assert sorted(s.stem for s in scripts) == sorted(p.stem for p in NOTEBOOKS)
+
+
+def test_an_unsynced_edit_is_found(tmp_path):
+    """The pairing check fails for an edit made to either side alone, and for a missing script."""
+    notebook, script = tmp_path / "01_fp16_range.ipynb", tmp_path / "01_fp16_range.py"
+    shutil.copy(NOTEBOOK_DIR / notebook.name, notebook)
+    shutil.copy(SCRIPT_DIR / script.name, script)
+    assert pair_problems(notebook, script) == []
+    original = script.read_text(encoding="utf-8")
+    script.write_text(original.replace("# What fp16, bf16 and fp8 can store", "# What fp16 and bf16 can store"),
+                      encoding="utf-8")
+    assert pair_problems(notebook, script) == [
+        "cell 0 differs between 01_fp16_range.ipynb and 01_fp16_range.py "
+        "(markdown / markdown; 'What fp16, bf16 and fp8 can store, where they round, and whe')"]
+    script.write_text(original, encoding="utf-8")
+    nb = nbformat.read(notebook, as_version=4)
+    nb.cells[1].source += "\nprint('only in the notebook')"
+    nbformat.write(nb, notebook)
+    assert [p.split(" (")[0] for p in pair_problems(notebook, script)] == [
+        "cell 1 differs between 01_fp16_range.ipynb and 01_fp16_range.py"]
+    nb.cells.append(nbformat.v4.new_markdown_cell("A new cell"))
+    nbformat.write(nb, notebook)
+    assert "01_fp16_range.ipynb has 47 cells, 01_fp16_range.py 46" in pair_problems(notebook, script)
+    script.unlink()
+    assert pair_problems(notebook, script)[0].startswith("01_fp16_range.ipynb has no paired script")
+
+
+def test_nbval_and_pytest_collect_no_script():
+    """`pytest --nbval-lax notebooks` (make test) and pytest's own collection see no script:
+    only the notebooks' cells are collected, and notebook_scripts/ yields no test."""
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "--nbval-lax", "notebooks", "notebook_scripts"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    items = [line for line in result.stdout.splitlines() if "::" in line]
+    assert items and all(line.startswith("notebooks/") and ".ipynb::" in line for line in items), items[:5]
+    assert {line.split("::")[0] for line in items} == {f"notebooks/{p.name}" for p in NOTEBOOKS}
 
 
 def test_the_course_turns_off_jupyterlabs_news_toast():
@@ -226,11 +364,11 @@ def test_no_code_cell_ends_in_a_value_nobody_asked_for():
     """A cell whose last line is `torch.manual_seed(0)` prints `<torch._C.Generator at 0x...>`."""
     import ast
 
-    for source in sorted((ROOT / "tools" / "notebook_sources").glob("*.py")):
-        for kind, text in builder.load_source(source).CELLS:
-            if kind != "code":
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "code":
                 continue
-            body = ast.parse(text).body
+            body = ast.parse(cell.source).body
             last = body[-1] if body else None
             if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
-                assert "manual_seed" not in ast.unparse(last.value.func), (source.name, text.splitlines()[-1])
+                assert "manual_seed" not in ast.unparse(last.value.func), (path.name, cell.source.splitlines()[-1])

@@ -1,0 +1,148 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Start here: mixed-precision training, made visible
+#
+# A hands-on course on what fp16, bf16 and fp8 do to the numbers a network trains with, and how
+# loss scaling keeps small gradients alive.
+#
+# In this notebook you will be able to:
+# - find your way around the course: what each notebook teaches, and where its exercises are,
+# - run cells and use the interactive explorers in JupyterLab (and fix one that does not show),
+# - see what *your* machine measures for fp16 and bf16, rather than what a datasheet promises.
+#
+# Teaching with this course? The [teacher's guide](../TEACHING.md) gives, per notebook, timings,
+# the answers to every exercise and what to demo live.
+
+# %%
+import numpy as np
+import torch
+
+from ampviz import env
+from ampviz.lessons import cast_table, check_cast
+from ampviz.plots import plot_format_ranges
+from ampviz.widgets import FormatExplorer
+
+rng = np.random.default_rng(0)
+_ = torch.manual_seed(0)
+
+# %% [markdown]
+# ## The course map
+#
+# | notebook | what you will learn |
+# |---|---|
+# | 00 · Start here (this page) | the map, how to use the widgets, your environment |
+# | [01 · The fp16 range: bits, subnormals, rounding](01_fp16_range.ipynb) | the bits of fp16, bf16 and fp8: ranges, subnormals, rounding, and why a weight stops learning in fp16 |
+# | [02 · Loss scaling: keeping small gradients alive in fp16](02_loss_scaling.ipynb) | real gradients that fp16 flushes to zero, and how a static loss scale shifts them back into range |
+# | [03 · GradScaler internals: the real scaler, call by call](03_gradscaler_internals.ipynb) | the real `torch.amp.GradScaler` call by call: its float32 scale, `unscale_`, skipped steps, backoff and growth, every error message, clipping and skipped-step checks, and a bit-exact simulator |
+# | [04 · The scaling lab: dynamic loss scalers under pressure](04_scaling_lab.ipynb) | the sawtooth, the ratchet and the collapse: the loss scalers of torch, DeepSpeed, Megatron, NeMo, Keras and JAX (and four legacy ones) side by side on the same gradient streams, with a live lab |
+# | [05 · Live training: fp16, a scaler, bf16 and pure half weights](05_live_training.ipynb) | one seeded model trained in fp32, fp16 with and without a scaler, bf16 and pure fp16: where gradients vanish, why weights freeze, the measured speed, a live trainer and a gradient check-up for your own model |
+# | [06 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`](06_lightning_manual_backward.ipynb) | the wrong backward call under fp16 AMP: the `_scale is None` error, its silent variant, and why `precision="16-mixed"` on a CPU hides it (it silently becomes `bf16-mixed`, with no scaler); several optimizers, where one overflow makes the next optimizer apply 2× its gradient; where clipping goes |
+# | [07 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad](07_lightning_autocast_cache.ipynb) | cached casts without gradients on older versions and what fixed them; the cached weight copy that still goes stale after an in-place update inside one autocast block, in PyTorch and Fabric, and its fixes |
+# | [08 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation](08_lightning_transformer_eval.ipynb) | `nn.TransformerEncoder` under `bf16-mixed`: the exact conditions of the crash (the fast path with a padding mask), the old and new messages, and fixes checked against fp32 |
+#
+# Work through 01 and 02 in order: 02 uses the vocabulary of 01 (subnormal, underflow, overflow).
+# Some exercises sit in the middle of a lesson: a cell marked **Predict** asks for your answer
+# before the next cell shows it (answer first, then run on). The rest are at its end: **Check
+# yourself** (questions a cell checks for you; in 03, a training step you write), then the
+# summary and **open exercises** to explore on your own.
+# The four explorers (formats, ranges, scaling lab, live trainer) also share one page: the
+# explorer app (`explorer.ipynb`; `make explorer` serves it as a page with Voila).
+
+# %% [markdown]
+# ## Using the notebooks in JupyterLab
+#
+# - **Run a cell** with Shift+Enter; run a whole notebook with *Run → Run All Cells*. Each lesson
+#   starts with one setup cell: run it first, and use *Kernel → Restart Kernel and Run All Cells*
+#   whenever the state gets confusing.
+# - **Explorers** (sliders, text boxes, bit buttons) redraw their figure on every change. Move a
+#   slider, type a number and press Enter, or click a bit; the numbers under the controls update too.
+# - **Figures** are interactive: hover for exact values, drag to zoom, double-click to reset.
+# - **"Error displaying widget"** or a bare text such as `FormatExplorer(...)` instead of controls
+#   means the widget's live state is missing (the saved notebook keeps none). Re-run the cell.
+#   If JupyterLab says the notebook is *not trusted*, trust it (command palette: *Trust Notebook*)
+#   and re-run.
+
+# %% [markdown]
+# ## Your environment, measured
+#
+# `env.check()` lists the versions the course depends on, then *measures* what this machine
+# does with fp16 and bf16: whether a matrix multiply runs, how fast it is compared with fp32 (a
+# small, rough timing), and whether `torch.autocast` produces fp16/bf16 on this device.
+
+# %%
+env.check()
+
+# %% [markdown]
+# Read the ratios with care: they come from one small matrix on this machine right now. On many
+# CPUs an fp16 matmul is much *slower* than fp32 (no fp16 arithmetic units), while bf16 may be
+# faster; on a recent GPU both are usually several times faster. The course never assumes a
+# speed-up: where it matters, a notebook measures.
+
+# %% [markdown]
+# ## A first look
+#
+# Even an everyday number changes when it is stored in 16 bits. The table shows what a cast to
+# fp16 keeps of 0.1, 1/3 and 1000.1:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+cast_table([0.1, 1 / 3, 1000.1], "fp16", labels=["0.1", "1/3", "1000.1"])
+
+# %% [markdown]
+# fp16 keeps 11 significant bits, about 3 decimal digits: 1000.1 becomes 1000, and 0.1 is off
+# in the fourth digit. Notebook 01 shows where those bits go.
+
+# %% [markdown]
+# ## Try it
+#
+# Practise with an explorer: type a number into the box (try `65519`, then `65520`), or click a
+# bit of the pattern, and watch where the value lands. Switch the format to bf16.
+
+# %%
+FormatExplorer("fp16", value=0.1)
+
+# %% [markdown]
+# The same idea for every format at once, as a static figure: the range each one covers, from
+# its smallest subnormal to its largest value, on one log2 axis.
+
+# %%
+plot_format_ranges()
+
+# %% [markdown]
+# ## Check yourself
+#
+# Every lesson ends with questions like this one. Set `answer` and run the cell: it answers with
+# one line, ✓ or ✗ with a hint (or "not answered yet"), and never shows the expected value.
+
+# %%
+# Type 65519 into the explorer above: what does fp16 store for it? (a number)
+answer = None
+check_cast(answer, 65519, "fp16")
+
+# %% [markdown]
+# ## Summary
+#
+# - All nine notebooks, 00 to 08, follow the same layout: a setup cell, short steps, a *Try it*
+#   section (an explorer, or a cell to change and re-run), and at the end *Check yourself*,
+#   a summary and open exercises.
+# - Explorers redraw on every change; if one shows an error instead of controls, re-run its cell.
+# - What fp16 and bf16 cost or save on your hardware is measured, not assumed.
+#
+# **Next:** open [01 · The fp16 range: bits, subnormals, rounding](01_fp16_range.ipynb).
+#
+# **Open exercises**
+# 1. Run `env.check()` again. Which of its numbers change from run to run, and why?
+# 2. In the explorer, find the smallest positive number fp16 can store by clicking bits.

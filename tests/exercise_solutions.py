@@ -1,0 +1,67 @@
+"""The exercises' answers, for tests/test_exercises.py (kept out of the notebooks learners open).
+
+For each lesson (by notebook name), each exercise cell (a code cell that sets ``answer = None``),
+found by a phrase that only that cell contains: (a correct answer, a plausible wrong one), as
+source text. tests/test_exercises.py puts both in place of ``None`` and runs the lesson's checker
+on each.
+"""
+
+SOLUTIONS = {
+    "00_start_here": {
+        "fp16 store for it": ("65504", "65519"),
+    },
+    "01_fp16_range": {
+        "Is the update -2**-11 lost": ('"no"', '"yes"'),
+        "turn 500.0 into in fp8 E4M3": ("448", 'float("nan")'),  # wrong: ml_dtypes' answer, not torch's
+        "float8_e4m3fnuz": ('"2^-10"', "2**-9"),  # wrong: E4M3's own smallest
+        "What does bf16 turn 65520.0 into": ("65536", "float('inf')"),
+        "A bf16 weight is 256.0": ('"yes"', '"no"'),
+        "the weight is 3000 times larger": ('"no"', '"yes"'),
+    },
+    "02_loss_scaling": {
+        "Predict: what is the largest power-of-two loss scale": ("2**33", "2**34"),
+        "its largest gradient is 3e-3": ("2**24", "2**25"),  # wrong: 2^25 x 3e-3 = 100,663 overflows
+        "does fp16 lose \"more\" or \"fewer\"": ('"more"', '"fewer"'),
+        "What does it do with that step": ('"skip"', '"clip"'),
+    },
+    "03_gradscaler_internals": {
+        "take the default scale 2^16 to exactly 0": ("166", "165"),
+        "the steps \"..x....\"": ("65536", "32768"),  # wrong: forgetting the growth after three clean steps
+        "Which test tells you": ('"b"', '"a"'),
+        "what gradient norm does the optimizer apply": ("5 / 2**10", "5"),
+        "def train_step": (
+            '__import__("ampviz.gradscaler", fromlist=["amp_step_reference"]).amp_step_reference',
+            "lambda model, optimizer, scaler, x, y: optimizer.step()"),
+    },
+    "04_scaling_lab": {
+        'go "up" or "down"': ('"down"', '"up"'),
+        "largest growth_interval": ("499", "500"),  # wrong: 500 never completes 500 clean steps in a row
+        "Megatron's default hysteresis": ("1", "2"),
+        "A fairseq log this lesson did not show": ('"sawtooth"', '"ratchet"'),
+    },
+    "05_live_training": {
+        "lose no gradient to underflow at step 0": ('"fp16+scaler"', '"fp16"'),
+        "what does 1e-8 become in fp16": ("0", "1e-8"),
+        'go "up" or "down"': ('"up"', '"down"'),
+    },
+    "06_lightning_manual_backward": {
+        "what is trainer.precision": ('"bf16-mixed"', '"16-mixed"'),
+        "Optimizer 2 applies its true gradient times what factor": ("2", "1"),
+        "Does opt.step() raise an error": ('"no"', '"yes"'),
+        "only optimizer 2's gradients overflow": ("2", "1"),
+        "The scale is 32768 after an earlier overflow": ("1 / 32768", "1.0"),
+    },
+    "07_lightning_autocast_cache": {
+        "How many of its six": ("4", "2"),
+        "y2 = lin(x) under torch.no_grad() again": ('"no"', '"yes"'),
+        "Does the loss change from step to step": ('"no"', '"yes"'),
+        "Which of these changes, each made alone": ('"b, d"', '"a, b, d"'),
+    },
+    "08_lightning_transformer_eval": {
+        "all-False padding mask pads nothing": ('"yes"', '"no"'),
+        "furthest from fp32": ('"bf16-true"', '"fp32 island"'),
+        "num_sanity_val_steps=2": ("0", "8"),
+        "fast path in validation all the same": ('"yes"', '"no"'),
+        "frozen feature extractor": ('"yes"', '"no"'),
+    },
+}
