@@ -12,7 +12,8 @@ edges taken from the format's own constants:
 * subnormal: ``underflow_boundary`` < |x| < ``smallest_normal`` (stored with fewer bits);
 * normal: ``smallest_normal`` <= |x| < ``overflow_boundary`` (values above ``max`` round down to it);
 * overflow: |x| >= ``overflow_boundary`` becomes inf (in an "fn" format such as fp8 E4M3 only
-  values above the boundary overflow, and they saturate to ``max``).
+  values above the boundary overflow, and torch's cast saturates them to ``max``; ml_dtypes' cast
+  gives NaN). The figures write in the band what happens there ("becomes inf", "saturates to 448").
 
 Colours are fixed per category (``CATEGORY_COLORS``) and per bit field (``FIELD_COLORS``).
 """
@@ -72,7 +73,12 @@ BAND_CATEGORIES = ("underflow", "subnormal", "normal", "overflow")
 DEFAULT_RANGE_FORMATS = ("fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 
 _BAND_OPACITY = 0.18
-_HIST_COLOR = "#3A3A3A"
+#: A census bar shorter than this share of the tallest one (a few pixels) gets a mark on the axis.
+_SMALL_BAR = 0.015
+#: A census's count axis reaches this many times its tallest bar: the top is for the labels.
+_HEADROOM = 1.45
+#: Where ``plot_value`` draws its markers: a row above the band row (at 0, 0.5 thick).
+_VALUE_MARK_Y = 0.45
 
 
 # ----- numbers as text -----
@@ -111,6 +117,13 @@ def format_pow2(x, digits: int = 3) -> str:
     log2 = math.log2(a)
     shown = f"{log2:.2f}" if abs(log2) >= 0.005 else f"{log2:.2g}"  # never "2^0.00" for a number that is not 1
     return f"{sign}{dec} ≈ {sign}2^{shown}"
+
+
+def _power_text(p: float) -> str:
+    """A power of two as a tick label: a short exact decimal ("4", "2048", "0.125") when there is
+    one, else "2^-7" (never the rounded "0.00781")."""
+    text = format_number(p, 17)
+    return text if len(text) <= 6 and float(text) == p else _pow2_short(p)
 
 
 def _pow2_short(x) -> str:
@@ -177,9 +190,19 @@ def _band_hover(fmt: FloatFormat, category: str) -> str:
     if fmt.specials == "fn":
         return (
             f"{name} overflow: |x| > {format_number(fmt.overflow_boundary)} saturates to "
-            f"max = {format_number(fmt.max)} (no inf)"
+            f"max = {format_number(fmt.max)} (no inf)<br>in torch's cast and CUDA's saturating one; "
+            f"ml_dtypes' cast gives NaN"
         )
     return f"{name} overflow: |x| ≥ {format_number(fmt.overflow_boundary)} becomes inf"
+
+
+def _past_max(fmt: FloatFormat) -> str:
+    """What a cast does with a value past ``fmt``'s range, in a few words: "becomes inf" in an
+    "ieee" format; in an "fn" format (no inf, e.g. fp8 E4M3) "saturates to 448 (ml_dtypes: NaN)",
+    torch's cast (``FloatFormat.quantize``) first and ml_dtypes' after it."""
+    if fmt.specials == "fn":
+        return f"saturates to {format_number(fmt.max)} (ml_dtypes: NaN)"
+    return "becomes inf"
 
 
 def _log2_window(fmts, margin: float = 5.0, step: int = 10) -> tuple[int, int]:
@@ -189,13 +212,14 @@ def _log2_window(fmts, margin: float = 5.0, step: int = 10) -> tuple[int, int]:
     return int(math.floor(lo / step) * step), int(math.ceil(hi / step) * step)
 
 
-def _band_traces(fmts, x_range, *, showlegend=True, xaxis="x", yaxis="y") -> list:
-    """One horizontal ``go.Bar`` per category; one bar per format, spanning the band in log2 units.
+def _band_traces(fmts, x_range, *, showlegend=True, xaxis="x", yaxis="y", y=None, width=None) -> list:
+    """One horizontal ``go.Bar`` per category; one bar per format, spanning the band in log2 units,
+    at y = the format's name (or at the positions ``y``, ``width`` thick).
 
     ``customdata`` holds the band's magnitude edges [lo, hi] exactly (None for 0 and inf).
     """
     lo_x, hi_x = x_range
-    names = [f.name for f in fmts]
+    names = [f.name for f in fmts] if y is None else list(y)
     traces = []
     for cat in BAND_CATEGORIES:
         bases, widths, custom, hover, text = [], [], [], [], []
@@ -211,8 +235,10 @@ def _band_traces(fmts, x_range, *, showlegend=True, xaxis="x", yaxis="y") -> lis
                 text.append(f"{_pow2_short(f.smallest_normal)} … {format_number(f.max)}")
             elif cat == "subnormal":
                 text.append(f"from {_pow2_short(f.smallest_subnormal)}")
+            elif cat == "underflow":
+                text.append("becomes 0")
             else:
-                text.append("")
+                text.append(_past_max(f))
         traces.append(
             go.Bar(
                 name=cat,
@@ -220,7 +246,10 @@ def _band_traces(fmts, x_range, *, showlegend=True, xaxis="x", yaxis="y") -> lis
                 x=widths,
                 base=bases,
                 orientation="h",
-                marker={"color": CATEGORY_COLORS[cat], "line": {"width": 0}},
+                marker={"color": CATEGORY_COLORS[cat], "line": {"width": 0},
+                        # hatched: the values past the max of a format without inf saturate
+                        "pattern": {"shape": ["/" if cat == "overflow" and f.specials == "fn" else ""
+                                              for f in fmts], "fgcolor": "rgba(255,255,255,0.5)", "solidity": 0.12}},
                 opacity=0.85,
                 customdata=custom,
                 hovertext=hover,
@@ -233,6 +262,7 @@ def _band_traces(fmts, x_range, *, showlegend=True, xaxis="x", yaxis="y") -> lis
                 legendgroup=cat,
                 xaxis=xaxis,
                 yaxis=yaxis,
+                **({} if width is None else {"width": width}),
             )
         )
     return traces
@@ -338,9 +368,10 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None) -> go.Fig
         x_range = census_x_range(f, *((int(bins.min()), int(bins.max())) if bins.size else ()))
     lo_x, hi_x = float(x_range[0]), float(x_range[1])
 
+    edges = band_edges(f)
     shapes = []
     for cat in BAND_CATEGORIES:
-        lo, hi = band_edges(f)[cat]
+        lo, hi = edges[cat]
         x0 = lo_x if lo == 0 else max(math.log2(lo), lo_x)
         x1 = hi_x if math.isinf(hi) else min(math.log2(hi), hi_x)
         shapes.append(
@@ -401,7 +432,34 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None) -> go.Fig
                 "hovertext": f"{f.name} {label}: {format_pow2(v)}",
             }
         )
+    # what happens in the two outer bands, written inside them at their inner edge, on the row of
+    # the "smallest normal" label (which sits between them), under the other two labels' row
+    for cat, text, x, side in (
+        ("underflow", "becomes 0", math.log2(f.underflow_boundary), "right"),
+        ("overflow", _past_max(f).replace(" (", "<br>("), math.log2(f.overflow_boundary), "left"),
+    ):
+        annotations.append(
+            {
+                "name": f"{cat}-band",
+                "x": x,
+                "xref": "x",
+                "y": 0.84,
+                "yref": "paper",
+                "xanchor": side,
+                "yanchor": "top",
+                "xshift": 3 if side == "left" else -3,
+                "align": side,
+                "bgcolor": "rgba(255,255,255,0.75)",
+                "showarrow": False,
+                "font": {"size": 11, "color": CATEGORY_COLORS[cat]},
+                "text": text,
+                "hovertext": _band_hover(f, cat),
+            }
+        )
     shares = format_shares(result)
+    counted = " · ".join(  # a share too small to see as a bar also says how many values it is
+        f"{k} {_count_label(result.counts[k])}" for k in BAND_CATEGORIES if 0 < result.fractions[k] < 0.01
+    )
     annotations.append(
         {
             "name": "shares",
@@ -414,37 +472,64 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None) -> go.Fig
             "yshift": 4,
             "showarrow": False,
             "font": {"size": 13},
-            "text": shares,
+            "align": "left",
+            "text": shares + (f"<br><span style='font-size:11px'>({counted})</span>" if counted else ""),
         }
     )
 
     n = max(result.total, 1)
     hover = [
-        f"2^{e} ≤ |v·scale| < 2^{e + 1}<br>{c} values ({format_share(c / n)})"
+        f"2^{e} ≤ |v·scale| < 2^{e + 1}<br>{c:,} values ({format_share(c / n)})"
         for e, c in zip(bins.tolist(), counts.tolist())
     ]
+    # each bar in the colour of the band its binade lies in (a binade that straddles an edge: the
+    # band of its middle), so the bands stay readable through the histogram
+    mids = bins + 0.5
+    bar_cats = np.select(
+        [mids <= math.log2(f.underflow_boundary), mids < math.log2(f.smallest_normal),
+         mids < math.log2(f.overflow_boundary)],
+        ["underflow", "subnormal", "normal"], "overflow",
+    ) if bins.size else np.zeros(0, dtype=str)
+    tallest = int(counts.max()) if counts.size else 0
+    small = (counts > 0) & (counts < _SMALL_BAR * tallest)
     bars = go.Bar(
         name="values × scale",
         x=(bins + 0.5).astype(float),
         y=counts,
         width=1.0,
-        marker={"color": _HIST_COLOR, "line": {"width": 0}},
-        opacity=0.85,
+        marker={"color": [CATEGORY_COLORS[c] for c in bar_cats.tolist()],
+                "line": {"width": 1, "color": "rgba(0,0,0,0.55)"}},
         hovertext=hover,
         hoverinfo="text",
+        showlegend=False,
+    )
+    # a bar too short to see gets a mark on the axis under it, visible at any width (its count in
+    # the hover, and the count of a band that small under the shares line)
+    few = go.Scatter(
+        name="few values",
+        x=(bins[small] + 0.5).astype(float),
+        y=np.zeros(int(small.sum())),
+        mode="markers",
+        marker={"symbol": "triangle-up", "size": 9, "color": [CATEGORY_COLORS[c] for c in bar_cats[small].tolist()],
+                "line": {"width": 1, "color": "#333333"}},
+        cliponaxis=False,
+        hovertext=[h for h, s in zip(hover, small.tolist()) if s],
+        hoverinfo="text",
+        showlegend=False,
     )
     if title is None:
         title = f"{_count_label(result.total)} in {f.name} at scale = {format_pow2(result.scale)}"
-    fig = go.Figure(data=[bars])
+    fig = go.Figure(data=[bars, few])
     fig.update_layout(
         title={"text": title, "x": 0.01, "y": 0.97, "yanchor": "top"},
         shapes=shapes,
         annotations=annotations,
         bargap=0,
         height=420,
-        margin={"l": 60, "r": 20, "t": 90, "b": 90},
+        margin={"l": 60, "r": 30, "t": 100 if counted else 90, "b": 100},
         template="plotly_white",
-        legend={"orientation": "h", "x": 0.01, "y": -0.22, "yanchor": "top"},
+        # at the bottom of the figure, under the axis title, with room for a second row
+        legend={"orientation": "h", "x": 0.01, "y": 0, "yref": "container", "yanchor": "bottom"},
         hovermode="closest",
         meta={
             "fmt": f.name,
@@ -458,7 +543,10 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None) -> go.Fig
     fig.update_xaxes(
         range=[lo_x, hi_x], title_text="|value × scale| on a log2 axis", tickprefix="2^", zeroline=False
     )
-    fig.update_yaxes(title_text="values per binade", rangemode="tozero")
+    # counts as a learner writes them (2,000, not 2k), whole numbers only, and headroom above the
+    # tallest bar for the labels at the top (the bars never hide behind them)
+    fig.update_yaxes(title_text="values per binade", range=[0, _HEADROOM * max(tallest, 1)], tickformat=",",
+                     **({"dtick": 1} if tallest <= 5 else {}))
     return fig
 
 
@@ -468,11 +556,26 @@ def _count_label(n: int) -> str:
 
 
 # ----- one value -----
+def _distinct_texts(values, others=(), digits: int = 3) -> list:
+    """Short texts of ``values`` (``format_number``) with as many significant digits as it takes
+    to tell them apart, and apart from ``others``: 0.1 next to 0.0999756 is "0.1" and "0.099976",
+    never "0.1" twice."""
+    every = [*values, *(v for v in others if v not in values)]
+    for d in range(digits, 18):
+        texts = [format_number(v, d) for v in every]
+        if len(set(texts)) == len(set(every)):
+            return texts[:len(values)]
+    return [repr(float(v)) for v in values]
+
+
 def plot_value(fmt, value, typed=None) -> go.Figure:
-    """Where ``value`` sits in ``fmt``: on top, the format's bands on a log2 axis with a marker at
-    the stored value (and at ``typed``, the number before rounding, when given); below, a linear
-    zoom on the stored value and its neighbours below and above (``fmt.neighbours``), with
-    ``typed`` between them.
+    """Where ``value`` sits in ``fmt``: on top, the format's bands on a log2 axis with a marker
+    above the band row at the stored value (and at ``typed``, the number before rounding, when
+    given); below, a linear zoom on the stored value and its neighbours below and above
+    (``fmt.neighbours``), with ``typed`` between them, its ticks at those values.
+
+    A stored 0 is marked at the left end of the axis and inf (or a value past it) at the right
+    end; markers are never clipped at the edges.
     """
     f = get_format(fmt)
     stored = float(f.quantize(value))
@@ -487,7 +590,9 @@ def plot_value(fmt, value, typed=None) -> go.Figure:
             return hi_x - 1.0
         return min(max(math.log2(a), lo_x + 1.0), hi_x - 1.0)
 
-    traces = _band_traces([f], x_range, showlegend=False)
+    # the band row at y = 0 (half a unit thick), the markers on a row of their own above it, so
+    # that they never sit on the band's label
+    traces = _band_traces([f], x_range, showlegend=False, y=[0.0], width=0.5)
     marks = [("stored", stored, "black", "diamond")]
     if typed is not None and not math.isnan(float(typed)) and float(typed) != stored:
         marks.append(("typed", float(typed), "#E69F00", "x"))
@@ -498,12 +603,13 @@ def plot_value(fmt, value, typed=None) -> go.Figure:
             go.Scatter(
                 name=label,
                 x=[log2_pos(v)],
-                y=[f.name],
+                y=[_VALUE_MARK_Y],
                 mode="markers",
                 marker={"symbol": symbol, "size": 12, "color": color, "line": {"width": 1, "color": "white"}},
                 hovertext=[f"{label}: {format_pow2(v)} (full: {v!r})"],
                 hoverinfo="text",
                 showlegend=False,
+                cliponaxis=False,
             )
         )
 
@@ -541,6 +647,7 @@ def plot_value(fmt, value, typed=None) -> go.Figure:
                 hovertext=[f"{label}: {v!r}"],
                 hoverinfo="text",
                 showlegend=False,
+                cliponaxis=False,
                 xaxis="x2",
                 yaxis="y2",
             )
@@ -548,16 +655,17 @@ def plot_value(fmt, value, typed=None) -> go.Figure:
     fig = go.Figure(data=traces)
     layout = {
         "barmode": "overlay",
-        "height": 230,
-        "margin": {"l": 70, "r": 20, "t": 30, "b": 30},
+        "height": 240,
+        "margin": {"l": 70, "r": 30, "t": 30, "b": 30},
         "template": "plotly_white",
         "showlegend": False,
         "annotations": annotations,
         "uniformtext": {"minsize": 9, "mode": "hide"},
         "title": {"text": f"{f.name}: {format_pow2(stored, digits=6)}", "x": 0.01, "font": {"size": 13}},
         "xaxis": {"range": list(x_range), "tickprefix": "2^", "zeroline": False, "domain": [0, 1]},
-        "yaxis": {"domain": [0.6, 1.0], "type": "category"},
-        "xaxis2": {"anchor": "y2", "domain": [0, 1], "zeroline": False, "exponentformat": "e"},
+        "yaxis": {"domain": [0.6, 1.0], "range": [-0.3, 0.65], "tickvals": [0], "ticktext": [f.name],
+                  "showgrid": False, "zeroline": False, "fixedrange": True},
+        "xaxis2": {"anchor": "y2", "domain": [0, 1], "zeroline": False},
         "yaxis2": {"domain": [0.0, 0.4], "visible": False, "range": [-1, 1.2]},
         "meta": {"fmt": f.name, "stored": stored if math.isfinite(stored) else None},
     }
@@ -565,6 +673,11 @@ def plot_value(fmt, value, typed=None) -> go.Figure:
         xs = [v for _, v, _, _ in zoom]
         span = max(xs) - min(xs) or f.ulp(stored) or f.smallest_subnormal
         layout["xaxis2"]["range"] = [min(xs) - 0.15 * span, max(xs) + 0.15 * span]
+        # ticks at the values themselves, written out as numbers ("65504", not "6.55e+4"); a typed
+        # value too close to the stored one to give its number room is named by its marker only
+        ticks = sorted({v for label, v, _, _ in zoom
+                        if label != "typed" or min(abs(v - w) for k, w, _, _ in zoom if k != "typed") > span / 6})
+        layout["xaxis2"].update(tickvals=ticks, ticktext=_distinct_texts(ticks, xs))
     fig.update_layout(layout)
     return fig
 
@@ -635,16 +748,53 @@ _WHITE = {"paper_bgcolor": "white", "plot_bgcolor": "white", "font": {"color": "
           "hoverlabel": {"align": "left"}}
 
 
-def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 2000) -> go.Figure:
-    """log2(scale) over steps for one or more ``ScalerTrace``s, skipped steps marked.
+#: Line styles of overlaid scalers, in order: each later line narrower and dashed differently, and
+#: drawn on top, so that scalers whose scales coincide all stay visible.
+TRACE_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+#: The height in pixels of each scaler's lane of skipped steps in ``plot_scale_trace``.
+_LANE_PX = 14
+
+
+def _line_width(k: int, n: int) -> float:
+    """Width of the k-th of n overlaid scale lines: 2 alone; else 0.8 wider than the next one,
+    down to 1.5 for the last (at most 3.9)."""
+    return 2.0 if n == 1 else 1.5 + min(n - 1 - k, 3) * 0.8
+
+
+def _marked_part(shown: int, total: int) -> str:
+    """How many of ``total`` skipped steps are marked, in words: "" (all), "1 in 6", or "60 of 64"
+    (where "1 in 1" would round away the difference)."""
+    if shown >= total:
+        return ""
+    ratio = total / max(shown, 1)
+    return f"1 in {ratio:.0f}" if ratio >= 1.5 else f"{shown:,} of {total:,}"
+
+
+def _log2_ticks(values) -> dict:
+    """Axis settings for log2 values: ticks at whole powers of two, at most about 6 of them,
+    written "2^16" (never "2^15.5")."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    span = float(v.max() - v.min()) if v.size else 0.0
+    step = next((d for d in (1, 2, 5, 10, 20, 25, 50, 100) if span / d <= 6), 200)
+    return {"tickmode": "linear", "tick0": 0, "dtick": step, "tickprefix": "2^"}
+
+
+def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60) -> go.Figure:
+    """log2(scale) over steps for one or more ``ScalerTrace``s, with their skipped steps.
 
     The scale is drawn as a step line through the steps where it changes; a trace that changes
     at more than ``LINE_POINTS`` steps is drawn at screen resolution (each group of steps
     narrower than a pixel keeps its first, last, lowest and highest scale), so a figure of a
-    million steps sends a few thousand points per trace whatever the settings; skipped steps are markers, thinned to
-    ``max_markers`` per trace. A scale of exactly 0 is drawn at 2^-150; a stopped run ends its
-    line and gets a dashed marker. ``lost``: optional dict name -> (steps, shares) drawn in a
-    lower panel, e.g. the share of gradients lost to underflow at each step's scale.
+    million steps sends a few thousand points per trace whatever the settings. Overlaid scalers
+    differ in colour, line width and dash (``TRACE_DASHES``: each later line narrower, drawn on
+    top), so scales that coincide all stay visible. The skipped steps are marked in a strip above
+    the scale panel, one lane per scaler (the marks never cover the lines or each other), thinned
+    to ``max_markers`` per scaler, evenly among its skipped steps so that dense stretches stay
+    dense (the scaler's name then says "1 in N marked"). A scale of exactly 0 is drawn at
+    2^-150; a stopped run ends its line and gets a dashed marker. ``lost``: optional dict name ->
+    (steps, shares) drawn in a lower panel, e.g. the share of gradients lost to underflow at each
+    step's scale; the panels share the step axis, labelled under the lowest one.
     """
     traces = _scaler_traces(traces)
     _title(title)
@@ -653,28 +803,37 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 2000) 
     if lost is not None and not isinstance(lost, dict):
         raise TypeError(f"lost must be a dict name -> (steps, shares), got {type(lost).__name__}")
     rows = 2 if lost else 1
-    data, shapes, notes = [], [], []
+    data, markers, shapes, notes, ys = [], [], [], [], []
     for k, t in enumerate(traces):
         color = TRACE_COLORS[k % len(TRACE_COLORS)]
         idx, sc = _scale_steps(t)
         name = t.policy.name
-        data.append({
-            "type": "scatter", "x": idx, "y": _log2_scale(sc), "mode": "lines",
-            "line": {"shape": "hv", "color": color, "width": 2},
-            "name": f"{name}: {t.skipped_count:,} skipped", "legendgroup": name,
-            "hovertext": [f"{name} · step {i:,} · scale {format_number(v)}" for i, v in zip(idx.tolist(), sc.tolist())],
-            "hoverinfo": "text", "meta": {"policy": name, "kind": "scale"},
-        })
+        y = _log2_scale(sc)
+        ys.append(y)
         end = t.steps if t.stopped_at is None else t.stopped_at + 1  # no step runs after a stop
         sk = np.flatnonzero(t.skipped[:end])
         shown = _thin(sk, max_markers)
+        part = _marked_part(shown.size, sk.size)
+        thinned = f" ({part} marked)" if part else ""
+        data.append({
+            "type": "scatter", "x": idx, "y": y, "mode": "lines",
+            "line": {"shape": "hv", "color": color, "width": _line_width(k, len(traces)),
+                     "dash": TRACE_DASHES[k % len(TRACE_DASHES)]},
+            "name": f"{name}: {t.skipped_count:,} skipped{thinned}", "legendgroup": name,
+            "hovertext": [f"{name} · step {i:,} · scale {format_number(v)}" for i, v in zip(idx.tolist(), sc.tolist())],
+            "hoverinfo": "text", "meta": {"policy": name, "kind": "scale"},
+        })
         if shown.size:
-            label = "skipped" if shown.size == sk.size else f"skipped (1 in {sk.size / shown.size:.0f} shown)"
-            data.append({
-                "type": "scatter", "x": shown, "y": _log2_scale(np.asarray(t.scale, np.float64)[shown]),
-                "mode": "markers", "marker": {"symbol": "x", "size": 7, "color": color},
-                "name": f"{name}: {label}", "legendgroup": name, "hoverinfo": "x",
-                "meta": {"policy": name, "kind": "skipped"},
+            scale_at = np.asarray(t.scale, np.float64)[shown]
+            markers.append({
+                "type": "scatter", "x": shown, "y": np.full(shown.size, k, dtype=np.float64), "mode": "markers",
+                "marker": {"symbol": "line-ns-open", "size": 11, "color": color,
+                           "line": {"width": 1.5, "color": color}},
+                "name": f"{name}: skipped" + (f" ({part} shown)" if part else ""),
+                "legendgroup": name, "showlegend": False, "yaxis": "y3", "cliponaxis": False,
+                "hovertext": [f"{name} · step {i:,} skipped · scale {format_number(v)}"
+                              for i, v in zip(shown.tolist(), scale_at.tolist())],
+                "hoverinfo": "text", "meta": {"policy": name, "kind": "skipped"},
             })
         if t.stopped_at is not None:
             shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": t.stopped_at,
@@ -682,6 +841,7 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 2000) 
             notes.append({"x": t.stopped_at, "xref": "x", "y": 1, "yref": "paper", "showarrow": False,
                           "xanchor": "right", "yanchor": "bottom", "text": f"{name} stopped",
                           "font": {"color": color}})
+    data += markers
     for k, (name, (steps, shares)) in enumerate((lost or {}).items()):
         data.append({
             "type": "scatter", "x": np.asarray(steps), "y": 100 * np.asarray(shares, dtype=np.float64),
@@ -690,18 +850,33 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 2000) 
             "meta": {"policy": name, "kind": "lost"},
         })
     n = max((t.steps for t in traces), default=0)
+    # pixels: the lanes of skipped steps on top, the scale panel, the lost panel at the bottom
+    height, top, bottom = (420, 60, 50) if rows == 1 else (560, 60, 50)
+    plot = height - top - bottom
+    lanes = _LANE_PX * len(traces)
+    lane_domain = [1.0 - lanes / plot, 1.0]
+    scale_domain = [0.0 if rows == 1 else 0.34, 1.0 - (lanes + 22) / plot]
+    notes.append({"name": "skipped-title", "x": 0, "xref": "paper", "y": lane_domain[0], "yref": "paper",
+                  "xanchor": "left", "yanchor": "top", "yshift": -1, "showarrow": False,
+                  "font": {"size": 11, "color": "#555555"},
+                  "text": "skipped steps, a lane per scaler" if len(traces) > 1 else "skipped steps"})
     layout = {
         **_WHITE,
         "title": {"text": title or "Loss scale over training steps", "x": 0.01},
-        "height": 420 if rows == 1 else 560,
-        "margin": {"l": 70, "r": 20, "t": 60, "b": 50},
-        "legend": {"orientation": "h", "x": 0.01, "y": -0.15, "yanchor": "top"},
-        "xaxis": {**_WHITE_AXIS, "title": {"text": "step"}, "range": [0, max(n - 1, 1)]},
-        "yaxis": {**_WHITE_AXIS, "title": {"text": "log2(scale)"}, "domain": [0.35, 1.0] if rows == 2 else [0, 1]},
+        "height": height,
+        "margin": {"l": 70, "r": 20, "t": top, "b": bottom},
+        "legend": {"orientation": "h", "x": 0.01, "y": -0.15 if rows == 1 else -0.12, "yanchor": "top"},
+        # the step axis under the lowest panel (its ticks and title never run into the panel below)
+        "xaxis": {**_WHITE_AXIS, "title": {"text": "step"}, "range": [0, max(n - 1, 1)], "tickformat": "~s",
+                  "anchor": "y2" if rows == 2 else "y"},
+        "yaxis": {**_WHITE_AXIS, "title": {"text": "loss scale (log2 axis)"}, "domain": scale_domain,
+                  **_log2_ticks(np.concatenate(ys))},
+        "yaxis3": {"domain": lane_domain, "range": [len(traces) - 0.5, -0.5], "visible": False,
+                   "fixedrange": True, "anchor": "x"},
         "shapes": shapes, "annotations": notes,
     }
     if rows == 2:
-        layout["yaxis2"] = {**_WHITE_AXIS, "title": {"text": "% of gradients lost"}, "domain": [0, 0.25],
+        layout["yaxis2"] = {**_WHITE_AXIS, "title": {"text": "% of gradients lost"}, "domain": [0, 0.24],
                             "rangemode": "tozero", "anchor": "x"}
     return go.Figure(data=data, layout=layout)
 
@@ -813,16 +988,75 @@ def heat_mode_of(modes, heat_mode=None) -> str | None:
     return next((m for m in HEAT_MODE_ORDER if m in modes), modes[0] if modes else None)
 
 
+#: Parameter names longer than this are shortened on the live heat map's rows (``_short_names``).
+HEAT_LABEL_CHARS = 25
+#: The live heat map's height per parameter row in pixels (font 10: every row labelled), and the
+#: height of a heat map whose rows are not known yet (a live figure built from empty runs).
+_HEAT_ROW_PX = 13
+_HEAT_DEFAULT_PX = 240
+
+
+def _short_name(name: str, limit: int) -> str:
+    """``name`` in at most ``limit`` characters, keeping what tells parameters apart: the block it
+    sits in (up to its index) and its own last parts. "encoder.layers.0.self_attn.in_proj_weight"
+    becomes "…layers.0…in_proj_weight"; "…" marks what is left out."""
+    if len(name) <= limit:
+        return name
+    parts = name.split(".")
+    index = max((i for i, p in enumerate(parts[:-1]) if p.isdigit()), default=None)
+    if index is None:
+        head, rest = [], parts
+    else:
+        first = max(index - 1, 0)  # the container and its index: "layers.0"
+        head, rest = parts[first:index + 1], parts[index + 1:]
+        if first > 0:
+            head[0] = "…" + head[0]
+    head_text = ".".join(head)
+    tail = [rest[-1]]
+    for p in reversed(rest[:-1]):
+        if len(head_text) + 1 + len(".".join([p, *tail])) > limit:
+            break
+        tail.insert(0, p)
+    gap = "." if len(tail) == len(rest) else "…"
+    text = (head_text + gap if head else ("" if len(tail) == len(rest) else "…")) + ".".join(tail)
+    if len(text) > limit:  # one long last part: keep its end
+        text = "…" + text[-(limit - 1):]
+    return text
+
+
+def _short_names(names) -> list:
+    """Row labels for parameter names: each at most ``HEAT_LABEL_CHARS`` characters
+    (``_short_name``); names whose short forms would coincide keep their full names, so that every
+    row keeps a label of its own."""
+    names = [str(n) for n in names]
+    short = [_short_name(n, HEAT_LABEL_CHARS) for n in names]
+    seen: dict = {}
+    for s in short:
+        seen[s] = seen.get(s, 0) + 1
+    out = [n if seen[s] > 1 else s for n, s in zip(names, short)]
+    return out if len(set(out)) == len(out) else names
+
+
+def _loss_width(k: int, n: int) -> float:
+    """Width of the k-th of n loss lines: earlier lines wider, so that coinciding losses (fp32 and
+    fp16 with a scaler often are) all stay visible, each later one drawn on top, narrower."""
+    return 1.5 if n == 1 else 1.2 + 0.7 * (n - 1 - k)
+
+
 def live_traces(runs_by_mode: dict, *, heat_mode=None) -> list:
     """The traces of ``plot_live`` as plain dicts, in a fixed order that depends only on the modes
     (never on how many records there are), so a live figure built from empty runs can take the data
     of later calls trace by trace (``LIVE_DATA_KEYS``).
 
-    Per mode: a loss line (steps of the records without an error). Per mode with a loss scaler
-    (records carrying a ``scale``, or the mode "fp16+scaler"): a log2(scale) step line and the skipped
-    steps as markers. Last, one heat map of ``heat_mode``'s parameter census: x the census steps, y
-    the parameter names, z the share of each parameter's gradient that is zero or underflows
-    (``lost_shares``; at most ``HEAT_COLUMNS`` census steps, spread evenly). Every trace's ``meta`` says its mode and kind ("loss", "scale", "skipped", "heat").
+    Per mode: a loss line named after the mode (steps of the records without an error), each
+    mode's line narrower than the one before, so coinciding losses stay visible. Per mode with a
+    loss scaler (records carrying a ``scale``, or the mode "fp16+scaler"): a log2(scale) step line
+    and the skipped steps as markers. Last, one heat map of ``heat_mode``'s parameter census: x the
+    census steps, y the parameter names (those longer than ``HEAT_LABEL_CHARS`` characters
+    shortened, "…" marking what is left out, e.g. "…layers.0…in_proj_weight"), z the share of each
+    parameter's gradient that is zero or underflows (``lost_shares``; at most ``HEAT_COLUMNS``
+    census steps, spread evenly), its colour bar under the step axis. Every trace's ``meta`` says
+    its mode and kind ("loss", "scale", "skipped", "heat").
     """
     snap = {mode: _records_of(run) for mode, run in _runs(runs_by_mode).items()}
     data = []
@@ -831,8 +1065,8 @@ def live_traces(runs_by_mode: dict, *, heat_mode=None) -> list:
         loss = np.array([r.loss for r in ok], dtype=np.float64)
         data.append({
             "type": "scatter", "mode": "lines", "x": np.array([r.step for r in ok], dtype=np.int64),
-            "y": loss, "name": f"{mode} loss" + _loss_note(ok, loss, recs),
-            "legendgroup": mode, "line": {"color": _mode_color(mode, k), "width": 1.5},
+            "y": loss, "name": mode + _loss_note(ok, loss, recs),
+            "legendgroup": mode, "line": {"color": _mode_color(mode, k), "width": _loss_width(k, len(snap))},
             "xaxis": "x", "yaxis": "y", "meta": {"mode": mode, "kind": "loss"},
         })
     for k, (mode, recs) in enumerate(snap.items()):
@@ -864,26 +1098,48 @@ def live_traces(runs_by_mode: dict, *, heat_mode=None) -> list:
     z = np.array([[s.get(n, np.nan) for s in shares] for n in names],
                  dtype=np.float64).reshape(len(names), len(cens))
     data.append({
-        "type": "heatmap", "x": np.array([r.step for r in cens], dtype=np.int64), "y": names, "z": z,
-        "name": f"{hm} lost gradient share", "zmin": 0.0, "zmax": 1.0, "colorscale": "Blues",
-        "colorbar": {"title": {"text": "lost"}, "len": 0.28, "y": 0.0, "yanchor": "bottom",
-                     "tickformat": ".0%"},
+        "type": "heatmap", "x": np.array([r.step for r in cens], dtype=np.int64), "y": _short_names(names),
+        "z": z, "name": f"{hm} lost gradient share", "zmin": 0.0, "zmax": 1.0, "colorscale": "Blues",
+        # under the step axis, at the right: the figure's width stays with the panels
+        "colorbar": {"title": {"text": "lost", "side": "right"}, "orientation": "h", "lenmode": "pixels",
+                     "len": 140, "thickness": 10, "x": 1.0, "xanchor": "right", "xref": "paper",
+                     "y": 0.0, "yanchor": "bottom", "yref": "container", "ypad": 6, "tickformat": ".0%",
+                     "tickvals": [0, 0.5, 1], "tickfont": {"size": 10}},
         "hovertemplate": "step %{x}<br>%{y}: %{z:.1%} zero or underflow<extra></extra>",
         "xaxis": "x3", "yaxis": "y3", "meta": {"mode": hm, "kind": "heat"},
     })
     return data
 
 
+def _live_geometry(rows: int) -> dict:
+    """The live figure's layout in pixels, turned into paper fractions: the loss panel, the scale
+    panel and the heat map (``_HEAT_ROW_PX`` per parameter row, between 12 and 40 rows' worth; a
+    heat map of unknown rows gets ``_HEAT_DEFAULT_PX``), with room above each lower panel for its
+    title, the title and legend above the loss panel, and the step axis under the heat map."""
+    heat = _HEAT_DEFAULT_PX if rows == 0 else _HEAT_ROW_PX * min(max(rows, 12), 40)
+    loss, scale, gap_scale, gap_heat, top, bottom = 200, 110, 34, 44, 96, 90
+    plot = loss + gap_scale + scale + gap_heat + heat
+    f = 1.0 / plot
+    return {
+        "height": top + plot + bottom, "margin": {"l": 60, "r": 20, "t": top, "b": bottom},
+        "heat": [0.0, heat * f], "scale": [(heat + gap_heat) * f, (heat + gap_heat + scale) * f],
+        "loss": [1.0 - loss * f, 1.0], "legend_y": 1.0 + 6 * f,
+    }
+
+
 def plot_live(runs_by_mode: dict, *, steps=None, heat_mode=None, fmt="fp16", title=None) -> go.Figure:
-    """Live training on one figure: the loss per mode (top), log2 of the loss scale with skipped
-    steps marked for the modes with a scaler (middle), and a heat map of ``heat_mode``'s parameter
-    census over time (bottom): per parameter, the share of its gradient (× the step's scale) that
-    is zero or underflows in ``fmt``.
+    """Live training on one figure: the loss per mode (top), the loss scale on a log2 axis with
+    skipped steps marked for the modes with a scaler (middle), and a heat map of ``heat_mode``'s
+    parameter census over time (bottom): per parameter, the share of its gradient (× the step's
+    scale) that is zero or underflows in ``fmt``. The legend sits above the loss panel.
 
     ``runs_by_mode``: mode -> ``live.Run`` or list of ``StepRecord``, possibly empty: a figure of
-    empty runs has every trace already (see ``live_traces``), so a ``go.FigureWidget`` built from it
-    can be updated as the runs grow. ``steps`` fixes the x range to [0, steps - 1] (else autorange);
-    ``fmt`` only names the format in the heat map's title (the census's own format is used).
+    empty runs has every trace already (see ``live_traces``), so a live figure built from it can take
+    the traces of later calls as the runs grow. ``steps`` fixes the x range to [0, steps - 1] (else
+    [0, the last step recorded]); ``fmt`` only names the format in the heat map's title (the
+    census's own format is used). The heat map is ``_HEAT_ROW_PX`` pixels per parameter row, so
+    every row is labelled (from 12 to 40 rows; more rows share the labels, every second or third
+    one labelled); a figure of empty runs leaves room for 18 rows.
     """
     data = live_traces(runs_by_mode, heat_mode=heat_mode)
     _title(title)
@@ -891,29 +1147,43 @@ def plot_live(runs_by_mode: dict, *, steps=None, heat_mode=None, fmt="fp16", tit
         raise ValueError(f"steps must be a whole number >= 0 (or None), got {_shown(steps)}")
     heat = data[-1]["meta"]["mode"]
     has_scale = any(d["meta"]["kind"] == "scale" for d in data)
-    x_axis = {**_WHITE_AXIS, "range": [0, max(int(steps) - 1, 1)]} if steps else {**_WHITE_AXIS, "autorange": True}
-    heat_title = (f"{heat}: share of each parameter's gradient (× scale) that is zero or underflows in "
+    last = max((int(np.max(d["x"])) for d in data if len(d["x"])), default=0)
+    if steps:
+        x_axis = {**_WHITE_AXIS, "range": [0, max(int(steps) - 1, 1)]}
+    elif last > 0:  # the recorded steps, not the heat map's cells (which reach half a census gap beyond)
+        x_axis = {**_WHITE_AXIS, "range": [0, last]}
+    else:
+        x_axis = {**_WHITE_AXIS, "autorange": True}
+    x_axis["tickformat"] = "~s"
+    g = _live_geometry(len(data[-1]["y"]))
+    heat_title = (f"{heat}: share of each parameter's gradient<br>(× scale) that is zero or underflows in "
                   f"{get_format(fmt).name}" if heat else "no run: no gradient census")
     notes = [
-        {"name": "heat-title", "text": heat_title, "x": 0, "xref": "paper", "y": 0.3, "yref": "paper",
-         "xanchor": "left", "yanchor": "bottom", "showarrow": False, "font": {"size": 12}},
-        {"name": "scale-title", "x": 0, "xref": "paper", "y": 0.6, "yref": "paper", "xanchor": "left",
-         "yanchor": "bottom", "showarrow": False, "font": {"size": 12},
+        {"name": "heat-title", "text": heat_title, "x": 0, "xref": "paper", "y": g["heat"][1], "yref": "paper",
+         "xanchor": "left", "yanchor": "bottom", "yshift": 2, "align": "left", "showarrow": False,
+         "font": {"size": 11}},
+        {"name": "scale-title", "x": 0, "xref": "paper", "y": g["scale"][1], "yref": "paper", "xanchor": "left",
+         "yanchor": "bottom", "yshift": 4, "showarrow": False, "font": {"size": 12},
          "text": "loss scale (× = skipped step)" if has_scale else "loss scale: no mode with a scaler"},
     ]
     layout = {
         **_WHITE,
-        "title": {"text": title or "Live training: loss, loss scale, gradients lost in fp16", "x": 0.01},
-        "height": 740,
-        "margin": {"l": 90, "r": 20, "t": 50, "b": 80},
-        "legend": {"orientation": "h", "x": 0.01, "y": -0.07, "yanchor": "top"},
+        "title": {"text": title or f"Loss, loss scale and gradients lost in {get_format(fmt).name}", "x": 0.01,
+                  "y": 1.0 - 12.0 / g["height"], "yanchor": "top", "font": {"size": 16}},
+        "height": g["height"],
+        "margin": g["margin"],
+        # above the loss panel, as wide as the figure: it names the lines right where they start
+        "legend": {"orientation": "h", "x": 0, "xanchor": "left", "y": g["legend_y"], "yanchor": "bottom",
+                   "font": {"size": 12}},
         "xaxis": {**x_axis, "anchor": "y", "showticklabels": False},
-        "yaxis": {**_WHITE_AXIS, "title": {"text": "loss"}, "domain": [0.68, 1.0]},
+        "yaxis": {**_WHITE_AXIS, "title": {"text": "loss"}, "domain": g["loss"], "tickformat": "~g"},
         "xaxis2": {**x_axis, "anchor": "y2", "matches": "x", "showticklabels": False},
-        "yaxis2": {**_WHITE_AXIS, "title": {"text": "log2(scale)"}, "domain": [0.36, 0.6]},
+        # whole powers of two: the axis always spans 2^0 (no scaling) to 2^16 (GradScaler's start)
+        "yaxis2": {**_WHITE_AXIS, "title": {"text": "scale"}, "domain": g["scale"], "tickprefix": "2^",
+                   "autorangeoptions": {"include": [0, 16]}},
         "xaxis3": {**x_axis, "anchor": "y3", "matches": "x", "title": {"text": "step"}},
-        "yaxis3": {**_WHITE_AXIS, "domain": [0.0, 0.28], "autorange": "reversed", "type": "category",
-                   "dtick": 1},
+        "yaxis3": {**_WHITE_AXIS, "domain": g["heat"], "autorange": "reversed", "type": "category",
+                   "tickfont": {"size": 10}},
         "annotations": notes,
         "meta": {"modes": list(runs_by_mode), "heat_mode": heat, "fmt": get_format(fmt).name},
     }
@@ -1042,6 +1312,8 @@ def plot_lost_band(fmt="fp16", w_min=1.0, w_max=4.0, *, points=None, via=None, t
               "showarrow": False, "text": text, "font": {"size": 11, "color": "#666666"}} for y, text in lines]
     exps = range(math.floor(math.log2(ws[0])), math.floor(math.log2(ws[-1])) + 1)
     powers = [2.0 ** e for e in exps[::max(1, math.ceil(len(exps) / 12))]]  # at most about 12 ticks
+    # below 1 either every tick is a short decimal (0.5, 0.25) or every one is a power (2^-7)
+    as_pow2 = any(p < 1 and _power_text(p).startswith("2^") for p in powers)
     via_note = "" if via_name is None else ", update and sum in fp32"
     layout = {
         **_WHITE,
@@ -1050,7 +1322,8 @@ def plot_lost_band(fmt="fp16", w_min=1.0, w_max=4.0, *, points=None, via=None, t
         "margin": {"l": 80, "r": 20, "t": 60, "b": 60},
         "legend": {"orientation": "h", "x": 0.01, "y": -0.18, "yanchor": "top"},
         "xaxis": {**_WHITE_AXIS, "type": "log", "title": {"text": f"weight w ({f.name} values, log axis)"},
-                  "tickvals": powers, "ticktext": [format_number(p) for p in powers]},
+                  "tickvals": powers,
+                  "ticktext": [_pow2_short(p) if as_pow2 and p < 1 else _power_text(p) for p in powers]},
         "yaxis": {**_WHITE_AXIS, "title": {"text": "update / weight (u / w)"}, "exponentformat": "power"},
         "shapes": shapes,
         "annotations": notes,

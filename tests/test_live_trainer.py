@@ -250,7 +250,8 @@ def test_redraws_are_throttled():
         time.sleep(0.02)
     lt.stop()
     gaps = np.diff(draws[:-1])  # the last draw is the final one, after the stop
-    assert len(draws) >= 4 and (gaps >= 0.1).all()
+    # the trainer times its own clock readings, the test its calls: allow a few ms between them
+    assert len(draws) >= 4 and (gaps >= 0.09).all()
     assert len(lt.runs["fp32"]) > len(draws)  # steps between draws: not one redraw per step
     (loss,) = traces(lt.figure, "loss")
     assert len(loss["y"]) == len(lt.runs["fp32"])  # the final draw shows every record

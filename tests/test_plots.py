@@ -6,6 +6,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ampviz.census import census, profile
 from ampviz.formats import CATEGORIES, FORMATS, get_format
@@ -383,3 +385,264 @@ def test_small_figure_texts_read_right():
     stopped = simulate(PRESETS["DeepSpeed ZeRO"], found_inf=np.ones(5_000, bool))
     (marks,) = [d for d in plot_scale_trace(stopped).data if d.meta["kind"] == "skipped"]
     assert len(marks.x) == stopped.skipped_count and max(marks.x) <= stopped.stopped_at
+
+
+# ----- what a learner sees: layouts that read at notebook widths -----
+def _panel_px(fig, axis):
+    """Height in pixels of the panel of ``axis`` (a layout key such as "yaxis3")."""
+    lo, hi = fig.layout[axis].domain
+    m = fig.layout.margin
+    return (hi - lo) * (fig.layout.height - m.t - m.b)
+
+
+def _transformer_names():
+    """The parameter names of a real two-layer nn.TransformerEncoder model, as the live census
+    reports them."""
+    torch = pytest.importorskip("torch")
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 16)
+            layer = torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+            self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = torch.nn.Linear(16, 2)
+
+    return [name for name, _ in Model().named_parameters()]
+
+
+def _census_records(names, steps, census_at):
+    """StepRecords of a run with a parameter census (of a few gradients each) at ``census_at``."""
+    from ampviz.live import StepRecord
+
+    rng = np.random.default_rng(0)
+    cens = {name: census(2.0 ** rng.uniform(-30, -10, 50), "fp16") for name in names}
+    return [StepRecord(step=s, loss=1.0 / (s + 1), param_census=cens if s in census_at else None)
+            for s in range(steps)]
+
+
+def test_heat_map_labels_are_short_unique_and_keep_the_layer_and_the_parameter():
+    from ampviz.plots import HEAT_LABEL_CHARS, _short_names
+
+    names = _transformer_names()
+    labels = _short_names(names)
+    assert len(names) == 2 * 12 + 3 and len(set(labels)) == len(labels)
+    assert max(map(len, names)) > 40 and max(map(len, labels)) <= HEAT_LABEL_CHARS
+    for name, label in zip(names, labels):
+        if len(name) <= HEAT_LABEL_CHARS:
+            assert label == name
+            continue
+        parts = name.split(".")
+        assert label.endswith(parts[-1]) and "…" in label  # the parameter itself, and a mark of what is cut
+        index = [p for p in parts if p.isdigit()]
+        assert f"layers.{index[0]}" in label  # which layer
+    assert _short_names(["fc1.weight", "fc1.bias"]) == ["fc1.weight", "fc1.bias"]
+    # names whose short forms coincide keep their full names: every row stays its own
+    twins = ["encoder.layers.0.self_attn.out_proj.weight", "decoder.layers.0.self_attn.out_proj.weight"]
+    assert _short_names(twins) == twins
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.text("abc_xyz", min_size=1, max_size=14), st.integers(0, 12).map(str)),
+                         min_size=1, max_size=7).map(".".join), max_size=12, unique=True))
+def test_short_names_of_any_names_stay_unique_and_short(names):
+    from ampviz.plots import HEAT_LABEL_CHARS, _short_names
+
+    labels = _short_names(names)
+    assert len(labels) == len(names) and len(set(labels)) == len(labels)
+    assert all(lab == name or len(lab) <= HEAT_LABEL_CHARS for lab, name in zip(labels, names))
+
+
+def test_live_heat_map_gives_every_row_room_for_its_label():
+    """Plotly labels every category row only when the axis has round(1.2 × font size) pixels per
+    row (it thins them otherwise; with a forced dtick = 1 they print over each other, as 24 rows in
+    the old 171-pixel panel did)."""
+    from ampviz.plots import plot_live
+
+    names = _transformer_names()[:24]
+    fig = plot_live({"fp16": _census_records(names, 40, {0, 20, 39})})
+    (heat,) = [t for t in fig.data if t.meta["kind"] == "heat"]
+    assert len(heat.y) == 24
+    font = fig.layout.yaxis3.tickfont.size
+    assert _panel_px(fig, "yaxis3") >= 24 * round(1.2 * font) and font >= 10
+    assert fig.layout.yaxis3.dtick is None  # never forced: beyond 40 rows plotly labels every other one
+    assert max(len(y) for y in heat.y) <= 25  # ~140 px of labels at font 10, not ~250
+    # a figure of empty runs (the live widget's) leaves room for 18 rows (the beam model's)
+    empty = plot_live({"fp16": [], "fp16+scaler": []}, steps=100)
+    assert _panel_px(empty, "yaxis3") >= 18 * round(1.2 * empty.layout.yaxis3.tickfont.size)
+
+
+def test_live_figure_uses_its_width_and_its_texts_fit():
+    from ampviz.plots import plot_live
+
+    fig = plot_live({m: _census_records(_transformer_names(), 30, {0, 29}) for m in ("fp32", "fp16", "fp16+scaler")},
+                    heat_mode="fp16")
+    # the legend sits above the loss panel (not under the step axis, 700 px lower)
+    assert fig.layout.legend.orientation == "h" and fig.layout.legend.yanchor == "bottom"
+    assert fig.layout.legend.y > 1.0 and fig.layout.yaxis.domain[1] == 1.0
+    # the colour bar lies under the step axis, so it takes none of the panels' width
+    (heat,) = [t for t in fig.data if t.meta["kind"] == "heat"]
+    assert heat.colorbar.orientation == "h" and heat.colorbar.yref == "container"
+    assert fig.layout.margin.r <= 20
+    # the heat map's title: two lines short enough for a 400-pixel-wide plot (~7 px a character)
+    notes = {a.name: a.text for a in fig.layout.annotations}
+    assert max(len(line) for line in notes["heat-title"].split("<br>")) <= 50
+    # panels stack without overlapping, each title in the gap above its panel
+    heat_d, scale_d, loss_d = (fig.layout[a].domain for a in ("yaxis3", "yaxis2", "yaxis"))
+    assert heat_d[1] < scale_d[0] < scale_d[1] < loss_d[0]
+    assert _panel_px(fig, "yaxis") >= 190
+
+
+def test_live_x_range_is_the_steps_not_the_heat_cells():
+    """A census at steps 0 and 199 draws two cells 199 steps wide; autorange would stretch the axis
+    to -99.5 .. 298.5 and squeeze the loss curves into the middle half."""
+    from ampviz.plots import plot_live
+
+    fig = plot_live({"fp16": _census_records(["a.weight", "a.bias"], 200, {0, 199})})
+    assert list(fig.layout.xaxis.range) == [0, 199]
+    assert list(plot_live({"fp16": []}, steps=50).layout.xaxis.range) == [0, 49]
+
+
+def test_coinciding_lines_stay_visible():
+    """Scales (or losses) that coincide: each later line is narrower and dashed differently, and
+    drawn on top, so every earlier one shows around it; the skip marks come after every line."""
+    from ampviz.plots import plot_live, plot_scale_trace
+    from ampviz.scaling import DynamicScaler, simulate
+
+    flags = np.arange(3000) % 500 == 0
+    runs = [simulate(DynamicScaler(name=name, growth_interval=100), found_inf=flags) for name in ("a", "b", "c")]
+    assert np.array_equal(runs[0].scale, runs[2].scale)  # three scalers, one scale
+    fig = plot_scale_trace(runs)
+    lines = [d for d in fig.data if d.meta["kind"] == "scale"]
+    widths = [d.line.width for d in lines]
+    assert widths == sorted(widths, reverse=True) and len(set(widths)) == 3
+    assert len({d.line.dash for d in lines}) == 3
+    kinds = [d.meta["kind"] for d in fig.data]
+    assert kinds == ["scale"] * 3 + ["skipped"] * 3
+    recs = _census_records(["w"], 10, {0})
+    live = plot_live({"fp32": recs, "fp16+scaler": recs})
+    loss = [d.line.width for d in live.data if d.meta["kind"] == "loss"]
+    assert loss[0] > loss[1]
+
+
+def test_scale_trace_step_axis_sits_under_the_lower_panel():
+    from ampviz.plots import plot_scale_trace
+    from ampviz.scaling import TorchGradScaler, simulate
+
+    trace = simulate(TorchGradScaler(growth_interval=20), found_inf=np.arange(500) % 50 == 0)
+    fig = plot_scale_trace(trace, lost={"torch": ([0, 100, 400], [0.1, 0.2, 0.1])})
+    # the step axis (ticks and title) is drawn under the lowest panel; the upper panel ends above it
+    assert fig.layout.xaxis.anchor == "y2" and fig.layout.xaxis.title.text == "step"
+    assert fig.layout.yaxis2.domain[0] == 0 and fig.layout.yaxis2.domain[1] < fig.layout.yaxis.domain[0]
+    assert plot_scale_trace(trace).layout.xaxis.anchor == "y"
+
+
+def test_skip_marks_at_a_million_steps_stay_apart_in_a_lane_per_scaler():
+    """ScalerLab at 1,000,000 steps: each scaler's skipped steps are at most ``max_markers`` marks
+    (60: more than 7 px apart on a 450-pixel-wide panel), in a lane of their own above the scale
+    panel, so they neither cover the scale lines nor each other."""
+    from ampviz import synth
+    from ampviz.plots import plot_scale_trace
+    from ampviz.scaling import PRESETS, TorchGradScaler, simulate
+
+    stream = synth.scenario("spikes", 1_000_000, 0.5, np.random.default_rng(0))
+    runs = [simulate(p, grad_max=stream) for p in (TorchGradScaler(), PRESETS["DeepSpeed ZeRO"], PRESETS["Megatron"])]
+    fig = plot_scale_trace(runs)
+    marks = [d for d in fig.data if d.meta["kind"] == "skipped"]
+    assert len(marks) == 3
+    for k, (m, run) in enumerate(zip(marks, runs)):
+        assert run.skipped_count > 300 and len(m.x) == 60  # many skips, few marks
+        assert set(np.asarray(m.x)) <= set(np.flatnonzero(run.skipped))
+        assert m.yaxis == "y3" and set(np.asarray(m.y)) == {k}  # the scaler's own lane
+    lanes, panel = fig.layout.yaxis3, fig.layout.yaxis
+    assert panel.domain[1] < lanes.domain[0]  # above the scale panel, not on its lines
+    assert _panel_px(fig, "yaxis3") >= 12 * len(runs)
+    names = [d.name for d in fig.data if d.meta["kind"] == "scale"]
+    assert all(" marked)" in n for n in names)  # the legend says how many are marked
+
+
+def test_census_bars_show_the_bands_and_small_counts():
+    """Each bar in its band's colour (no dark bars over the bands), with headroom for the labels at
+    the top; a count too small to see as a bar (3 overflowing values beside 10,000) gets a mark on
+    the axis and its count under the shares line."""
+    values = np.concatenate([np.full(10_000, 1.5), np.full(3, 2.0**17 * 1.5), np.full(20, 2.0**-26)]).astype(np.float32)
+    fig = plot_census(values, "fp16")
+    bars = _bars(fig)
+    colors = dict(zip(np.asarray(bars.x) - 0.5, bars.marker.color))
+    assert colors == {0: CATEGORY_COLORS["normal"], 17: CATEGORY_COLORS["overflow"], -26: CATEGORY_COLORS["underflow"]}
+    assert fig.layout.yaxis.range[1] >= 1.4 * 10_000  # the tallest bar ends under the labels' rows
+    lowest_label = min(a.y for a in fig.layout.annotations if a.yref == "paper" and a.name != "shares")
+    assert 10_000 / fig.layout.yaxis.range[1] < lowest_label - 0.1
+    few = [t for t in fig.data if t.name == "few values"][0]
+    assert list(few.x) == [-25.5, 17.5] and list(few.y) == [0, 0]
+    assert list(few.marker.color) == [CATEGORY_COLORS["underflow"], CATEGORY_COLORS["overflow"]]
+    shares = _annotation(fig, "shares").text
+    assert "overflow 3 values" in shares and "underflow 20 values" in shares
+    assert "values" not in _annotation(plot_census(np.ones(5, np.float32), "fp16"), "shares").text
+    assert fig.layout.yaxis.tickformat == ","  # 10,000, not 10k
+
+
+def test_past_the_max_each_band_says_what_the_cast_does():
+    """fp8 E4M3 has no inf: the cast saturates (torch) or gives NaN (ml_dtypes); the figures say
+    so instead of "overflow" to inf. The words follow the format's own cast."""
+    e4m3, fp16 = get_format("fp8_e4m3"), get_format("fp16")
+    assert e4m3.quantize(1e6) == e4m3.max == 448 and math.isnan(e4m3.quantize(1e6, overflow="nan"))
+    assert fp16.quantize(1e6) == math.inf
+    for fmt, words in ((e4m3, ["saturates to 448", "NaN"]), (fp16, ["becomes inf"])):
+        label = _annotation(plot_census(TINY, fmt), "overflow-band").text
+        assert all(w in label for w in words) and ("inf" in label) == (fmt is fp16)
+    ranges = plot_format_ranges()
+    over = [t for t in ranges.data if t.name == "overflow"][0]
+    texts = dict(zip(over.y, over.text))
+    assert texts["fp8_e4m3"].startswith("saturates to 448") and texts["fp8_e5m2"] == "becomes inf"
+    hatched = dict(zip(over.y, over.marker.pattern.shape))
+    assert hatched["fp8_e4m3"] == "/" and {hatched[n] for n in over.y if n != "fp8_e4m3"} == {""}
+    assert "ml_dtypes' cast gives NaN" in over.hovertext[list(over.y).index("fp8_e4m3")]
+
+
+def test_plot_value_markers_sit_above_the_band_row_and_never_clip():
+    for value, typed in ((0.1, 0.1), (65520.0, 65520.0), (0.0, None), (1e-9, 1e-9)):
+        fig = plot_value("fp16", value, typed=typed)
+        band = [t for t in fig.data if t.type == "bar"]
+        top = max(t.width for t in band) / 2  # the band row spans -w/2 .. w/2
+        marks = [t for t in fig.data if t.type == "scatter" and getattr(t, "xaxis", None) != "x2"]
+        lo, hi = fig.layout.xaxis.range
+        for m in marks:
+            assert m.y[0] - top >= 0.15 and m.y[0] < fig.layout.yaxis.range[1]  # its own row
+            assert lo < m.x[0] < hi and m.cliponaxis is False
+    inf = plot_value("fp16", math.inf)
+    assert [t.x[0] for t in inf.data if t.name == "stored"][0] > math.log2(get_format("fp16").overflow_boundary)
+
+
+def test_zoom_ticks_are_the_values_written_out():
+    fig = plot_value("fp16", 65519.0, typed=65519.0)
+    assert list(fig.layout.xaxis2.tickvals) == [65472.0, 65504.0, 65519.0]
+    assert list(fig.layout.xaxis2.ticktext) == ["65472", "65504", "65519"]  # not "6.547e+4"
+    fig = plot_value("fp16", 0.1, typed=0.1)
+    stored = get_format("fp16").quantize(0.1)
+    text = dict(zip(fig.layout.xaxis2.tickvals, fig.layout.xaxis2.ticktext))
+    assert text[0.1] == "0.1" and text[stored] == "0.099976" and len(set(text.values())) == 4
+    # a typed value too close to draw its own tick: the stored one still never reads as it
+    fig = plot_value("fp32", 0.1, typed=0.1)
+    assert "0.1" not in fig.layout.xaxis2.ticktext and 0.1 not in fig.layout.xaxis2.tickvals
+
+
+def test_log2_axes_read_as_powers_of_two():
+    """Every log2 axis is labelled 2^k at whole k; a log axis of weights reads 2^-7 or 4, never a
+    rounded 0.00781."""
+    import re
+
+    from ampviz.plots import plot_live, plot_lost_band, plot_scale_trace
+    from ampviz.scaling import TorchGradScaler, simulate
+
+    for fig in (plot_format_ranges(), plot_census(TINY), plot_value("fp16", 0.1)):
+        assert fig.layout.xaxis.tickprefix == "2^"
+    flat = simulate(TorchGradScaler(), found_inf=np.zeros(100, bool))  # 2^16 throughout: a 0-wide range
+    for trace in (flat, simulate(TorchGradScaler(), found_inf=np.ones(200, bool))):
+        y = plot_scale_trace(trace).layout.yaxis
+        assert y.tickprefix == "2^" and y.tick0 == 0 and float(y.dtick).is_integer() and y.dtick >= 1
+    live = plot_live({"fp16+scaler": []}).layout.yaxis2
+    assert live.tickprefix == "2^" and max(live.autorangeoptions.include) - min(live.autorangeoptions.include) >= 8
+    ticks = plot_lost_band("fp16", 1e-3, 6e4).layout.xaxis.ticktext
+    assert all(re.fullmatch(r"2\^-\d+|\d+", t) for t in ticks), ticks
+    assert "0.5" in plot_lost_band("fp16", 0.2, 4.0).layout.xaxis.ticktext

@@ -163,15 +163,19 @@ class FormatExplorer(_Explorer):
             b.close()
         buttons = []
         # 32 buttons of 22 px fit on one line of a notebook (736 px with their gaps); 16 of 32 px
-        size = "32px" if self.fmt.bits <= 16 else "22px"
+        # buttons shrink down to `least` on a narrow page, so the row stays one line (fp32 at 368 px)
+        size, least = ("32px", "20px") if self.fmt.bits <= 16 else ("22px", "10px")
         for j in range(self.fmt.bits):
             position = self.fmt.bits - 1 - j
             field = self._field_of(position)
             b = W.Button(
                 description="0",
                 tooltip=f"bit {position} ({field})",
-                layout=W.Layout(width=size, height="30px", padding="0", margin="1px" if size == "32px" else "0 1px 0 0"),
+                layout=W.Layout(width="auto", flex=f"1 1 {least}", min_width=least, max_width=size, height="30px",
+                                padding="0", margin="1px" if size == "32px" else "0 1px 0 0"),
             )
+            if self.fmt.bits > 16:
+                b.style.font_size = "11px"
             b.add_class(f"ampviz-bit-{position}")
             b.add_class(f"ampviz-bit-{field}")
             b.on_click(self._on_bit)
