@@ -29,9 +29,13 @@ $(VENV)/.test-installed: requirements-dev.txt $(VENV)/.lab-installed
 
 # Bound to 127.0.0.1 with token authentication (JupyterLab's default); --allow-root only for root.
 # The link it prints opens 00_start_here (not the Launcher).
+# This folder goes first on Jupyter's config path, so that the server reads the course's
+# jupyter_server_config.py: a notebook saved under notebooks/ keeps only its checked outputs, and
+# Jupytext (jupytext.toml) writes its paired script in notebook_scripts/.
 LAB_ARGS := --ip 127.0.0.1 --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb
+LAB_CONFIG_PATH := $(CURDIR)$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH))
 lab: $(VENV)/.lab-installed
-	$(BIN)/jupyter lab $(LAB_ARGS) $(if $(filter 0,$(shell id -u)),--allow-root)
+	JUPYTER_CONFIG_PATH="$(LAB_CONFIG_PATH)" $(BIN)/jupyter lab $(LAB_ARGS) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # The explorer app as a page of its own (Voila: outputs only, no code), on 127.0.0.1 with a fresh
 # token. Voila masks the token in its own log, so the link with it is printed here first. Voila reads
@@ -58,6 +62,7 @@ bench: $(VENV)/.test-installed
 	$(BIN)/python bench/bench_scaler_lab.py
 	$(BIN)/python bench/bench_live.py
 	$(BIN)/python bench/bench_browser.py
+	$(BIN)/python bench/bench_gpu.py
 
 clean:
 	rm -rf $(VENV)
