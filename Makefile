@@ -27,6 +27,18 @@ $(VENV)/.test-installed: requirements-dev.txt $(VENV)/.lab-installed
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
+# The explorer app's Voila page template (share/jupyter/voila/templates/ampviz: Voila's lab page
+# with nothing fetched from outside, and plotly.js served by the page), installed where Voila looks
+# for templates, with the installed plotly package's plotly.min.js in its static folder. voila.json
+# names it, so every Voila (make explorer, the lab's Voila preview, the browser tests) needs it.
+VOILA_TEMPLATE := share/jupyter/voila/templates/ampviz
+$(VENV)/$(VOILA_TEMPLATE)/.installed: $(wildcard $(VOILA_TEMPLATE)/*) $(VENV)/.lab-installed
+	rm -rf $(VENV)/$(VOILA_TEMPLATE)
+	mkdir -p $(VENV)/$(VOILA_TEMPLATE)/static
+	cp -R $(VOILA_TEMPLATE)/. $(VENV)/$(VOILA_TEMPLATE)/
+	$(BIN)/python -c "import plotly, pathlib, shutil; shutil.copy(pathlib.Path(plotly.__file__).parent / 'package_data' / 'plotly.min.js', '$(VENV)/$(VOILA_TEMPLATE)/static/')"
+	touch $@
+
 # Bound to 127.0.0.1 with token authentication (JupyterLab's default); --allow-root only for root.
 # The link it prints opens 00_start_here (not the Launcher).
 # This folder goes first on Jupyter's config path, so that the server reads the course's
@@ -34,14 +46,18 @@ $(VENV)/.test-installed: requirements-dev.txt $(VENV)/.lab-installed
 # Jupytext (jupytext.toml) writes its paired script in notebook_scripts/.
 LAB_ARGS := --ip 127.0.0.1 --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb
 LAB_CONFIG_PATH := $(CURDIR)$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH))
-lab: $(VENV)/.lab-installed
+lab: $(VENV)/.lab-installed $(VENV)/$(VOILA_TEMPLATE)/.installed
 	JUPYTER_CONFIG_PATH="$(LAB_CONFIG_PATH)" $(BIN)/jupyter lab $(LAB_ARGS) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # The explorer app as a page of its own (Voila: outputs only, no code), on 127.0.0.1 with a fresh
 # token. Voila masks the token in its own log, so the link with it is printed here first. Voila reads
-# voila.json from this directory: it shuts down the kernel of a page that was closed or reloaded.
+# voila.json from this directory: it shuts down the kernel of a page that was closed or reloaded,
+# and it draws the page with the course's template (share/jupyter/voila/templates/ampviz: Voila's
+# lab page with nothing fetched from outside, so the app works offline, and plotly.js loaded by
+# the page itself). The template is copied where Voila looks for templates, the environment's
+# share/jupyter, with the installed plotly package's plotly.min.js in its static folder.
 EXPLORER_PORT ?= 8866
-explorer: $(VENV)/.lab-installed
+explorer: $(VENV)/$(VOILA_TEMPLATE)/.installed
 	@token=$$($(BIN)/python -c "import secrets; print(secrets.token_hex(16))"); \
 	echo "The explorer app: http://127.0.0.1:$(EXPLORER_PORT)/?token=$$token"; \
 	$(BIN)/voila --Voila.ip=127.0.0.1 --port=$(EXPLORER_PORT) --Voila.port_retries=0 \
@@ -52,16 +68,17 @@ browser-deps:
 	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-test: $(VENV)/.test-installed browser-deps
+test: $(VENV)/.test-installed $(VENV)/$(VOILA_TEMPLATE)/.installed browser-deps
 	$(BIN)/python -m pytest -q tests
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) notebooks
 
-bench: $(VENV)/.test-installed
+bench: $(VENV)/.test-installed $(VENV)/$(VOILA_TEMPLATE)/.installed
 	$(BIN)/python bench/bench_census.py
 	$(BIN)/python bench/bench_scaling.py
 	$(BIN)/python bench/bench_scaler_lab.py
 	$(BIN)/python bench/bench_live.py
 	$(BIN)/python bench/bench_browser.py
+	$(BIN)/python bench/bench_voila_open.py
 	$(BIN)/python bench/bench_gpu.py
 
 clean:

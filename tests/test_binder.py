@@ -164,6 +164,7 @@ def test_postbuild_checks_the_lab_extensions(tmp_path, states, problem):
     shutil.copytree(BINDER, repo / "binder")
     (repo / "tools").mkdir()
     shutil.copy(ROOT / "tools" / "jupyterlab_overrides.json", repo / "tools")
+    shutil.copytree(ROOT / "share", repo / "share")  # the explorer app's Voila template
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     prefix = tmp_path / "prefix"  # what the stand-in python says sys.prefix is
@@ -180,6 +181,11 @@ def test_postbuild_checks_the_lab_extensions(tmp_path, states, problem):
         # the course's JupyterLab settings (no news toast) where JupyterLab reads overrides
         installed = prefix / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
         assert installed.read_text() == (ROOT / "tools" / "jupyterlab_overrides.json").read_text()
+        # the explorer app's Voila template (voila.json names it) where Voila looks for templates
+        template = prefix / "share" / "jupyter" / "voila" / "templates" / "ampviz"
+        source = ROOT / "share" / "jupyter" / "voila" / "templates" / "ampviz"
+        assert (template / "index.html.j2").read_text() == (source / "index.html.j2").read_text()
+        assert (template / "static").is_dir()
     else:
         assert run.returncode != 0
         assert f"JupyterLab extension {problem} is missing, disabled or broken" in run.stderr

@@ -592,8 +592,9 @@ def test_scaler_lab_works_ahead_on_the_moved_slider_and_its_runs_are_exact():
     assert lab.settle(30) and s.value == 0.505
     ahead = lab._on_grid(s, s.value + s.step)
     assert ahead == 0.51 and ("yours", lab._settings(backoff_slider=0.51)) in lab._runs
-    s.set_state({"value": 0.505 + 0.005})  # 0.51000000000000001 in binary: put on the slider's grid
-    assert lab.settle(30) and s.value == 0.51
+    s.set_state({"value": 0.505 + 0.005})  # 0.51000000000000001 in binary: runs as 0.51
+    assert lab.settle(30) and s.value == 0.505 + 0.005  # the slider keeps what the browser sent
+    assert lab.traces[0].policy.backoff_factor == 0.51
     fresh = _lab(backoff_factor=0.51)
     assert np.array_equal(lab.traces[0].scale, fresh.traces[0].scale)
     assert np.array_equal(lab.traces[0].skipped, fresh.traces[0].skipped)

@@ -145,8 +145,8 @@ class ScalerLab(_Explorer):
     # ----- read the controls -----
     def policy(self) -> "scaling.DynamicScaler":
         """Your settings as a scaler, or ValueError with what is wrong."""
-        return self._policy_of(self.init_slider.value, self.growth_slider.value, self.backoff_slider.value,
-                               self.interval_input.value)
+        return self._policy_of(self.init_slider.value, self._on_grid(self.growth_slider, self.growth_slider.value),
+                               self._on_grid(self.backoff_slider, self.backoff_slider.value), self.interval_input.value)
 
     @staticmethod
     def _policy_of(log2_init, gf, bf, gi) -> "scaling.DynamicScaler":
@@ -180,17 +180,16 @@ class ScalerLab(_Explorer):
     def _on_change(self, change):
         owner = change.get("owner") if isinstance(change, dict) else None
         if getattr(owner, "_property_lock", None) and isinstance(owner, (W.FloatSlider, W.IntSlider)):
-            on_grid = self._on_grid(owner, change["new"])
-            if on_grid != change["new"]:  # a browser's sum (0.505 + 0.005 = 0.51000000000000001):
-                owner.value = on_grid     # the slider's own position, exactly (that change redraws)
-                return
             old = change.get("old")
             self._nudged = (owner, 1 if old is None or change["new"] >= old else -1)
         self._request_update(change)  # at once from Python; coalesced from the browser
 
     @staticmethod
     def _on_grid(slider, value):
-        """``value`` on ``slider``'s grid of positions (min + k * step), as a decimal rounds it."""
+        """``value`` on ``slider``'s grid of positions (min + k * step), as a decimal rounds it: a
+        browser's sum (0.505 + 0.005 = 0.51000000000000001) runs as the position it stands for,
+        0.51. Only the run uses it; the slider keeps what the browser sent (writing it back would
+        race the next key presses)."""
         if isinstance(slider, W.IntSlider) or not isinstance(value, float) or not math.isfinite(value):
             return value
         k = round((value - slider.min) / slider.step)
@@ -225,6 +224,8 @@ class ScalerLab(_Explorer):
         values = {name: getattr(self, name).value for name in
                   ("init_slider", "growth_slider", "backoff_slider", "interval_input", "scenario_dropdown",
                    "strength_slider", "loss_dropdown")}
+        for name in ("growth_slider", "backoff_slider"):
+            values[name] = self._on_grid(getattr(self, name), values[name])
         values.update(changed)
         return tuple(values.items())
 
