@@ -10,6 +10,7 @@ as `make lab` starts it and save over its REST API.
 """
 
 import asyncio
+import concurrent.futures
 import copy
 import json
 import os
@@ -39,12 +40,19 @@ def contents_manager(root):
     return build_async_jupytext_contents_manager_class(AsyncLargeFileManager)(root_dir=str(root), config=config)
 
 
+def _run(make):
+    """``asyncio.run(make())`` in a thread of its own: this thread may hold a running event loop
+    already (Playwright's sync API keeps one for the browser tests of the same session)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
 def lab_get(root, path):
-    return asyncio.run(contents_manager(root).get(path))
+    return _run(lambda: contents_manager(root).get(path))
 
 
 def lab_save(root, path, nb):
-    asyncio.run(contents_manager(root).save({"type": "notebook", "content": nb}, path))
+    _run(lambda: contents_manager(root).save({"type": "notebook", "content": nb}, path))
 
 
 def as_after_a_run(nb):

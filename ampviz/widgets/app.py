@@ -29,7 +29,8 @@ def _one_torch_thread() -> None:
     # The app's kernel is its own: one intra-op thread, as in the notebooks' setup cells. The tiny
     # models train several times faster so on a small machine (JupyterLab on 2 cores: 45 steps/s
     # with torch's default 2 threads, 220 with 1), and the gradients are notebook 02's to the bit
-    # (a float sum depends on the thread count). The setting holds for every thread of the process.
+    # (a float sum depends on the thread count). It reaches every thread that runs its first torch
+    # op afterwards (the live trainer's); a thread that already ran one keeps its count.
     import torch
 
     torch.set_num_threads(1)
