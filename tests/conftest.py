@@ -41,3 +41,22 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Counts the calls of the fused encoder-layer kernel and of the nested-tensor packing (both looked
+    up on ``torch`` at call time by ``nn.TransformerEncoder``), passing each call on (pitfall 3's
+    tests, on the CPU and on CUDA)."""
+    import torch
+
+    counts = {"fused": 0, "nested": 0}
+    for key, name in (("fused", "_transformer_encoder_layer_fwd"), ("nested", "_nested_tensor_from_mask")):
+        real = getattr(torch, name)
+
+        def counted(*args, _real=real, _key=key, **kwargs):
+            counts[_key] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(torch, name, counted)
+    return counts

@@ -199,22 +199,6 @@ def test_fp8_casts_past_the_range_on_cuda(name):
 
 
 # ------------------------------------------------------------------ pitfall 3 on CUDA
-@pytest.fixture
-def fused_calls(monkeypatch):
-    """Counts the calls of the fused encoder-layer kernel and of the nested-tensor packing (both looked
-    up on ``torch`` at call time by ``nn.TransformerEncoder``), passing each call on."""
-    counts = {"fused": 0, "nested": 0}
-    for key, name in (("fused", "_transformer_encoder_layer_fwd"), ("nested", "_nested_tensor_from_mask")):
-        real = getattr(torch, name)
-
-        def counted(*args, _real=real, _key=key, **kwargs):
-            counts[_key] += 1
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(torch, name, counted)
-    return counts
-
-
 @pytest.mark.gpu
 def test_pitfall_3_does_not_crash_under_cuda_autocast(fused_calls):
     """The call that crashes on the CPU (eval, no_grad, right padding, bf16 autocast) runs on CUDA:

@@ -136,22 +136,6 @@ def test_fp32_island_needs_the_cast_when_the_input_is_bf16():
 RIGHT_PAD = torch.arange(te.MAX_LEN).unsqueeze(0) >= torch.tensor([[5], [9], [12], [7]])
 
 
-@pytest.fixture
-def fused_calls(monkeypatch):
-    """Counts the calls of the fused layer kernel and of the nested-tensor packing (both looked up on
-    ``torch`` at call time by ``nn.TransformerEncoder``), passing each call on."""
-    counts = {"fused": 0, "nested": 0}
-    for key, name in (("fused", "_transformer_encoder_layer_fwd"), ("nested", "_nested_tensor_from_mask")):
-        real = getattr(torch, name)
-
-        def counted(*args, _real=real, _key=key, **kwargs):
-            counts[_key] += 1
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(torch, name, counted)
-    return counts
-
-
 def test_training_and_validation_differ_in_mode_and_grad_only():
     """Section 1: 'exactly two ways: eval mode and no gradients; autocast is on, in bf16, in both'."""
     ctx = te.crash("bf16-mixed").details
