@@ -25,12 +25,13 @@ import math
 import zlib
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import anywidget
 import numpy as np
 import traitlets
 
-__all__ = ["FigureView", "pack"]
+__all__ = ["FigureView", "Prepared", "pack"]
 
 # numpy dtypes that travel as they are; everything else numeric is converted (int64 -> float64:
 # JavaScript has no 64-bit integer typed array that plotly.js reads)
@@ -56,7 +57,17 @@ def _pack_array(a: np.ndarray):
             "b64": base64.b64encode(a.tobytes()).decode("ascii")}
 
 
+class _PackedList(list):
+    """Traces already packed (``FigureView.prepare``): sent as they are."""
+
+
+class _PackedDict(dict):
+    """A layout already packed (``FigureView.prepare``): sent as it is."""
+
+
 def _pack_value(v):
+    if isinstance(v, (_PackedList, _PackedDict)):
+        return v
     if isinstance(v, np.ndarray):
         return _pack_array(v)
     if isinstance(v, dict):
@@ -254,6 +265,14 @@ export default {
 """
 
 
+class Prepared(NamedTuple):
+    """A figure as ``FigureView`` sends it: traces and layout packed, and the layout's wire text."""
+
+    data: list
+    layout: dict
+    layout_key: str
+
+
 class FigureView(anywidget.AnyWidget):
     """A plotly figure as synced widget state (see the module's docstring).
 
@@ -282,11 +301,24 @@ class FigureView(anywidget.AnyWidget):
         if isinstance(content, dict) and content.get("type") == "plotly.js?":
             self.send({"type": "plotly.js"}, buffers=[_plotly_js()])
 
+    @staticmethod
+    def prepare(figure) -> "Prepared":
+        """``figure`` checked and packed for sending, ahead of time: ``update(prepared)`` then
+        only sends it (an explorer prepares the figures of the positions a slider reaches next)."""
+        data, layout = _figure_parts(figure)
+        packed_layout = pack(layout)
+        return Prepared(_PackedList(pack(data)), _PackedDict(packed_layout),
+                        json.dumps(packed_layout, sort_keys=True))
+
     def update(self, figure) -> None:
         """Replace the whole figure in one message: the traces always, the layout only when it
-        differs from the one shown (a slider move usually changes only the data)."""
-        data, layout = _figure_parts(figure)
-        key = _layout_key(layout)
+        differs from the one shown (a slider move usually changes only the data). ``figure``: a
+        ``go.Figure``, a dict with data and layout, or what ``prepare`` made of one."""
+        if isinstance(figure, Prepared):
+            data, layout, key = figure
+        else:
+            data, layout = _figure_parts(figure)
+            key = _layout_key(layout)
         with self.hold_sync():
             self.data = data
             if key != self._shown_layout:

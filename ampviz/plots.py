@@ -20,10 +20,13 @@ Colours are fixed per category (``CATEGORY_COLORS``) and per bit field (``FIELD_
 
 from __future__ import annotations
 
+import copy
 import math
+from functools import lru_cache
 
 import numpy as np
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from ampviz.census import CensusResult, census
 from ampviz.formats import CATEGORIES, FloatFormat, get_format
@@ -212,8 +215,32 @@ def _log2_window(fmts, margin: float = 5.0, step: int = 10) -> tuple[int, int]:
     return int(math.floor(lo / step) * step), int(math.ceil(hi / step) * step)
 
 
+def _template(name: str) -> dict:
+    """plotly's template ``name`` as the JSON a validated figure holds (a fresh copy each call)."""
+    return copy.deepcopy(_template_json(name))
+
+
+@lru_cache(maxsize=None)
+def _template_json(name: str) -> dict:
+    return pio.templates[name].to_plotly_json()
+
+
+#: The layout's lists of items (validation leaves an empty one out).
+_LAYOUT_ARRAYS = ("annotations", "shapes", "images", "selections", "sliders", "updatemenus")
+
+
+def _figure(data: list, layout: dict) -> go.Figure:
+    """A ``go.Figure`` of trace dicts and a layout dict, built without plotly's validation, which
+    costs 5-30 ms a figure (the template alone is copied several times), too slow for a slider;
+    the template named in ``layout`` (or plotly's default) is filled in as validation would. The
+    figures built this way are tested to hold exactly what validating them gives."""
+    layout = {k: v for k, v in layout.items() if not (k in _LAYOUT_ARRAYS and len(v) == 0)}  # as validated
+    layout["template"] = _template(layout.get("template") or pio.templates.default)
+    return go.Figure({"data": list(data), "layout": layout}, _validate=False)
+
+
 def _band_traces(fmts, x_range, *, showlegend=True, xaxis="x", yaxis="y", y=None, width=None) -> list:
-    """One horizontal ``go.Bar`` per category; one bar per format, spanning the band in log2 units,
+    """One horizontal bar trace per category; one bar per format, spanning the band in log2 units,
     at y = the format's name (or at the positions ``y``, ``width`` thick).
 
     ``customdata`` holds the band's magnitude edges [lo, hi] exactly (None for 0 and inf).
@@ -239,32 +266,31 @@ def _band_traces(fmts, x_range, *, showlegend=True, xaxis="x", yaxis="y", y=None
                 text.append("becomes 0")
             else:
                 text.append(_past_max(f))
-        traces.append(
-            go.Bar(
-                name=cat,
-                y=names,
-                x=widths,
-                base=bases,
-                orientation="h",
-                marker={"color": CATEGORY_COLORS[cat], "line": {"width": 0},
-                        # hatched: the values past the max of a format without inf saturate
-                        "pattern": {"shape": ["/" if cat == "overflow" and f.specials == "fn" else ""
-                                              for f in fmts], "fgcolor": "rgba(255,255,255,0.5)", "solidity": 0.12}},
-                opacity=0.85,
-                customdata=custom,
-                hovertext=hover,
-                hoverinfo="text",
-                text=text,
-                textposition="inside",
-                insidetextanchor="middle",
-                textfont={"color": "white"},
-                showlegend=showlegend,
-                legendgroup=cat,
-                xaxis=xaxis,
-                yaxis=yaxis,
-                **({} if width is None else {"width": width}),
-            )
-        )
+        traces.append({
+            "type": "bar",
+            "name": cat,
+            "y": names,
+            "x": widths,
+            "base": bases,
+            "orientation": "h",
+            "marker": {"color": CATEGORY_COLORS[cat], "line": {"width": 0},
+                       # hatched: the values past the max of a format without inf saturate
+                       "pattern": {"shape": ["/" if cat == "overflow" and f.specials == "fn" else ""
+                                             for f in fmts], "fgcolor": "rgba(255,255,255,0.5)", "solidity": 0.12}},
+            "opacity": 0.85,
+            "customdata": custom,
+            "hovertext": hover,
+            "hoverinfo": "text",
+            "text": text,
+            "textposition": "inside",
+            "insidetextanchor": "middle",
+            "textfont": {"color": "white"},
+            "showlegend": showlegend,
+            "legendgroup": cat,
+            "xaxis": xaxis,
+            "yaxis": yaxis,
+            **({} if width is None else {"width": width}),
+        })
     return traces
 
 
@@ -492,46 +518,48 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None) -> go.Fig
     ) if bins.size else np.zeros(0, dtype=str)
     tallest = int(counts.max()) if counts.size else 0
     small = (counts > 0) & (counts < _SMALL_BAR * tallest)
-    bars = go.Bar(
-        name="values × scale",
-        x=(bins + 0.5).astype(float),
-        y=counts,
-        width=1.0,
-        marker={"color": [CATEGORY_COLORS[c] for c in bar_cats.tolist()],
-                "line": {"width": 1, "color": "rgba(0,0,0,0.55)"}},
-        hovertext=hover,
-        hoverinfo="text",
-        showlegend=False,
-    )
+    bars = {
+        "type": "bar",
+        "name": "values × scale",
+        "x": (bins + 0.5).astype(float),
+        "y": counts,
+        "width": 1.0,
+        "marker": {"color": [CATEGORY_COLORS[c] for c in bar_cats.tolist()],
+                   "line": {"width": 1, "color": "rgba(0,0,0,0.55)"}},
+        "hovertext": hover,
+        "hoverinfo": "text",
+        "showlegend": False,
+    }
     # a bar too short to see gets a mark on the axis under it, visible at any width (its count in
     # the hover, and the count of a band that small under the shares line)
-    few = go.Scatter(
-        name="few values",
-        x=(bins[small] + 0.5).astype(float),
-        y=np.zeros(int(small.sum())),
-        mode="markers",
-        marker={"symbol": "triangle-up", "size": 9, "color": [CATEGORY_COLORS[c] for c in bar_cats[small].tolist()],
-                "line": {"width": 1, "color": "#333333"}},
-        cliponaxis=False,
-        hovertext=[h for h, s in zip(hover, small.tolist()) if s],
-        hoverinfo="text",
-        showlegend=False,
-    )
+    few = {
+        "type": "scatter",
+        "name": "few values",
+        "x": (bins[small] + 0.5).astype(float),
+        "y": np.zeros(int(small.sum())),
+        "mode": "markers",
+        "marker": {"symbol": "triangle-up", "size": 9,
+                   "color": [CATEGORY_COLORS[c] for c in bar_cats[small].tolist()],
+                   "line": {"width": 1, "color": "#333333"}},
+        "cliponaxis": False,
+        "hovertext": [h for h, s in zip(hover, small.tolist()) if s],
+        "hoverinfo": "text",
+        "showlegend": False,
+    }
     if title is None:
         title = f"{_count_label(result.total)} in {f.name} at scale = {format_pow2(result.scale)}"
-    fig = go.Figure(data=[bars, few])
-    fig.update_layout(
-        title={"text": title, "x": 0.01, "y": 0.97, "yanchor": "top"},
-        shapes=shapes,
-        annotations=annotations,
-        bargap=0,
-        height=420,
-        margin={"l": 60, "r": 30, "t": 100 if counted else 90, "b": 100},
-        template="plotly_white",
+    layout = {
+        "title": {"text": title, "x": 0.01, "y": 0.97, "yanchor": "top"},
+        "shapes": shapes,
+        "annotations": annotations,
+        "bargap": 0,
+        "height": 420,
+        "margin": {"l": 60, "r": 30, "t": 100 if counted else 90, "b": 100},
+        "template": "plotly_white",
         # at the bottom of the figure, under the axis title, with room for a second row
-        legend={"orientation": "h", "x": 0.01, "y": 0, "yref": "container", "yanchor": "bottom"},
-        hovermode="closest",
-        meta={
+        "legend": {"orientation": "h", "x": 0.01, "y": 0, "yref": "container", "yanchor": "bottom"},
+        "hovermode": "closest",
+        "meta": {
             "fmt": f.name,
             "scale": result.scale,
             "total": result.total,
@@ -539,15 +567,14 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None) -> go.Fig
             "fractions": dict(result.fractions),
             "shares": shares,
         },
-    )
-    fig.update_xaxes(
-        range=[lo_x, hi_x], title_text="|value × scale| on a log2 axis", tickprefix="2^", zeroline=False
-    )
-    # counts as a learner writes them (2,000, not 2k), whole numbers only, and headroom above the
-    # tallest bar for the labels at the top (the bars never hide behind them)
-    fig.update_yaxes(title_text="values per binade", range=[0, _HEADROOM * max(tallest, 1)], tickformat=",",
-                     **({"dtick": 1} if tallest <= 5 else {}))
-    return fig
+        "xaxis": {"range": [lo_x, hi_x], "title": {"text": "|value × scale| on a log2 axis"}, "tickprefix": "2^",
+                  "zeroline": False},
+        # counts as a learner writes them (2,000, not 2k), whole numbers only, and headroom above the
+        # tallest bar for the labels at the top (the bars never hide behind them)
+        "yaxis": {"title": {"text": "values per binade"}, "range": [0, _HEADROOM * max(tallest, 1)], "tickformat": ",",
+                  **({"dtick": 1} if tallest <= 5 else {})},
+    }
+    return _figure([bars, few], layout)
 
 
 def _count_label(n: int) -> str:
@@ -599,19 +626,18 @@ def plot_value(fmt, value, typed=None) -> go.Figure:
     for label, v, color, symbol in marks:
         if math.isnan(v):
             continue
-        traces.append(
-            go.Scatter(
-                name=label,
-                x=[log2_pos(v)],
-                y=[_VALUE_MARK_Y],
-                mode="markers",
-                marker={"symbol": symbol, "size": 12, "color": color, "line": {"width": 1, "color": "white"}},
-                hovertext=[f"{label}: {format_pow2(v)} (full: {v!r})"],
-                hoverinfo="text",
-                showlegend=False,
-                cliponaxis=False,
-            )
-        )
+        traces.append({
+            "type": "scatter",
+            "name": label,
+            "x": [log2_pos(v)],
+            "y": [_VALUE_MARK_Y],
+            "mode": "markers",
+            "marker": {"symbol": symbol, "size": 12, "color": color, "line": {"width": 1, "color": "white"}},
+            "hovertext": [f"{label}: {format_pow2(v)} (full: {v!r})"],
+            "hoverinfo": "text",
+            "showlegend": False,
+            "cliponaxis": False,
+        })
 
     annotations = []
     zoom = []
@@ -635,24 +661,22 @@ def plot_value(fmt, value, typed=None) -> go.Figure:
              "showarrow": False, "font": {"size": 12}}
         )
     for label, v, color, symbol in zoom:
-        traces.append(
-            go.Scatter(
-                name=label,
-                x=[v],
-                y=[0],
-                mode="markers+text",
-                text=[label],
-                textposition="top center" if label != "typed" else "bottom center",
-                marker={"symbol": symbol, "size": 14, "color": color, "line": {"width": 2, "color": color}},
-                hovertext=[f"{label}: {v!r}"],
-                hoverinfo="text",
-                showlegend=False,
-                cliponaxis=False,
-                xaxis="x2",
-                yaxis="y2",
-            )
-        )
-    fig = go.Figure(data=traces)
+        traces.append({
+            "type": "scatter",
+            "name": label,
+            "x": [v],
+            "y": [0],
+            "mode": "markers+text",
+            "text": [label],
+            "textposition": "top center" if label != "typed" else "bottom center",
+            "marker": {"symbol": symbol, "size": 14, "color": color, "line": {"width": 2, "color": color}},
+            "hovertext": [f"{label}: {v!r}"],
+            "hoverinfo": "text",
+            "showlegend": False,
+            "cliponaxis": False,
+            "xaxis": "x2",
+            "yaxis": "y2",
+        })
     layout = {
         "barmode": "overlay",
         "height": 240,
@@ -678,8 +702,7 @@ def plot_value(fmt, value, typed=None) -> go.Figure:
         ticks = sorted({v for label, v, _, _ in zoom
                         if label != "typed" or min(abs(v - w) for k, w, _, _ in zoom if k != "typed") > span / 6})
         layout["xaxis2"].update(tickvals=ticks, ticktext=_distinct_texts(ticks, xs))
-    fig.update_layout(layout)
-    return fig
+    return _figure(traces, layout)
 
 
 # ----- loss-scale traces -----
@@ -878,7 +901,7 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60) ->
     if rows == 2:
         layout["yaxis2"] = {**_WHITE_AXIS, "title": {"text": "% of gradients lost"}, "domain": [0, 0.24],
                             "rangemode": "tozero", "anchor": "x"}
-    return go.Figure(data=data, layout=layout)
+    return _figure(data, layout)
 
 
 # ----- live training -----

@@ -139,3 +139,26 @@ def test_a_plotly_figure_round_trips():
         FigureView({"data": [1, 2], "layout": {}})
     with pytest.raises(TypeError, match="a figure must be a plotly Figure"):
         FigureView("figure")
+
+
+def test_a_prepared_figure_sends_what_the_figure_sends_and_is_not_packed_twice():
+    """``prepare`` packs ahead of time; ``update(prepared)`` then sends exactly what
+    ``update(figure)`` sends (a second pack would turn the packed arrays' shapes into arrays)."""
+    import plotly.graph_objects as go
+
+    from ampviz.figureview import Prepared, _to_json
+
+    fig = go.Figure(go.Scatter(x=np.arange(5), y=np.linspace(0, 1, 5)), layout={"title": {"text": "t"}})
+    prepared = FigureView.prepare(fig)
+    assert isinstance(prepared, Prepared)
+    a, b = FigureView(), FigureView()
+    a.update(fig)
+    b.update(prepared)
+    assert _to_json(a.data, a) == _to_json(b.data, b) and _to_json(a.layout, a) == _to_json(b.layout, b)
+    assert a._shown_layout == b._shown_layout and a.revision == b.revision == 1
+    lists = [{"type": "scatter", "x": [0.0, 1.0], "y": [2.0, 3.0]}]
+    assert pack(pack(lists)) != pack(lists)  # why it matters: a packed array's shape is a list of numbers
+    b.update(FigureView.prepare(go.Figure(go.Scatter(x=[1, 2], y=[3, 4]), layout={"title": {"text": "t"}})))
+    assert b._shown_layout == a._shown_layout and b.revision == 2  # same layout: only the data went
+    with pytest.raises(TypeError, match="plotly Figure or a dict"):
+        FigureView.prepare(object())

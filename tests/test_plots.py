@@ -646,3 +646,70 @@ def test_log2_axes_read_as_powers_of_two():
     ticks = plot_lost_band("fp16", 1e-3, 6e4).layout.xaxis.ticktext
     assert all(re.fullmatch(r"2\^-\d+|\d+", t) for t in ticks), ticks
     assert "0.5" in plot_lost_band("fp16", 0.2, 4.0).layout.xaxis.ticktext
+
+
+# ----- figures built without plotly's validation hold what validating them gives -----
+def _wire_and_json(fig):
+    """What FigureView sends (packed) and what plotly's renderers write (parsed JSON)."""
+    import json
+
+    import plotly.io as pio
+
+    from ampviz.figureview import pack
+
+    return json.dumps(pack(fig.to_plotly_json()), sort_keys=True), json.loads(pio.to_json(fig))
+
+
+def _validated(fig):
+    import plotly.graph_objects as go
+
+    return go.Figure(fig.to_plotly_json())  # validates every property (raises on an unknown one)
+
+
+def _assert_as_validated(fig):
+    assert _wire_and_json(fig) == _wire_and_json(_validated(fig))
+
+
+@settings(max_examples=60, deadline=None)
+@given(fmt=st.sampled_from(sorted(FORMATS)),
+       value=st.floats(allow_nan=True, allow_infinity=True, width=64),
+       typed=st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True, width=64)))
+def test_plot_value_holds_what_validation_gives(fmt, value, typed):
+    _assert_as_validated(plot_value(fmt, value, typed=typed))
+
+
+@settings(max_examples=40, deadline=None)
+@given(fmt=st.sampled_from(["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]), log2_scale=st.integers(-40, 40),
+       values=st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), max_size=40))
+def test_plot_census_holds_what_validation_gives(fmt, log2_scale, values):
+    _assert_as_validated(plot_census(np.asarray(values, np.float32), fmt, 2.0**log2_scale))
+
+
+@settings(max_examples=25, deadline=None)
+@given(scenario=st.sampled_from(["steady", "spikes", "bursts"]), steps=st.integers(1, 3000),
+       stop=st.booleans(), two=st.booleans(), lost=st.booleans())
+def test_plot_scale_trace_holds_what_validation_gives(scenario, steps, stop, two, lost):
+    from ampviz import scaling, synth
+    from ampviz.plots import plot_scale_trace
+
+    g = synth.scenario(scenario, steps, 0.5, np.random.default_rng(0))
+    first = scaling.simulate(scaling.PRESETS["apex amp"] if stop else scaling.TorchGradScaler(), grad_max=g * 1e30 if stop else g)
+    traces = [first, scaling.simulate(scaling.TorchGradScaler(growth_interval=7), grad_max=g)] if two else [first]
+    shares = {"your settings": (np.arange(3), np.array([0.0, 0.25, 1.0]))} if lost else None
+    _assert_as_validated(plot_scale_trace(traces, lost=shares))
+
+
+def test_the_comparison_catches_what_validation_would_change():
+    """The check above can fail: a template left as its name, an empty list of annotations or a
+    misspelt property all differ from (or are refused by) the validated figure."""
+    import plotly.graph_objects as go
+
+    fig = plot_value("fp16", 0.1)
+    raw = fig.to_plotly_json()
+    named = go.Figure({"data": raw["data"], "layout": {**raw["layout"], "template": "plotly_white"}}, _validate=False)
+    assert _wire_and_json(named) != _wire_and_json(_validated(named))
+    empty = go.Figure({"data": raw["data"], "layout": {**raw["layout"], "shapes": []}}, _validate=False)
+    assert _wire_and_json(empty) != _wire_and_json(_validated(empty))
+    typo = go.Figure({"data": [{**raw["data"][0], "hovertxt": ["x"]}], "layout": raw["layout"]}, _validate=False)
+    with pytest.raises(ValueError, match="hovertxt"):
+        _validated(typo)

@@ -602,6 +602,40 @@ def test_scaler_lab_works_ahead_on_the_moved_slider_and_its_runs_are_exact():
     # a wrong variant: the run of the neighbouring position is a different run
     assert not np.array_equal(lab.traces[0].scale, _lab(backoff_factor=0.515).traces[0].scale)
     assert len(lab._runs) <= 2 * lab.KEPT_RUNS
+    # the figure was drawn ahead too: what the view sent is what a fresh ScalerLab sends
+    assert _sent(lab.view) == _sent(fresh.view) != _sent(_lab(backoff_factor=0.515).view)
+    assert len(lab._drawn_states) <= lab.KEPT_RUNS
+
+
+def _sent(view):
+    """What a FigureView sends for its traces and layout (the wire's text)."""
+    import json
+
+    from ampviz.figureview import _to_json
+
+    return json.dumps([_to_json(view.data, view), _to_json(view.layout, view)], sort_keys=True)
+
+
+def test_range_explorer_draws_the_next_positions_ahead_and_they_are_exact():
+    """After a move from the browser, the scale slider's neighbours are drawn ahead (the way it
+    moved first); a later move shows them, and the view sends exactly what a fresh explorer's
+    sends at that position."""
+    from ampviz.widgets import RangeExplorer
+
+    ex = RangeExplorer(GRADS, fmt="fp16", log2_scale=0, log2_scale_range=(-4, 4))
+    ex.scale_slider.set_state({"value": 1})
+    assert ex.settle(30)
+    keys = [k[:2] for k in ex._drawn_states]
+    assert (2, "fp16") in keys and (0, "fp16") in keys and keys.index((2, "fp16")) < keys.index((0, "fp16"))
+    ex.scale_slider.set_state({"value": 2})
+    assert ex.settle(30)
+    fresh = RangeExplorer(GRADS, fmt="fp16", log2_scale=2, log2_scale_range=(-4, 4))
+    assert _sent(ex.view) == _sent(fresh.view) and ex.readout.value == fresh.readout.value
+    assert ex.scale_label.value == fresh.scale_label.value
+    assert _sent(ex.view) != _sent(RangeExplorer(GRADS, fmt="fp16", log2_scale=3, log2_scale_range=(-4, 4)).view)
+    ex.scale_slider.set_state({"value": 4})  # the top: nothing beyond it is drawn
+    assert ex.settle(30) and all(k[0] <= 4 for k in ex._drawn_states)
+    assert len(ex._drawn_states) <= ex.KEPT_DRAWN
 
 
 def test_scaler_lab_reuses_the_frameworks_runs_while_only_your_settings_move(monkeypatch):

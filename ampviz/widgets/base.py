@@ -136,10 +136,11 @@ class _Explorer:
         self.error = None
         self.message.value = ""
 
-    def _draw(self, fig) -> None:
-        """Keep ``fig`` as ``.figure`` and show it in the view, in place of the previous one."""
+    def _draw(self, fig, prepared=None) -> None:
+        """Keep ``fig`` as ``.figure`` and show it in the view, in place of the previous one
+        (``prepared``: ``FigureView.prepare(fig)``, made ahead of time)."""
         self.figure = fig
-        self.view.update(fig)
+        self.view.update(fig if prepared is None else prepared)
 
     # ----- coalesced redraws -----
     def update(self) -> None:  # pragma: no cover - every explorer that coalesces defines it

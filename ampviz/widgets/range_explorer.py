@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import html
+from collections import OrderedDict
 
 import ipywidgets as W
 
 from ampviz.census import Profile, census, profile
+from ampviz.figureview import FigureView
 from ampviz.formats import CATEGORIES, get_format
 
 from ampviz.plots import (
@@ -38,6 +40,8 @@ class RangeExplorer(_Explorer):
 
     def __init__(self, values, fmt="fp16", log2_scale=0, log2_scale_range=(-16, 32)):
         self._init_common()
+        self._drawn_states: OrderedDict = OrderedDict()  # (log2 scale, format, x range) -> drawn state
+        self._way = 1  # the way the browser last moved the slider
         name = get_format(fmt).name
         if name not in self.FORMAT_CHOICES:
             raise ValueError(f"RangeExplorer shows {', '.join(self.FORMAT_CHOICES)}; got {name!r}")
@@ -101,19 +105,54 @@ class RangeExplorer(_Explorer):
         lo, hi = self._bin_extent
         return census_x_range(self.fmt, lo + self.scale_slider.min, hi + self.scale_slider.max)
 
+    #: How many drawn positions are kept (the recent ones and the slider's next ones).
+    KEPT_DRAWN = 8
+
     def _on_change(self, change):
+        owner = change.get("owner") if isinstance(change, dict) else None
+        if owner is self.scale_slider and getattr(owner, "_property_lock", None):
+            old = change.get("old")
+            self._way = 1 if old is None or change["new"] >= old else -1
         self._request_update(change)  # at once from Python; coalesced from the browser
+
+    def _drawn(self, log2_scale: int, name: str) -> tuple:
+        """(census, scale label, readout, figure, prepared figure) at a slider position and format,
+        kept for reuse."""
+        key = (int(log2_scale), name, self.x_range())
+        if key in self._drawn_states:
+            self._drawn_states.move_to_end(key)
+            return self._drawn_states[key]
+        scale = 2.0 ** int(log2_scale)
+        result = census(self.profile, name, scale)
+        fig = plot_census(result, x_range=key[2])
+        state = (result, f"scale = {html.escape(format_pow2(scale))}", self._readout_html(result), fig,
+                 FigureView.prepare(fig))
+        self._drawn_states[key] = state
+        while len(self._drawn_states) > self.KEPT_DRAWN:
+            self._drawn_states.popitem(last=False)
+        return state
+
+    def _after_browser_update(self) -> None:
+        """The slider's next positions (the way it last moved first), drawn ahead unless another
+        move is waiting."""
+        slider, name = self.scale_slider, self.format_dropdown.value
+        for k in (self._way, -self._way):
+            if self._pending:
+                return
+            value = slider.value + k
+            if slider.min <= value <= slider.max:
+                self._drawn(value, name)
 
     def update(self) -> None:
         """Census at the slider's scale and the dropdown's format, then redraw."""
-        self.result = census(self.profile, self.fmt, self.scale)
-        self.scale_label.value = f"scale = {html.escape(format_pow2(self.scale))}"
-        self.readout.value = self._readout_html()
+        self.result, label, readout, fig, prepared = self._drawn(self.scale_slider.value, self.format_dropdown.value)
+        self.scale_label.value = label
+        self.readout.value = readout
         self._clear_error()
-        self._draw(plot_census(self.result, x_range=self.x_range()))
+        self._draw(fig, prepared)
 
-    def _readout_html(self) -> str:
-        r = self.result
+    def _readout_html(self, result=None) -> str:
+        r = self.result if result is None else result
         shown = [k for k in CATEGORIES if k in BAND_CATEGORIES or r.counts[k]]
         cells = "".join(
             f'<span style="margin-right:1.2em"><b style="color:{CATEGORY_COLORS[k]}">{k}</b> '

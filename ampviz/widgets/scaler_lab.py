@@ -12,6 +12,7 @@ import ipywidgets as W
 
 from ampviz import scaling, synth
 from ampviz.census import underflow_fractions
+from ampviz.figureview import FigureView
 
 from ampviz.plots import format_number, plot_scale_trace
 
@@ -50,6 +51,7 @@ class ScalerLab(_Explorer):
         self._streams: dict = {}
         self._lost_cache: dict = {}
         self._runs: OrderedDict = OrderedDict()  # settings -> ScalerTrace: recent runs, reused
+        self._drawn_states: OrderedDict = OrderedDict()  # (settings, overlay) -> what a redraw shows
         self._nudged = None  # (slider, +1 or -1): the slider the browser moved last, and which way
         self.traces: list = []
         self.lost = None
@@ -167,7 +169,10 @@ class ScalerLab(_Explorer):
 
     @property
     def stream(self) -> np.ndarray:
-        key = (self.scenario_dropdown.value, float(self.strength_slider.value))
+        return self._stream_of(self.scenario_dropdown.value, self.strength_slider.value)
+
+    def _stream_of(self, scenario: str, strength) -> np.ndarray:
+        key = (scenario, float(strength))
         if key not in self._streams:
             self._streams[key] = synth.scenario(key[0], self.steps, key[1], np.random.default_rng(self.seed))
         return self._streams[key]
@@ -230,9 +235,9 @@ class ScalerLab(_Explorer):
         return tuple(values.items())
 
     def _prefetch(self) -> None:
-        """After a move from the browser, run the positions the slider's arrow keys reach next
+        """After a move from the browser, draw the positions the slider's arrow keys reach next
         (the same way first), unless another move is already waiting: a key press then finds its
-        run ready. Only your own scaler's run on the current stream."""
+        figure ready. Only your own settings move; the stream and the frameworks compared stay."""
         if self._nudged is None:
             return
         slider, way = self._nudged
@@ -240,45 +245,53 @@ class ScalerLab(_Explorer):
         name = names.get(id(slider))
         if name is None:
             return
-        g, loss = self.stream, self.loss_dropdown.value
         for k in (way, -way):
             if self._pending:  # a move is waiting: it comes first
                 return
             value = self._on_grid(slider, slider.value + k * slider.step)
             if not slider.min <= value <= slider.max:
                 continue
-            key = ("yours", self._settings(**{name: value}))
-            if key in self._runs:
-                continue
             try:
-                policy = self._policy_with(**{name: value})
+                self._drawn(**{name: value})
             except ValueError:
                 continue
-            self._lost_of(key, self._run(policy, g, loss, key), self._typical_max(g))
-
-    def _policy_with(self, **changed) -> "scaling.DynamicScaler":
-        settings = dict(self._settings(**changed))
-        return self._policy_of(settings["init_slider"], settings["growth_slider"], settings["backoff_slider"],
-                               settings["interval_input"])
 
     def _after_browser_update(self) -> None:
         self._prefetch()
 
+    def _drawn(self, **changed) -> tuple:
+        """(traces, lost share, readout, figure, prepared figure) for your settings with
+        ``changed`` applied (slider attribute name -> value), kept for reuse: every scaler run on
+        the stream (yours first, then the frameworks compared). ValueError for invalid settings."""
+        settings = self._settings(**changed)
+        overlay = tuple(self.overlay.value)
+        key = (settings, overlay)
+        if key in self._drawn_states:
+            self._drawn_states.move_to_end(key)
+            return self._drawn_states[key]
+        s = dict(settings)
+        mine = self._policy_of(s["init_slider"], s["growth_slider"], s["backoff_slider"], s["interval_input"])
+        scenario, strength, loss = s["scenario_dropdown"], s["strength_slider"], s["loss_dropdown"]
+        g = self._stream_of(scenario, strength)
+        stream_key = (scenario, float(strength), loss)
+        traces = [self._run(mine, g, loss, ("yours", settings))] + [
+            self._run(scaling.PRESETS[name], g, loss, ("preset", name, stream_key)) for name in overlay]
+        lost = self._lost_of(("yours", settings), traces[0], self._typical_max(g))
+        fig = plot_scale_trace(traces, lost={"your settings": lost},
+                               title=f"{scenario} gradients (strength {strength:g}), {self.steps:,} steps, "
+                                     f"{'float32' if loss == 'float32' else 'fp16'} loss")
+        state = (traces, lost, self._readout_html(traces), fig, FigureView.prepare(fig))
+        self._drawn_states[key] = state
+        while len(self._drawn_states) > self.KEPT_RUNS:
+            self._drawn_states.popitem(last=False)
+        return state
+
     def update(self) -> None:
         """Simulate every scaler on the stream and redraw (the last good figure stays on error)."""
-        mine = self.policy()
-        g = self.stream
-        loss = self.loss_dropdown.value
-        stream_key = (self.scenario_dropdown.value, float(self.strength_slider.value), loss)
-        self.traces = [self._run(mine, g, loss, ("yours", self._settings()))] + [
-            self._run(scaling.PRESETS[name], g, loss, ("preset", name, stream_key)) for name in self.overlay.value]
-        self.lost = self._lost_of(("yours", self._settings()), self.traces[0], self._typical_max(g))
-        self.readout.value = self._readout_html()
+        self.traces, self.lost, readout, fig, prepared = self._drawn()
+        self.readout.value = readout
         self._clear_error()
-        self._draw(plot_scale_trace(self.traces, lost={"your settings": self.lost},
-                                    title=f"{self.scenario_dropdown.value} gradients "
-                                          f"(strength {self.strength_slider.value:g}), {self.steps:,} steps, "
-                                          f"{'float32' if loss == 'float32' else 'fp16'} loss"))
+        self._draw(fig, prepared)
 
     def _typical_max(self, g) -> float:
         """The stream's median largest gradient (computed once per stream)."""
@@ -306,9 +319,9 @@ class ScalerLab(_Explorer):
             shares[usable] = underflow_fractions(self._lost_cache["sample"], "fp16", scales[usable])
         return np.append(idx, s.size - 1), np.append(shares, shares[-1])
 
-    def _readout_html(self) -> str:
+    def _readout_html(self, traces=None) -> str:
         rows = []
-        for t in self.traces:
+        for t in self.traces if traces is None else traces:
             finite = t.scale[np.isfinite(t.scale)]
             low = format_number(float(finite.min())) if finite.size else "—"
             if t.stopped_at is not None:
