@@ -18,7 +18,7 @@ activation gradients, which a float16 backward pass holds too), and reports with
 The model is left as it was: its ``.grad`` tensors, its train/eval flags and its buffers (e.g.
 BatchNorm statistics) are restored and every hook is removed, also when the pass fails.
 
-The module also holds the small helpers notebook 05 uses to compare training modes on one
+The module also holds the small helpers notebook 07 uses to compare training modes on one
 seeded model (``make_mlp``, ``train_modes``, ``lost_table``, ``moved_table``, ``speed_table``).
 It imports torch, so ``ampviz/__init__`` never imports it.
 """

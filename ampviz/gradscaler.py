@@ -976,7 +976,7 @@ def check_scale_after_pattern(answer, pattern: str = "..x....", growth_interval:
 # --------------------------------------------------------------------------------------------
 
 def amp_step_reference(model, optimizer, scaler, x, y):
-    """One correct fp16 AMP training step on the CPU (the model answer of notebook 03's exercise):
+    """One correct fp16 AMP training step on the CPU (the model answer of notebook 04's exercise):
     zero the gradients, forward and loss under autocast, backward from the scaled loss, step
     through the scaler, update the scale once."""
     optimizer.zero_grad()

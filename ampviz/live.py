@@ -64,7 +64,7 @@ import torch
 from torch import nn
 
 from ampviz.census import CensusResult, census
-from ampviz.training import MLP  # the plain MLP of notebook 05's frozen-weights experiment
+from ampviz.training import MLP  # the plain MLP of notebook 07's frozen-weights experiment
 from ampviz.formats import get_format
 
 __all__ = [

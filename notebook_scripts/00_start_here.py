@@ -46,17 +46,17 @@ _ = torch.manual_seed(0)
 # | 00 · Start here (this page) | the map, how to use the widgets, your environment |
 # | [01 · The fp16 range: bits, subnormals, rounding](01_fp16_range.ipynb) | the bits of fp16, bf16 and fp8: ranges, subnormals, rounding, and why a weight stops learning in fp16 |
 # | [02 · Loss scaling: keeping small gradients alive in fp16](02_loss_scaling.ipynb) | real gradients that fp16 flushes to zero, and how a static loss scale shifts them back into range |
-# | [03 · GradScaler internals: the real scaler, call by call](03_gradscaler_internals.ipynb) | the real `torch.amp.GradScaler` call by call: its float32 scale, `unscale_`, skipped steps, backoff and growth, every error message, clipping and skipped-step checks, and a bit-exact simulator |
-# | [04 · The scaling lab: dynamic loss scalers under pressure](04_scaling_lab.ipynb) | the sawtooth, the ratchet and the collapse: the loss scalers of torch, DeepSpeed, Megatron, NeMo, Keras and JAX (and four legacy ones) side by side on the same gradient streams, with a live lab |
-# | [05 · Live training: fp16, a scaler, bf16 and pure half weights](05_live_training.ipynb) | one seeded model trained in fp32, fp16 with and without a scaler, bf16 and pure fp16: where gradients vanish, why weights freeze, the measured speed, a live trainer and a gradient check-up for your own model |
-# | [06 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`](06_lightning_manual_backward.ipynb) | the wrong backward call under fp16 AMP: the `_scale is None` error, its silent variant, and why `precision="16-mixed"` on a CPU hides it (it silently becomes `bf16-mixed`, with no scaler); several optimizers, where one overflow makes the next optimizer apply 2× its gradient; where clipping goes |
-# | [07 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad](07_lightning_autocast_cache.ipynb) | cached casts without gradients on older versions and what fixed them; the cached weight copy that still goes stale after an in-place update inside one autocast block, in PyTorch and Fabric, and its fixes |
-# | [08 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation](08_lightning_transformer_eval.ipynb) | `nn.TransformerEncoder` under `bf16-mixed`: the exact conditions of the crash (the fast path with a padding mask), the old and new messages, and fixes checked against fp32 |
+# | [04 · GradScaler internals: the real scaler, call by call](04_gradscaler_internals.ipynb) | the real `torch.amp.GradScaler` call by call: its float32 scale, `unscale_`, skipped steps, backoff and growth, every error message, clipping and skipped-step checks, and a bit-exact simulator |
+# | [06 · The scaling lab: dynamic loss scalers under pressure](06_scaling_lab.ipynb) | the sawtooth, the ratchet and the collapse: the loss scalers of torch, DeepSpeed, Megatron, NeMo, Keras and JAX (and four legacy ones) side by side on the same gradient streams, with a live lab |
+# | [07 · Live training: fp16, a scaler, bf16 and pure half weights](07_live_training.ipynb) | one seeded model trained in fp32, fp16 with and without a scaler, bf16 and pure fp16: where gradients vanish, why weights freeze, the measured speed, a live trainer and a gradient check-up for your own model |
+# | [08 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`](08_lightning_manual_backward.ipynb) | the wrong backward call under fp16 AMP: the `_scale is None` error, its silent variant, and why `precision="16-mixed"` on a CPU hides it (it silently becomes `bf16-mixed`, with no scaler); several optimizers, where one overflow makes the next optimizer apply 2× its gradient; where clipping goes |
+# | [09 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad](09_lightning_autocast_cache.ipynb) | cached casts without gradients on older versions and what fixed them; the cached weight copy that still goes stale after an in-place update inside one autocast block, in PyTorch and Fabric, and its fixes |
+# | [10 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation](10_lightning_transformer_eval.ipynb) | `nn.TransformerEncoder` under `bf16-mixed`: the exact conditions of the crash (the fast path with a padding mask), the old and new messages, and fixes checked against fp32 |
 #
 # Work through 01 and 02 in order: 02 uses the vocabulary of 01 (subnormal, underflow, overflow).
 # Some exercises sit in the middle of a lesson: a cell marked **Predict** asks for your answer
 # before the next cell shows it (answer first, then run on). The rest are at its end: **Check
-# yourself** (questions a cell checks for you; in 03, a training step you write), then the
+# yourself** (questions a cell checks for you; in 04, a training step you write), then the
 # summary and **open exercises** to explore on your own.
 # The four explorers (formats, ranges, scaling lab, live trainer) also share one page: the
 # explorer app (`explorer.ipynb`; `make explorer` serves it as a page with Voila).
@@ -135,7 +135,7 @@ check_cast(answer, 65519, "fp16")
 # %% [markdown]
 # ## Summary
 #
-# - All nine notebooks, 00 to 08, follow the same layout: a setup cell, short steps, a *Try it*
+# - All nine notebooks, 00 to 10, follow the same layout: a setup cell, short steps, a *Try it*
 #   section (an explorer, or a cell to change and re-run), and at the end *Check yourself*,
 #   a summary and open exercises.
 # - Explorers redraw on every change; if one shows an error instead of controls, re-run its cell.

@@ -44,7 +44,7 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## 1. Real gradients
 #
-# The model is the one notebook 05 trains: a small network that predicts how far a floor beam
+# The model is the one notebook 07 trains: a small network that predicts how far a floor beam
 # bends under two loads (64 deflections in metres, from the beam's load positions, loads and
 # stiffness), with LayerNorm, GELU and residual blocks, trained on a mean squared error in m².
 # `gradients(seed=0)` builds it fresh, runs its first batch of 256 beams forward and backward in
@@ -114,7 +114,7 @@ print(f"layer outputs' gradients that are 0 after a real fp16 backward pass: {np
 
 # %% [markdown]
 # Notice: almost half of the weights' gradients come out as exact zeros from the real fp16
-# pass, not a tenth. Those weights do not learn from this batch at all. Notebook 05 trains this
+# pass, not a tenth. Those weights do not learn from this batch at all. Notebook 07 trains this
 # model and shows what that costs the loss.
 
 # %% [markdown]
@@ -177,7 +177,7 @@ print(f"S × max|g| = {S * gmax:,.0f} < 65504;  2S × max|g| = {2 * S * gmax:,.0
 # At S = 2^33 nothing is lost and nothing overflows. The loss itself is fp32 (autocast computes
 # `mse_loss` in fp32), so S × loss never overflows; only the gradients that reach fp16 can. But
 # max|g| changes from step to step as the model trains and is unknown before the backward pass:
-# a static S is a guess with a margin. That is why dynamic loss scalers exist (notebook 03).
+# a static S is a guess with a margin. That is why dynamic loss scalers exist (notebook 04).
 
 # %% [markdown]
 # ## 6. One step too far: overflow
@@ -216,10 +216,10 @@ print("weights no longer finite after one SGD step:", int((~torch.isfinite(weigh
 
 # %% [markdown]
 # `torch.amp.GradScaler`'s `unscale_` checks every scaled gradient for inf and NaN, then multiplies it
-# by 1/S, all before the optimizer runs (notebook 03, section 3). If it finds one, `step` skips that
+# by 1/S, all before the optimizer runs (notebook 04, section 3). If it finds one, `step` skips that
 # `optimizer.step()` entirely and
 # multiplies the scale by `backoff_factor` (0.5 by default); after `growth_interval` clean steps
-# (2000) it doubles the scale again. Notebook 03 takes the real scaler apart, call by call.
+# (2000) it doubles the scale again. Notebook 04 takes the real scaler apart, call by call.
 
 # %% [markdown]
 # ## Try it
@@ -270,7 +270,7 @@ check_overflow_action(answer)
 # - A static S must satisfy S × max|g| < 65504; here S = 2^33 loses nothing. One step further,
 #   24 gradients become inf, in the cast and in a real fp16 pass alike, and the step must be skipped.
 #
-# **Next:** [03 · GradScaler internals: the real scaler, call by call](03_gradscaler_internals.ipynb)
+# **Next:** [04 · GradScaler internals: the real scaler, call by call](04_gradscaler_internals.ipynb)
 # takes `torch.amp.GradScaler` apart: how it finds S on its own.
 #
 # **Open exercises**

@@ -24,7 +24,7 @@ SOLUTIONS = {
         "does fp16 lose \"more\" or \"fewer\"": ('"more"', '"fewer"'),
         "What does it do with that step": ('"skip"', '"clip"'),
     },
-    "03_gradscaler_internals": {
+    "04_gradscaler_internals": {
         "take the default scale 2^16 to exactly 0": ("166", "165"),
         "the steps \"..x....\"": ("65536", "32768"),  # wrong: forgetting the growth after three clean steps
         "Which test tells you": ('"b"', '"a"'),
@@ -33,31 +33,31 @@ SOLUTIONS = {
             '__import__("ampviz.gradscaler", fromlist=["amp_step_reference"]).amp_step_reference',
             "lambda model, optimizer, scaler, x, y: optimizer.step()"),
     },
-    "04_scaling_lab": {
+    "06_scaling_lab": {
         'go "up" or "down"': ('"down"', '"up"'),
         "largest growth_interval": ("499", "500"),  # wrong: 500 never completes 500 clean steps in a row
         "Megatron's default hysteresis": ("1", "2"),
         "A fairseq log this lesson did not show": ('"sawtooth"', '"ratchet"'),
     },
-    "05_live_training": {
+    "07_live_training": {
         "lose no gradient to underflow at step 0": ('"fp16+scaler"', '"fp16"'),
         "what does 1e-8 become in fp16": ("0", "1e-8"),
         'go "up" or "down"': ('"up"', '"down"'),
     },
-    "06_lightning_manual_backward": {
+    "08_lightning_manual_backward": {
         "what is trainer.precision": ('"bf16-mixed"', '"16-mixed"'),
         "Optimizer 2 applies its true gradient times what factor": ("2", "1"),
         "Does opt.step() raise an error": ('"no"', '"yes"'),
         "only optimizer 2's gradients overflow": ("2", "1"),
         "The scale is 32768 after an earlier overflow": ("1 / 32768", "1.0"),
     },
-    "07_lightning_autocast_cache": {
+    "09_lightning_autocast_cache": {
         "How many of its six": ("4", "2"),
         "y2 = lin(x) under torch.no_grad() again": ('"no"', '"yes"'),
         "Does the loss change from step to step": ('"no"', '"yes"'),
         "Which of these changes, each made alone": ('"b, d"', '"a, b, d"'),
     },
-    "08_lightning_transformer_eval": {
+    "10_lightning_transformer_eval": {
         "all-False padding mask pads nothing": ('"yes"', '"no"'),
         "furthest from fp32": ('"bf16-true"', '"fp32 island"'),
         "num_sanity_val_steps=2": ("0", "8"),

@@ -102,7 +102,7 @@ def test_live_trainer_offers_the_beam_with_its_own_defaults():
 
 
 def test_gradients_are_the_live_tasks_first_backward_pass():
-    """notebook 02's gradients are those of the model and first batch notebook 05 trains."""
+    """notebook 02's gradients are those of the model and first batch notebook 07 trains."""
     g = gradients(0)
     task = live.build_task("beam", seed=0)
     (x,), y = task.batch()

@@ -20,17 +20,17 @@ WRONG = [
     ("01_fp16_range.py", "fp8 E4M3 saturates at 448"),
     # 240 is float8_e4m3fnuz's max: tests/test_lessons.py::test_the_fnuz_checker_holds_torchs_float8_e4m3fnuz
     ("01_fp16_range.py", "Which decoding mistake gives 240"),
-    # unscale_ checks the scaled gradients, then divides (notebook 03 section 3)
+    # unscale_ checks the scaled gradients, then divides (notebook 04 section 3)
     ("02_loss_scaling.py", "checks every gradient for inf and NaN after unscaling"),
     # update() after unscale_ alone works: tests/test_gradscaler.py::test_every_error_case_has_its_exact_message
-    ("03_gradscaler_internals.py", "`update()` needs a `step()` to count"),
-    # a scale settles when backing off removes the overflow: notebook 04's checked cell and claims
-    ("04_scaling_lab.py", "a scaler without hysteresis can only lower the scale"),
-    ("04_scaling_lab.py", "what a dozen frameworks' loss scalers do"),
+    ("04_gradscaler_internals.py", "`update()` needs a `step()` to count"),
+    # a scale settles when backing off removes the overflow: notebook 06's checked cell and claims
+    ("06_scaling_lab.py", "a scaler without hysteresis can only lower the scale"),
+    ("06_scaling_lab.py", "what a dozen frameworks' loss scalers do"),
     # only the optimizers that overflow halve the scale: tests/test_pitfall_manual_backward.py
-    ("06_lightning_manual_backward.py", "overflowing iteration divides the scale by 2^N"),
+    ("08_lightning_manual_backward.py", "overflowing iteration divides the scale by 2^N"),
     # the stale weight copy is real on torch 2.13: tests/test_pitfall_autocast_cache.py
-    ("07_lightning_autocast_cache.py", "Two independent changes made this safe:"),
+    ("09_lightning_autocast_cache.py", "Two independent changes made this safe:"),
 ]
 
 
@@ -54,7 +54,7 @@ def test_a_disproved_sentence_stays_out(name, sentence):
 
 def test_a_sentence_is_found_on_either_side_across_line_breaks(tmp_path):
     """The check finds a sentence put back on one side only, wrapped differently."""
-    stem, sentence = "04_scaling_lab", "a scaler without hysteresis can only lower the scale"
+    stem, sentence = "06_scaling_lab", "a scaler without hysteresis can only lower the scale"
     original = jupytext.read(NOTEBOOKS / f"{stem}.ipynb")
     edited = jupytext.read(NOTEBOOKS / f"{stem}.ipynb")
     edited.cells[0].source += "\n\nOnly a scaler without\n  hysteresis can only lower the scale."

@@ -1,5 +1,5 @@
 """ampviz.doctor: examine() agrees with independent census() calls, recommends scales, says when
-bf16 is safer, and leaves the model as it was; the mode-comparison helpers of notebook 05."""
+bf16 is safer, and leaves the model as it was; the mode-comparison helpers of notebook 07."""
 
 import numpy as np
 import pytest
@@ -325,7 +325,7 @@ def test_table_kind_is_checked():
 
 
 def test_a_larger_batch_raises_the_low_end_of_the_beams_range():
-    """notebook 05's exercise: at a batch of 1024 the beam model loses more at scale 1, so the
+    """notebook 07's exercise: at a batch of 1024 the beam model loses more at scale 1, so the
     smallest scale that loses < 0.1% is higher; the largest safe scale stays."""
     from ampviz.live import build_task
 

@@ -316,7 +316,7 @@ def test_checkers(checker, right, wrong):
     assert checker(None).status == "unanswered"
 
 
-# ---------------------------------------------------------------- notebook 03's exercises
+# ---------------------------------------------------------------- notebook 04's exercises
 def test_scale_after_pattern_is_the_real_scalers():
     from ampviz.gradscaler import check_scale_after_pattern
 

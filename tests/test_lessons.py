@@ -408,7 +408,7 @@ def test_fractions_typed_as_text_are_numbers():
 
 
 def test_one_number_reader_for_every_checker():
-    """lessons._number_text is the one reader (notebook 06's checkers use it too)."""
+    """lessons._number_text is the one reader (notebook 08's checkers use it too)."""
     from ampviz.lessons import _number_text
 
     for text, value in (("2x", 2.0), ("×2", 2.0), ("2 times", 2.0), ("twice", 2.0), ("-2^-24", -(2.0**-24)),

@@ -86,9 +86,9 @@ def problems(nb: dict, size: int = 0) -> list[str]:
 def test_there_are_notebooks():
     names = [p.name for p in NOTEBOOKS]
     for expected in ("00_start_here.ipynb", "01_fp16_range.ipynb", "02_loss_scaling.ipynb",
-                     "03_gradscaler_internals.ipynb", "04_scaling_lab.ipynb", "05_live_training.ipynb",
-                     "06_lightning_manual_backward.ipynb", "07_lightning_autocast_cache.ipynb",
-                     "08_lightning_transformer_eval.ipynb", "explorer.ipynb"):
+                     "04_gradscaler_internals.ipynb", "06_scaling_lab.ipynb", "07_live_training.ipynb",
+                     "08_lightning_manual_backward.ipynb", "09_lightning_autocast_cache.ipynb",
+                     "10_lightning_transformer_eval.ipynb", "explorer.ipynb"):
         assert expected in names
 
 

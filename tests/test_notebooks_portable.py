@@ -3,7 +3,7 @@ one, and torch's CPU kernels for another instruction set (``ATEN_CPU_CAPABILITY`
 plain C++ kernels, and "avx2"). A checked output must state what the lesson needs at a precision
 every CPU reproduces; these runs are how a machine with another CPU is tried here.
 
-Only the notebooks whose checked outputs come from torch's kernels are run (04 computes with
+Only the notebooks whose checked outputs come from torch's kernels are run (06 computes with
 numpy alone; 01 prints torch's casts and additions of single numbers, which IEEE rounding fixes
 on every CPU). Each variant runs them through nbval, as ``make test`` does, in a kernel of its own."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TORCH_NOTEBOOKS = ["02_loss_scaling", "03_gradscaler_internals", "05_live_training",
-                   "06_lightning_manual_backward", "07_lightning_autocast_cache", "08_lightning_transformer_eval"]
+TORCH_NOTEBOOKS = ["02_loss_scaling", "04_gradscaler_internals", "07_live_training",
+                   "08_lightning_manual_backward", "09_lightning_autocast_cache", "10_lightning_transformer_eval"]
 
 # Imported by every Python process started with this folder on PYTHONPATH (the kernels): torch on
 # the number of threads the variant asks for, whatever the notebook's setup cell sets.

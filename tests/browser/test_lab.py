@@ -7,7 +7,7 @@ from conftest import OUTPUT, SCALE_Y, TOKEN, open_and_run, outputs_without_trace
 
 
 def test_scaling_lab_sliders_change_the_scale_curve(browser, lab):
-    page = open_and_run(browser, lab, "04_scaling_lab.ipynb")
+    page = open_and_run(browser, lab, "06_scaling_lab.ipynb")
     lab_widget = page.locator(".ampviz-scaler-lab").first
     lab_widget.locator(".js-plotly-plot").wait_for(timeout=120_000)
     lab_widget.scroll_into_view_if_needed()

@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 03 · GradScaler internals: the real scaler, call by call
+# # 04 · GradScaler internals: the real scaler, call by call
 #
 # What `torch.amp.GradScaler` holds, checks and changes in each iteration, and the mistakes it
 # refuses (or silently lets through).
@@ -24,7 +24,7 @@
 # - read each of its error messages, and put clipping, skipped-step checks and the scheduler in the right place,
 # - check a simulator of the scaler against the real one, step for step.
 #
-# Teaching this lesson? The [teacher's guide](../TEACHING.md#nb03) has its timings, the answers to
+# Teaching this lesson? The [teacher's guide](../TEACHING.md#nb04) has its timings, the answers to
 # its exercises and what to demo live.
 
 # %%
@@ -352,7 +352,7 @@ check_amp_loop(answer)
 #   disables itself. Skipped first steps make the scheduler warn.
 # - `simulate(TorchGradScaler(...))` matches the real scaler step for step.
 #
-# **Next:** [04 · The scaling lab: dynamic loss scalers under pressure](04_scaling_lab.ipynb) puts the
+# **Next:** [06 · The scaling lab: dynamic loss scalers under pressure](06_scaling_lab.ipynb) puts the
 # loss scalers of torch, DeepSpeed, Megatron, NeMo, Keras and JAX side by side, in a live lab.
 #
 # **Open exercises**

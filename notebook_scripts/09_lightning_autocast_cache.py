@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 07 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad
+# # 09 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad
 #
 # The autocast weight cache: why an extra forward pass under `torch.no_grad()` once cost some
 # layers their gradients, why it no longer does on the versions this course pins, and what the
@@ -26,7 +26,7 @@
 # - predict when a forward under autocast reuses a stale low-precision copy of a weight, and fix
 #   it with `cache_enabled=False` or by leaving the autocast block before the weights change.
 #
-# Teaching this lesson? The [teacher's guide](../TEACHING.md#nb07) has its timings, the answers to
+# Teaching this lesson? The [teacher's guide](../TEACHING.md#nb09) has its timings, the answers to
 # its exercises and what to demo live.
 
 # %%
@@ -323,7 +323,7 @@ print(loop_table(["outer_no_grad_step", "outer_cache_disabled", "outer_zero_grad
 #   Fabric's autocast keeps the cache on.
 #
 # **Next:**
-# [08 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation](08_lightning_transformer_eval.ipynb).
+# [10 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation](10_lightning_transformer_eval.ipynb).
 #
 # **Open exercises**
 # 1. In the first *Try it* cell, put the grad pass first and the `no_grad` pass second. How many

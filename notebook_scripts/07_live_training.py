@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 05 · Live training: fp16, a scaler, bf16 and pure half weights
+# # 07 · Live training: fp16, a scaler, bf16 and pure half weights
 #
 # The same seeded model trained five ways, and what each way does to its gradients, its weights and its loss.
 #
@@ -22,7 +22,7 @@
 # - explain why bf16 needs no scaler, and why pure fp16 weights fail where fp32 master weights and optimizer state do not,
 # - examine your own model's gradients and pick an initial loss scale, or decide that bf16 is the safer choice.
 #
-# Teaching this lesson? The [teacher's guide](../TEACHING.md#nb05) has its timings, the answers to
+# Teaching this lesson? The [teacher's guide](../TEACHING.md#nb07) has its timings, the answers to
 # its exercises and what to demo live.
 
 # %%
@@ -300,8 +300,8 @@ check_range_shift(answer)
 # - Speed depends on the hardware: read it off the speed table on yours, never assume it.
 # - `examine(model, batch, loss_fn)` recommends an initial loss scale range, or tells you to use bf16.
 #
-# **Next:** notebooks 06 to 08 take the three PyTorch Lightning AMP pitfalls apart, starting with
-# [06 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`](06_lightning_manual_backward.ipynb).
+# **Next:** notebooks 08 to 10 take the three PyTorch Lightning AMP pitfalls apart, starting with
+# [08 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`](08_lightning_manual_backward.ipynb).
 #
 # **Open exercises**
 # 1. Train the beam in fp16 on smaller batches:

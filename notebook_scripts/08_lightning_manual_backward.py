@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 06 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`
+# # 08 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`
 #
 # One wrong line in a LightningModule with manual optimization, and the three things it can do:
 # crash, run silently, or quietly divide every gradient by 65536. Then two traps that remain with
@@ -25,7 +25,7 @@
 # - tell when several optimizers step with a wrong gradient under Lightning's fp16 plugin, and
 #   where gradient clipping must go in manual optimization.
 #
-# Teaching this lesson? The [teacher's guide](../TEACHING.md#nb06) has its timings, the answers to
+# Teaching this lesson? The [teacher's guide](../TEACHING.md#nb08) has its timings, the answers to
 # its exercises and what to demo live.
 
 # %%
@@ -394,7 +394,7 @@ check_clip_before_step_norm(answer)
 #    what does optimizer 2 apply now, and what happens to the scale?
 #
 # **Next:**
-# [07 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad](07_lightning_autocast_cache.ipynb).
+# [09 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad](09_lightning_autocast_cache.ipynb).
 
 # %% [markdown]
 # The lesson's claims, checked on this machine's torch and lightning:

@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 04 · The scaling lab: dynamic loss scalers under pressure
+# # 06 · The scaling lab: dynamic loss scalers under pressure
 #
 # Steady, spiky and exploding gradients, and what the loss scalers of torch, DeepSpeed, Megatron,
 # NeMo, Keras and JAX (and four legacy ones) do with them.
@@ -23,7 +23,7 @@
 # - predict how hysteresis, floors and a minimum-scale error change a run, framework by framework,
 # - read "Gradient overflow. Skipping step" lines in a log and decide whether to worry.
 #
-# Teaching this lesson? The [teacher's guide](../TEACHING.md#nb04) has its timings, the answers to
+# Teaching this lesson? The [teacher's guide](../TEACHING.md#nb06) has its timings, the answers to
 # its exercises and what to demo live.
 
 # %%
@@ -42,7 +42,7 @@ rng = np.random.default_rng(0)
 # %% [markdown]
 # ## 1. The sawtooth: one skipped step per growth interval
 #
-# Notebook 03 took `torch.amp.GradScaler` apart. Now we run its rule (`TorchGradScaler`, bit for
+# Notebook 04 took `torch.amp.GradScaler` apart. Now we run its rule (`TorchGradScaler`, bit for
 # bit the same) over long streams. Each step, the stream gives the largest unscaled gradient that
 # passes through an fp16 layer. Autocast computes the loss in float32 (`mse_loss`,
 # `cross_entropy`), so the scaled gradient `scale × g` is computed in float32 and overflows when
@@ -335,7 +335,7 @@ check_log_verdict(answer, read_log(fairseq_log))
 #   starting scale and rounding; the same stream can be harmless in one and fatal in another.
 # - Read a log by the scale after each message: stable means fine, falling means find the cause.
 #
-# **Next:** [05 · Live training: fp16, a scaler, bf16 and pure half weights](05_live_training.ipynb)
+# **Next:** [07 · Live training: fp16, a scaler, bf16 and pure half weights](07_live_training.ipynb)
 # trains a real model in fp16 with and without a scaler, in bf16 and in pure fp16, and examines
 # your own model's gradients.
 #

@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation
+# # 10 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation
 #
 # Under `precision="bf16-mixed"` every training step runs, and the first validation batch raises.
 # Why only validation, exactly when, and which fixes really work.
@@ -23,7 +23,7 @@
 # - tell the current error message from the old one that write-ups quote,
 # - choose a fix, and say what it costs compared with fp32.
 #
-# Teaching this lesson? The [teacher's guide](../TEACHING.md#nb08) has its timings, the answers to
+# Teaching this lesson? The [teacher's guide](../TEACHING.md#nb10) has its timings, the answers to
 # its exercises and what to demo live.
 
 # %%
