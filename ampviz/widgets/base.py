@@ -113,12 +113,13 @@ class _Explorer:
 
     ui: W.Widget
 
-    def _init_common(self) -> None:
+    def _init_common(self, *, view: bool = True) -> None:
+        """``view=False``: the explorer shows its figures in views of its own (``view`` is None)."""
         self.error: str | None = None
         self.figure = None
         self.message = W.HTML(value="")
         self.message.add_class("ampviz-message")
-        self.view = FigureView()
+        self.view = FigureView() if view else None
         self._update_lock = threading.RLock()  # one redraw at a time (worker or caller)
         self._queue_lock = threading.Lock()
         self._pending = False

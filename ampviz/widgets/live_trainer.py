@@ -138,7 +138,7 @@ class LiveTrainer(_Explorer):
         device_text = live.describe_device(device)  # a bad device name fails here, before anything starts
 
         _stop_running()
-        self._init_common()
+        self._init_common(view=False)  # a FigureView per figure layout, in figure_box
         self.runs: dict = {}
         self._run: _LiveRun | None = None
         self._ui_lock = threading.RLock()  # a late thread's last refresh never overwrites the next run's
