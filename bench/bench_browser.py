@@ -14,8 +14,9 @@ interleaved with the floor's so that a busy machine slows both alike:
 
 A move counts as repainted when the explorer's figure in the page has drawn the new state
 (``FigureView`` marks each drawn revision; the floor's trace holds its new point). Measured in
-JupyterLab, in Voila (the same notebook) and in the explorer app (``ExplorerApp``, a page of its own
-with the floor beside it, as Voila serves it). Prints p50 and p90 per explorer and the ratio of
+JupyterLab, in Voila (the same notebook), in the explorer app (``ExplorerApp``, a page of its own
+with the floor beside it, as Voila serves it), and in the explorer app while its Live training tab
+trains a long run (there also: how soon the Pause and Resume presses show on the button). Prints p50 and p90 per explorer and the ratio of
 p50s to the floor's. Target: every ratio <= 1.3.
 
     .venv/bin/python bench/bench_browser.py [--moves N]
@@ -131,6 +132,46 @@ def report(where: str, floor: list, others: list) -> list:
     return ratios
 
 
+def while_training(page, moves: int) -> list:
+    """The explorer app while its Live training tab trains (the beam model, three modes, a run
+    long enough to outlast the measurement): Pause and Resume until the button shows the new
+    state, then the Ranges and Loss scaling tabs' moves against the floor, as above."""
+    page.get_by_role("tab", name="Live training").click()
+    live = page.locator(".ampviz-live-trainer").first
+    live.wait_for(timeout=180_000)
+    steps = live.locator(".ampviz-live-steps input").first
+    steps.fill("100000")
+    steps.press("Enter")
+    live.locator(".ampviz-live-start").first.click()
+    page.wait_for_function("() => /running/.test(document.querySelector('.ampviz-live-status').innerText)",
+                           timeout=120_000)
+    page.wait_for_timeout(2000)  # the run under way, drawing as it goes
+    button = live.locator(".ampviz-live-pause").first
+    shown = []
+    for _ in range(moves):
+        for expect in ("Resume", "Pause"):
+            t0 = time.perf_counter()
+            button.focus()
+            button.press("Enter")
+            page.wait_for_function(f"() => document.querySelector('.ampviz-live-pause').innerText.includes('{expect}')",
+                                   timeout=60_000, polling="raf")
+            shown.append(1e3 * (time.perf_counter() - t0))
+            page.wait_for_timeout(300)
+    print(f"the explorer app while Live training trains: Pause/Resume shown after p50 "
+          f"{statistics.median(shown):.0f} ms, p90 {sorted(shown)[int(0.9 * (len(shown) - 1))]:.0f} ms "
+          f"({len(shown)} presses)")
+    ratios = []
+    tabs = {"Ranges": "RangeExplorer, 84,608 gradients (scale slider)",
+            "Loss scaling": "ScalerLab, 1,000,000 steps (backoff slider)"}
+    for tab, name in tabs.items():
+        page.get_by_role("tab", name=tab).click()
+        ratios += report(f"the explorer app while Live training trains, {tab} tab",
+                         *run_page(page, {name: EXPLORERS[name]}, moves))
+    status = page.evaluate("() => document.querySelector('.ampviz-live-status').innerText")
+    print(f"  (the live run at the end: {status})")
+    return ratios
+
+
 def open_voila(browser, url):
     page = browser.new_page(viewport={"width": 1300, "height": 1000})
     page.goto(url, timeout=conftest.VOILA_LOAD_MS)
@@ -140,8 +181,9 @@ def open_voila(browser, url):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--moves", type=int, default=20, help="moves per control (default 20)")
-    parser.add_argument("--where", default="lab,voila,app",
-                        help="front ends to measure, of lab, voila, app (default all three)")
+    parser.add_argument("--where", default="lab,voila,app,training",
+                        help="front ends to measure, of lab, voila, app, training (the explorer app while "
+                             "its Live training tab trains; default all four)")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -166,6 +208,11 @@ def main():
             with conftest.voila(folder / "latency.ipynb") as url:
                 page = open_voila(browser, url)
                 all_ratios += report("Voila, the same notebook", *run_page(page, EXPLORERS, args.moves))
+                page.close()
+        if "training" in where:
+            with conftest.voila(folder / "app_latency.ipynb") as url:
+                page = open_voila(browser, url)
+                all_ratios += while_training(page, args.moves)
                 page.close()
         if "app" in where:
             with conftest.voila(folder / "app_latency.ipynb") as url:
