@@ -22,8 +22,8 @@ Part 1, the loops people write, each shown right and wrong and measured:
 * ``penalty_report``: a gradient penalty from ``torch.autograd.grad`` on the scaled loss,
   unscaled by hand (right) or not (a penalty S² times too large, a norm S times).
 * ``checkpoint_report``: what ``scaler.state_dict()`` holds, what resuming without it costs (the
-  skipped steps, counted), the lazy ``_scale`` after ``load_state_dict``, and loading the empty
-  state of a disabled scaler.
+  skipped steps, counted, and the scale logged after each iteration), the lazy ``_scale`` after
+  ``load_state_dict``, and loading the empty state of a disabled scaler.
 * ``skipped_step_report``: telling a skipped step by comparing ``get_scale()`` across
   ``update()``, the ``lr_scheduler.step()`` warning after skipped first steps, the scale as a log.
 
@@ -32,7 +32,12 @@ max_norm)`` (one optimizer step; ``reference_step`` is a correct one) and, for t
 ``save(model, optimizers, scaler)`` and ``load(checkpoint, model, optimizers, scaler)``.
 ``check_loop`` runs it through adversarial ``SCENARIOS`` beside the reference and compares the
 weights, the scale and which optimizer steps were skipped after every iteration, bit for bit;
-``check_train_loop`` is the exercise checker (``ampviz.lessons.Check``).
+``check_train_loop`` is the exercise checker (``ampviz.lessons.Check``). ``mistaken_loop(name)``
+writes a loop with one classic mistake (``MISTAKES``) to run through the checker.
+
+Part 3, the questions of notebook 05 (``check_accumulation_scale``, ``check_order_of_updates``,
+``check_scale_test_with_two_optimizers``, ``check_resume_burst``): each expected answer comes from
+a real run.
 
 Every result is computed by a real run. The runs use a handful of 4×2 float16 matrix products,
 so they give the same bits on one or two torch threads (the tests check it), and the reports print
@@ -56,8 +61,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ampviz.explain import explain
-from ampviz.gradscaler import _capture, _SpyScaler
-from ampviz.lessons import Check, Table, check, number
+from ampviz.gradscaler import _capture, _check, _SpyScaler
+from ampviz.lessons import Check, Table, _yes_no, check, number
 from ampviz.scaling import _shown
 from ampviz.training import _flag, _real, _seed, _whole
 
@@ -83,7 +88,13 @@ __all__ = [
     "ScenarioResult",
     "CheckReport",
     "check_loop",
+    "MISTAKES",
+    "mistaken_loop",
     "check_train_loop",
+    "check_accumulation_scale",
+    "check_order_of_updates",
+    "check_scale_test_with_two_optimizers",
+    "check_resume_burst",
 ]
 
 #: A loss spike: targets shifted by this much make the scaled float16 backward overflow at any
@@ -631,7 +642,9 @@ class CheckpointReport:
     first ``scale()``); over the ``continued`` iterations after the checkpoint: ``skipped_with_state``,
     ``skipped_without_state`` (the scaler not restored: its scale restarts at 2^16),
     ``same_with_state``/``same_without_state`` (weights and scale bit for bit as an uninterrupted
-    run); ``empty_state_error``: loading a disabled scaler's state dict into an enabled one.
+    run); ``empty_state_error``: loading a disabled scaler's state dict into an enabled one;
+    ``scales_with_state``/``scales_without_state``: the scale after each of the ``continued``
+    iterations (the log a training script keeps), ``log_table`` to print them.
     """
 
     state_dict: dict
@@ -646,6 +659,8 @@ class CheckpointReport:
     same_with_state: bool
     same_without_state: bool
     empty_state_error: str
+    scales_with_state: tuple = ()
+    scales_without_state: tuple = ()
 
     @property
     def burst(self) -> int:
@@ -667,22 +682,35 @@ class CheckpointReport:
                 ("load_state_dict of a disabled scaler's state_dict()", self.empty_state_error)]
         return Table(("", "measured"), rows, title="checkpoint and resume")
 
+    @property
+    def log_table(self) -> Table:
+        """The scale after each iteration after resuming, as a training log shows it."""
+        rows = [(name, " ".join(number(s) for s in scales), skipped)
+                for name, scales, skipped in (("resumed with the scaler's state", self.scales_with_state,
+                                               self.skipped_with_state),
+                                              ("resumed without it", self.scales_without_state,
+                                               self.skipped_without_state))]
+        return Table(("after the checkpoint", "scale after each iteration", "steps skipped"), rows)
+
     def __str__(self) -> str:
-        return str(self.table)
+        return str(self.table) + "\n\n" + str(self.log_table)
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        return self.table._repr_html_()
+        return self.table._repr_html_() + self.log_table._repr_html_()
 
 
-def _train(s: _Setup, iterations) -> list:
-    """``reference_step`` over the given iterations; which steps were skipped."""
+def _train(s: _Setup, iterations, scales=None) -> list:
+    """``reference_step`` over the given iterations; which steps were skipped (and, into
+    ``scales`` if given, the scale after each)."""
     skipped = []
     for i in iterations:
         before = list(s.steps)
         reference_step(s.model, s.optimizers, s.scaler, s.batches[i])
         skipped.append(s.steps == before)
+        if scales is not None:
+            scales.append(float(s.scaler.get_scale()))
     return skipped
 
 
@@ -718,10 +746,11 @@ def checkpoint_report(checkpoint_at: int = 12, continued: int = 12, seed: int = 
             lazy = (fresh.scaler._scale is None, float(fresh.scaler.get_scale()))
             fresh.scaler.scale(torch.ones(()))  # what a first scale() creates (it changes nothing else)
             after_first = float(fresh.scaler._scale)
-        skipped = _train(fresh, range(checkpoint_at, total))
+        scales = []
+        skipped = _train(fresh, range(checkpoint_at, total), scales)
         same = (all(torch.equal(a, b) for a, b in zip(fresh.weights(), whole.weights()))
                 and fresh.scaler.get_scale() == whole.scaler.get_scale() and skipped == skipped_whole[checkpoint_at:])
-        runs[with_state] = (sum(skipped), same)
+        runs[with_state] = (sum(skipped), same, tuple(scales))
     try:
         torch.amp.GradScaler("cpu").load_state_dict(torch.amp.GradScaler("cpu", enabled=False).state_dict())
         empty = "no error"
@@ -729,7 +758,8 @@ def checkpoint_report(checkpoint_at: int = 12, continued: int = 12, seed: int = 
         empty = _error(exc)
     state = dict(checkpoint["scaler"])
     return CheckpointReport(state, float(state["scale"]), skipped_before, lazy[0], lazy[1], after_first, continued,
-                            runs[True][0], runs[False][0], runs[True][1], runs[False][1], empty)
+                            runs[True][0], runs[False][0], runs[True][1], runs[False][1], empty, runs[True][2],
+                            runs[False][2])
 
 
 @dataclass(frozen=True, eq=False)
@@ -1222,6 +1252,99 @@ def check_loop(train_step, *, save=None, load=None, scenarios=None) -> CheckRepo
     return CheckReport(tuple(results))
 
 
+# --------------------------------------------------------------------------------------------
+# Classic mistakes, to run through the checker
+# --------------------------------------------------------------------------------------------
+
+
+def _step_with(*, zero="once", scaled=True, update="once", unscale="to clip", clip="after unscale_",
+               via_scaler=True, autocast=True, divide=True):
+    """``reference_step`` with one thing (or none) done otherwise (the choices of ``MISTAKES``)."""
+
+    def train_step(model, optimizers, scaler, batches, max_norm=None):
+        if zero == "once":
+            for opt in optimizers:
+                opt.zero_grad()
+        for j, (x, y) in enumerate(batches):
+            if zero == "each micro-batch":
+                for opt in optimizers:
+                    opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16, enabled=autocast):
+                loss = model(x, y) / (len(batches) if divide else 1)
+            (scaler.scale(loss) if scaled else loss).backward()
+            if unscale == "each micro-batch":
+                for opt in optimizers:
+                    scaler.unscale_(opt)
+            if update == "each micro-batch" and j < len(batches) - 1:
+                scaler.update()
+        for opt in optimizers:
+            if max_norm is not None and clip == "before unscale_":
+                torch.nn.utils.clip_grad_norm_(_params(opt), max_norm)
+            if unscale == "twice" or (unscale == "to clip" and (max_norm is not None or not via_scaler)):
+                scaler.unscale_(opt)
+            if max_norm is not None and clip == "after unscale_":
+                torch.nn.utils.clip_grad_norm_(_params(opt), max_norm)
+            if unscale == "twice":
+                scaler.unscale_(opt)
+            if via_scaler:
+                scaler.step(opt)
+            else:
+                opt.step()
+            if update == "each optimizer":
+                scaler.update()
+        if update in ("once", "each micro-batch"):
+            scaler.update()
+
+    return train_step
+
+
+def _load_without(part: str):
+    """``load_checkpoint`` that leaves out one part: "model", "optimizers" or "scaler"."""
+
+    def load(checkpoint, model, optimizers, scaler):
+        if part != "model":
+            model.load_state_dict(checkpoint["model"])
+        if part != "optimizers":
+            for optimizer, state in zip(optimizers, checkpoint["optimizers"]):
+                optimizer.load_state_dict(state)
+        if part != "scaler":
+            scaler.load_state_dict(checkpoint["scaler"])
+
+    return load
+
+
+_MISTAKES = {
+    "update() after every micro-batch": dict(step=dict(update="each micro-batch")),
+    "unscale_ after every micro-batch": dict(step=dict(unscale="each micro-batch")),
+    "micro-batch losses not divided": dict(step=dict(divide=False)),
+    "zero_grad() before every micro-batch": dict(step=dict(zero="each micro-batch")),
+    "no zero_grad()": dict(step=dict(zero="never")),
+    "update() after each optimizer": dict(step=dict(update="each optimizer")),
+    "no update()": dict(step=dict(update="never")),
+    "unscale_ twice": dict(step=dict(unscale="twice")),
+    "clip before unscale_": dict(step=dict(clip="before unscale_")),
+    "loss.backward() without scale": dict(step=dict(scaled=False)),
+    "optimizer.step() instead of scaler.step": dict(step=dict(via_scaler=False)),
+    "no autocast": dict(step=dict(autocast=False)),
+    "resume without the scaler's state": dict(load="scaler"),
+    "resume without the model's state": dict(load="model"),
+    "resume without the optimizers' state": dict(load="optimizers"),
+}
+#: The classic mistakes ``mistaken_loop`` writes, by name.
+MISTAKES = tuple(_MISTAKES)
+
+
+def mistaken_loop(mistake: str) -> dict:
+    """A loop with one classic mistake (one of ``MISTAKES``), everything else as ``reference_step``,
+    ``save_checkpoint`` and ``load_checkpoint`` do it: ``{"train_step": ..., "save": ..., "load": ...}``,
+    to pass on as ``check_loop(**mistaken_loop(mistake))``."""
+    if not isinstance(mistake, str) or mistake not in _MISTAKES:
+        raise ValueError(f"unknown mistake {_shown(mistake)}: use one of {', '.join(repr(m) for m in MISTAKES)}")
+    spec = _MISTAKES[mistake]
+    load = _load_without(spec["load"]) if "load" in spec else load_checkpoint
+    return {"train_step": _step_with(**spec.get("step", {})), "save": save_checkpoint, "load": load}
+
+
 def check_train_loop(answer) -> Check:
     """Q: write ``train_step(model, optimizers, scaler, batches, max_norm)`` (gradient
     accumulation, several optimizers, clipping) and, to check resuming too, ``save`` and ``load``:
@@ -1244,3 +1367,64 @@ def check_train_loop(answer) -> Check:
     if not report.ok:
         return Check("right", "✓ correct (resume not checked: answer = (train_step, save, load) checks it too)")
     return Check("right", "✓ correct")
+
+
+# --------------------------------------------------------------------------------------------
+# Part 3: the lesson's questions, each answered by a real run
+# --------------------------------------------------------------------------------------------
+
+
+def _accumulated_scale(micro_batches: int, spiked: tuple) -> float:
+    """The scale after one accumulated step from 2^10 with loss spikes in the micro-batches
+    ``spiked`` (counted from 1)."""
+    s = _setup(0, micro_batches=micro_batches, spikes=[(0, j - 1, "ab") for j in spiked])
+    _accumulate_right(s)
+    return float(s.scaler.get_scale())
+
+
+def check_accumulation_scale(answer) -> Check:
+    """Q: gradient accumulation over 4 micro-batches from scale 2^10, loss spikes in micro-batches
+    1 and 3 of the same step: the scale after the step (a real run)."""
+    return _check(answer, _accumulated_scale(4, (1, 3)),
+                  hint="count the update() calls in one step of the right loop, and what each one does")
+
+
+def _applied_ratios(spike: str) -> tuple:
+    """Per optimizer (a, b), the norm of the gradient it applied with ``update()`` after each
+    optimizer's step, over the right loop's, when ``spike``'s gradients overflow (nan for the
+    optimizer whose gradients overflowed)."""
+    right, wrong = _setup(0, optimizers=2, spikes=[(0, 0, spike)]), _setup(0, optimizers=2, spikes=[(0, 0, spike)])
+    _two_losses(right)
+    _two_losses(wrong, update_each=True)
+    out = []
+    for a, b in zip(wrong.optimizers, right.optimizers):
+        mine, theirs = (torch.cat([p.grad.reshape(-1) for p in _params(o)]).norm() for o in (a, b))
+        out.append(float(mine / theirs) if torch.isfinite(theirs) else math.nan)
+    return tuple(out)
+
+
+def check_order_of_updates(answer) -> Check:
+    """Q: two optimizers, ``update()`` after each optimizer's step, and this time part b's
+    gradients overflow (a's do not): optimizer a applies its right gradient times what factor?
+    (a real run: a steps before any ``update()``, so 1)."""
+    return _check(answer, _applied_ratios("b")[0],
+                  hint="which scale unscales a's gradients: the one before or after an update()? "
+                       "Which optimizer steps first?")
+
+
+def check_scale_test_with_two_optimizers(answer) -> Check:
+    """Q: two optimizers, one scaler, only part a's gradients overflow (b steps): does the scale
+    test (``get_scale()`` dropped across ``update()``) call the iteration skipped? "yes"/"no"
+    (a real run)."""
+    spike = optimizers_report()[1]
+    return check(answer, None, accept=_yes_no(spike.scale_after < spike.scale_before),
+                 hint="there is one scale for all the optimizers: what does update() do to it when any of them "
+                      "found an inf?")
+
+
+def check_resume_burst(answer) -> Check:
+    """Q (predict): resumed from a checkpoint without the scaler's state, how many of the next 12
+    steps are skipped (``checkpoint_report``: the scale had settled at 256 from 2^16)?"""
+    return _check(answer, checkpoint_report().skipped_without_state,
+                  hint="a fresh GradScaler starts at 2^16 again, and halves once per skipped step: how many "
+                       "halvings from there down to the scale the run had settled at?")

@@ -352,8 +352,9 @@ check_amp_loop(answer)
 #   disables itself. Skipped first steps make the scheduler warn.
 # - `simulate(TorchGradScaler(...))` matches the real scaler step for step.
 #
-# **Next:** [06 · The scaling lab: dynamic loss scalers under pressure](06_scaling_lab.ipynb) puts the
-# loss scalers of torch, DeepSpeed, Megatron, NeMo, Keras and JAX side by side, in a live lab.
+# **Next:** [05 · GradScaler in a real loop: accumulation, several optimizers, checkpoints](05_gradscaler_in_a_real_loop.ipynb)
+# puts these rules into the loops people write: gradient accumulation, several optimizers, a
+# gradient penalty, checkpoint and resume.
 #
 # **Open exercises**
 # 1. In *Try it*, set `backoff_factor=0.9` and `pattern = "x" * 2000`. Where does the scale stop,

@@ -33,6 +33,20 @@ SOLUTIONS = {
             '__import__("ampviz.gradscaler", fromlist=["amp_step_reference"]).amp_step_reference',
             "lambda model, optimizer, scaler, x, y: optimizer.step()"),
     },
+    "05_gradscaler_in_a_real_loop": {
+        "how many of the next 12 steps are skipped": ("8", "0"),  # wrong: expecting a restored scaler
+        "loss spikes in micro-batches": ("512", "256"),  # wrong: one backoff per spiking micro-batch
+        "Optimizer a applies its right gradient times what factor": ("1", "2"),  # wrong: section 2's factor for b
+        "Does the scale test": ('"yes"', '"no"'),  # wrong: b stepped, but the one scale was halved
+        "def train_step": (
+            '(__import__("ampviz.loopcheck", fromlist=["reference_step"]).reference_step, '
+            '__import__("ampviz.loopcheck", fromlist=["save_checkpoint"]).save_checkpoint, '
+            '__import__("ampviz.loopcheck", fromlist=["load_checkpoint"]).load_checkpoint)',
+            '(__import__("ampviz.loopcheck", fromlist=["mistaken_loop"]).mistaken_loop('
+            '"update() after each optimizer")["train_step"], '
+            '__import__("ampviz.loopcheck", fromlist=["save_checkpoint"]).save_checkpoint, '
+            '__import__("ampviz.loopcheck", fromlist=["load_checkpoint"]).load_checkpoint)'),
+    },
     "06_scaling_lab": {
         'go "up" or "down"': ('"down"', '"up"'),
         "largest growth_interval": ("499", "500"),  # wrong: 500 never completes 500 clean steps in a row

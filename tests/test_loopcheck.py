@@ -453,3 +453,85 @@ def test_public_functions_answer_or_refuse_in_one_line(fn):
 def test_check_train_loop_takes_any_answer(answer):
     r = L.check_train_loop(answer)
     assert r.status in ("right", "wrong", "unanswered") and str(r).strip() and "\n" not in str(r)
+
+
+# ---------------------------------------------------------------- the lesson's mistakes and questions
+
+#: The scenarios each of the package's classic mistakes must fail (the same as MISTAKES above).
+MISTAKEN_LOOPS = {
+    "update() after every micro-batch": {"accumulation"},
+    "unscale_ after every micro-batch": {"accumulation"},
+    "micro-batch losses not divided": {"accumulation"},
+    "zero_grad() before every micro-batch": {"accumulation"},
+    "no zero_grad()": ALL,
+    "update() after each optimizer": {"two_optimizers"},
+    "no update()": ALL,
+    "unscale_ twice": ALL,
+    "clip before unscale_": {"clipping"},
+    "loss.backward() without scale": ALL,
+    "optimizer.step() instead of scaler.step": {"overflow", "accumulation", "two_optimizers", "resume"},
+    "no autocast": ALL,
+    "resume without the scaler's state": {"resume"},
+    "resume without the model's state": {"resume"},
+    "resume without the optimizers' state": {"resume"},
+}
+
+
+def test_every_mistaken_loop_fails_exactly_its_scenarios():
+    assert list(L.MISTAKES) == list(MISTAKEN_LOOPS)
+    for name, failing in MISTAKEN_LOOPS.items():
+        loop = L.mistaken_loop(name)
+        assert set(loop) == {"train_step", "save", "load"}
+        report = L.check_loop(**loop)
+        assert {r.name for r in report.results if r.status == "wrong"} == failing, (name, str(report))
+        assert all(r.status == "ok" for r in report.results if r.name not in failing)
+
+
+def test_a_mistaken_loop_says_what_the_tests_own_mistake_says():
+    """The package's mistakes give, word for word, the lines of the test's independent copies."""
+    pairs = {"update() after each optimizer": ("update() per optimizer", "two_optimizers"),
+             "unscale_ after every micro-batch": ("unscale_ per micro-batch", "accumulation"),
+             "resume without the scaler's state": ("resume without the scaler's state", "resume")}
+    mine = {m[0]: m for m in MISTAKES}
+    for name, (theirs, scenario) in pairs.items():
+        _, step, funcs, _, _ = mine[theirs]
+        a = L.check_loop(**L.mistaken_loop(name), scenarios=[scenario])[scenario]
+        b = L.check_loop(step, scenarios=[scenario], **funcs)[scenario]
+        assert a.message == b.message and a.scales == b.scales
+
+
+def test_mistaken_loop_refuses_an_unknown_name():
+    with pytest.raises(ValueError, match="^unknown mistake 'no scaler': use one of 'update"):
+        L.mistaken_loop("no scaler")
+
+
+def test_checkpoint_report_logs_the_scale_after_resuming():
+    r = L.checkpoint_report()
+    assert r.scales_with_state == (256.0,) * 12
+    assert r.scales_without_state == tuple(2.0**k for k in range(15, 7, -1)) + (256.0,) * 4
+    assert "32768 16384 8192 4096 2048 1024 512 256 256 256 256 256" in str(r.log_table)
+    assert str(r).endswith(str(r.log_table))
+
+
+def test_the_lessons_questions():
+    # accumulation: two spikes in one step of 4 micro-batches halve the scale once
+    assert L._accumulated_scale(4, (1, 3)) == 512.0 and L._accumulated_scale(4, ()) == 1024.0
+    assert [str(L.check_accumulation_scale(a)) for a in (512, "2^9", 256)] == ["✓ correct"] * 2 + [
+        "✗ not quite: count the update() calls in one step of the right loop, and what each one does"]
+    # update() per optimizer: only the optimizers after an update are unscaled wrongly
+    a_ratio, b_ratio = L._applied_ratios("b")
+    assert a_ratio == 1.0 and math.isnan(b_ratio)
+    assert L._applied_ratios("a")[1] == 2.0
+    assert L.check_order_of_updates(1).status == "right" and L.check_order_of_updates(2).status == "wrong"
+    # one scale for every optimizer: the scale test calls the iteration skipped although b stepped
+    assert L.check_scale_test_with_two_optimizers("yes").status == "right"
+    assert L.check_scale_test_with_two_optimizers(True).status == "right"
+    assert L.check_scale_test_with_two_optimizers("no").status == "wrong"
+    # resumed without the scaler's state: 8 of the next 12 skipped
+    assert L.check_resume_burst(8).status == "right" and L.check_resume_burst(0).status == "wrong"
+    for checker in (L.check_accumulation_scale, L.check_order_of_updates, L.check_scale_test_with_two_optimizers,
+                    L.check_resume_burst):
+        assert checker(None).status == "unanswered"
+        for bad in ("", "eight", torch.ones(3), object(), 10**400, float("nan")):
+            r = checker(bad)
+            assert r.status == "wrong" and str(r).startswith("✗ not quite") and "\n" not in str(r)
