@@ -6,12 +6,16 @@ the weight cache (torch).
 Everything a lesson prints from here is measured by running the installed torch; nothing is taken
 from a list of what torch is supposed to do, except the one column that says so ("torch docs").
 
+* ``layer_walk``: one ``nn.Linear`` under CPU autocast as the dispatcher sees it (the casts of
+  its input, weight and bias, the ``addmm`` on the copies, the fp32 parameter and its fp32
+  gradient); ``under_autocast``: the same record for any code (a lesson's *Try it*).
 * ``op_table``: about forty ops learners meet, each run under ``torch.autocast`` on float32
   inputs; each cell is the dtype that came out and the rule that made it (see ``Cell``). Next to
   the CPU columns: what torch's documentation lists for CUDA (documented, not measured), and what
-  this torch build's CUDA autocast rules do, run on a real GPU when there is one, else on fake CUDA
-  tensors (``torch._subclasses.FakeTensorMode``: the same autocast code picks the dtypes, no GPU
-  kernel runs). Where CPU and CUDA autocast disagree, the last column says so.
+  this torch build's CUDA autocast rules do, run on fake CUDA tensors
+  (``torch._subclasses.FakeTensorMode``: the same autocast code picks the dtypes, no GPU kernel
+  runs) or on a real GPU (``cuda="fake"``, ``"gpu"``, or ``"auto"``: the GPU when there is one).
+  Where CPU and CUDA autocast disagree, the last column says so (``OpTable.differences_table``).
 * ``loss_report``, ``loss_table``: a linear model under float16 autocast: the dtype of its output,
   of the loss, of ``loss * 65536``, the largest gradient that reaches the float16 output in the
   scaled backward, and whether a real ``torch.amp.GradScaler("cpu")`` skips the first step.
@@ -21,7 +25,8 @@ from a list of what torch is supposed to do, except the one column that says so 
   ``torch.clear_autocast_cache()``, ``no_grad``, ``inference_mode``, a frozen weight, a nested
   block with the other dtype); ``cache_table`` puts next to each count whether a weight changed in
   place between the forwards is seen (``ampviz.pitfalls.autocast_cache.in_place_update``).
-* ``compile_report``: the same in-place update with a ``torch.compile``-d forward.
+* ``compile_report``, ``compile_table``: the same in-place update with a ``torch.compile``-d forward.
+* ``check_*``: the exercise checkers of lesson 03; each expected answer comes from a real run.
 
 The CPU autocast lists of torch 2.13 (``aten/src/ATen/autocast_mode.cpp``, the
 ``TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)`` block; the CUDA lists are the ``AT_FORALL_*`` macros of
@@ -41,7 +46,8 @@ The CPU autocast lists of torch 2.13 (``aten/src/ATen/autocast_mode.cpp``, the
   cumsum, norm (which CUDA autocast runs in float32), mv and addmv (CUDA: float16), and relu, gelu,
   batch_norm, mean, dropout (which CUDA autocast leaves alone too).
 
-Results that a lesson prints do not depend on the thread count. The numbers in ``loss_table``
+Results that a lesson prints do not depend on the thread count, nor (with ``cuda="fake"``) on
+whether a GPU is present. The numbers in ``loss_table``
 (a loss, a gradient) come from float16 matrix products and may differ in the last digits from one
 CPU kernel set to another; they are printed to four digits, and the dtypes, the overflow and the
 skipped step do not depend on them.
@@ -64,7 +70,7 @@ from torch import nn
 from torch._subclasses import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampviz.lessons import Table, number
+from ampviz.lessons import Check, Table, _number_text, _said, check, number
 from ampviz.pitfalls import autocast_cache
 from ampviz.scaling import _shown
 from ampviz.training import _seed
@@ -89,6 +95,17 @@ __all__ = [
     "BACKENDS",
     "CompileReport",
     "compile_report",
+    "compile_table",
+    "CUDA_SOURCES",
+    "OTHER_LOSSES",
+    "layer_walk",
+    "AutocastRun",
+    "under_autocast",
+    "check_softmax_dtype",
+    "check_sum_loss_step",
+    "check_casts_inside_outer",
+    "check_round_up_share",
+    "check_stochastic_rounding",
 ]
 
 SHORT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
@@ -356,6 +373,150 @@ def _measure(op: _Op, where: str, dt: torch.dtype) -> Cell:
 
 
 # --------------------------------------------------------------------------------------------
+# One layer, and any code, under autocast: the ops that reach the dispatcher
+# --------------------------------------------------------------------------------------------
+
+
+class _OpLog(TorchDispatchMode):
+    """Records every op that reaches the dispatcher below autocast: ``ops`` is a list of (name,
+    tensor inputs, output dtypes), casts (``aten._to_copy``) included."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
+        outs = out if isinstance(out, (list, tuple)) else (out,)
+        self.ops.append((func.__name__.split(".")[0], tuple(tensors),
+                         tuple(o.dtype for o in outs if isinstance(o, torch.Tensor))))
+        return out
+
+
+def _dt(dtype) -> str:
+    return SHORT.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def _grad_path(y, names: dict) -> str:
+    """``y``'s autograd graph from the output down to the named leaves, one path per leaf:
+    "AddmmBackward0 ← TBackward0 ← ToCopyBackward0 ← lin.weight"."""
+    paths = []
+
+    def walk(node, path):
+        if node is None:
+            return
+        var = getattr(node, "variable", None)
+        if var is not None:
+            paths.append(" ← ".join(path + [names.get(id(var), "a leaf")]))
+            return
+        for nxt, _ in node.next_functions:
+            walk(nxt, path + [type(node).__name__])
+
+    walk(y.grad_fn, [])
+    return paths
+
+
+def layer_walk(dtype="float16") -> Table:
+    """One ``nn.Linear(8, 4)`` (seed 0) on a float32 batch of 4 under ``torch.autocast("cpu",
+    dtype=dtype)``, then a backward pass after the block, as seen at the dispatcher: each op that
+    ran (the casts autocast made, named by their source, and the matrix product) with the dtypes
+    of its inputs and output; the parameter's dtype before, inside and after the block; the path
+    from the output back to the weight in the autograd graph; the dtype of the weight's gradient.
+
+    What it shows on torch 2.13: autocast never changes a parameter; it makes a low-precision copy
+    of the input, the weight and the bias (``aten._to_copy``) and runs ``aten.addmm`` on the copies;
+    the output is in ``dtype``; the gradient flows back through the cast (``ToCopyBackward0``) and
+    arrives in float32, the parameter's dtype."""
+    dt = autocast_cache._autocast_dtype(dtype)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        lin = nn.Linear(8, 4)
+        x = torch.randn(4, 8)
+    names = {id(x): "x", id(lin.weight): "lin.weight", id(lin.bias): "lin.bias"}
+    rows = [("x, the input", _dt(x.dtype)), ("lin.weight, lin.bias", f"{_dt(lin.weight.dtype)}, {_dt(lin.bias.dtype)}")]
+    with _OpLog() as log:
+        with torch.autocast("cpu", dtype=dt):
+            y = lin(x)
+            inside = lin.weight.dtype
+    for name, inputs, outs in log.ops:
+        ins = ", ".join(_dt(t.dtype) for t in inputs)
+        if name == "_to_copy":
+            src = names.get(id(inputs[0]), "a tensor")
+            rows.append((f"autocast casts {src}: aten._to_copy", f"{ins} → {_dt(outs[0])} (a new tensor)"))
+        else:
+            rows.append((f"aten.{name}", f"{ins} → {', '.join(map(_dt, outs))}"))
+    rows.append(("y = lin(x)", _dt(y.dtype)))
+    rows.append(("lin.weight, inside the block", _dt(inside)))
+    for path in _grad_path(y, names):
+        rows.append((f"y's graph, back to {path.rsplit(' ← ', 1)[-1]}", path))
+    y.float().pow(2).mean().backward()
+    rows.append(("after the block: lin.weight, lin.weight.grad",
+                 f"{_dt(lin.weight.dtype)}, {_dt(lin.weight.grad.dtype)}"))
+    return Table(("nn.Linear(8, 4) on x", "dtype"), rows,
+                 title=f'y = lin(x) under torch.autocast("cpu", dtype=torch.{_dt_name(dt)}), then a backward pass')
+
+
+def _dt_name(dt: torch.dtype) -> str:
+    """"float16" for torch.float16."""
+    return str(dt).replace("torch.", "")
+
+
+@dataclass(frozen=True)
+class AutocastRun:
+    """``under_autocast``'s result: ``ops`` (name, input dtypes, output dtypes) in the order they
+    reached the dispatcher (``_to_copy`` rows are casts; autocast's own casts among them);
+    ``output``: the dtype of each tensor ``fn`` returned; ``error``: "Type: message" if it raised."""
+
+    dtype: str
+    device: str
+    ops: tuple
+    output: tuple
+    error: str | None
+
+    def table(self) -> Table:
+        rows = [(("cast " if name == "_to_copy" else "") + f"aten.{name}", ", ".join(ins) or "-", ", ".join(outs))
+                for name, ins, outs in self.ops]
+        end = f"raised {self.error}" if self.error else "output " + ", ".join(self.output)
+        return Table(("op", "inputs", "output"), rows,
+                     title=f'under torch.autocast("{self.device}", dtype=torch.{self.dtype}): {end}')
+
+    def __str__(self) -> str:
+        return str(self.table())
+
+    __repr__ = __str__
+
+
+MAX_TRY_OPS = 200
+
+
+def under_autocast(fn, *args, dtype="float16") -> AutocastRun:
+    """Call ``fn(*args)`` under ``torch.autocast("cpu", dtype=dtype)`` and record every op that
+    reaches the dispatcher (casts included), with the dtypes of its tensor inputs and outputs, and
+    the dtype of what ``fn`` returned (a tensor, or a tuple or list of them). An exception ``fn``
+    raises is the result ("Type: message"), not an error of this function. The first
+    ``MAX_TRY_OPS`` ops are kept."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a function of the tensors that follow it (e.g. lambda x: x.softmax(-1)), "
+                        f"not {_shown(fn)}")
+    dt = autocast_cache._autocast_dtype(dtype)
+    error, output = None, ()
+    with _OpLog() as log:
+        try:
+            with torch.autocast("cpu", dtype=dt):
+                out = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - what the learner's code raises is the result
+            error = _error(exc)
+        else:
+            outs = out if isinstance(out, (list, tuple)) else (out,)
+            output = tuple(_dt(o.dtype) if isinstance(o, torch.Tensor) else type(o).__name__ for o in outs)
+    ops = tuple((name, tuple(_dt(t.dtype) for t in ins), tuple(map(_dt, outs)))
+                for name, ins, outs in log.ops[:MAX_TRY_OPS])
+    return AutocastRun(_dt_name(dt), "cpu", ops, output, error)
+
+
+# --------------------------------------------------------------------------------------------
 # The op table
 # --------------------------------------------------------------------------------------------
 
@@ -398,6 +559,15 @@ class OpTable:
         """The ops whose rule differs between the measured device and CUDA."""
         return tuple(r.op for r in self.rows if r.differs)
 
+    def differences_table(self) -> Table:
+        """The rows of ``differences()`` only: the op, the measured columns and this build's CUDA
+        column (the documented one and the "differs" column left out)."""
+        keep = [i for i, c in enumerate(self.table.columns) if not c.startswith("CUDA docs") and " vs " not in c]
+        rows = [tuple(row[i] for i in keep) for r, row in zip(self.rows, self.table.rows) if r.differs]
+        return Table(tuple(self.table.columns[i] for i in keep), rows,
+                     title=f"where {self.device.upper() if self.device == 'cpu' else 'CUDA'} and CUDA autocast "
+                           f"differ: {len(rows)} of {len(self.rows)} ops")
+
     def __str__(self) -> str:
         return str(self.table)
 
@@ -428,11 +598,30 @@ def _device(device) -> str:
     return device
 
 
+#: Where ``op_table`` takes its CUDA column from (its ``cuda`` argument).
+CUDA_SOURCES = ("auto", "fake", "gpu")
+
+
+def _cuda_where(cuda) -> str:
+    if not (isinstance(cuda, str) and cuda in CUDA_SOURCES):
+        raise ValueError(f"cuda must be one of {', '.join(map(repr, CUDA_SOURCES))}, not {_shown(cuda)}")
+    if cuda == "gpu" and not torch.cuda.is_available():
+        raise ValueError("cuda='gpu' needs a GPU (torch.cuda.is_available() is False): pass 'fake' or 'auto'")
+    if cuda == "fake" or not torch.cuda.is_available():
+        return "fake-cuda"
+    return "cuda"
+
+
+def _release() -> str:
+    """torch's version without its build tag ("2.13.0", not "2.13.0+cpu" or "+cu128")."""
+    return str(torch.__version__).split("+")[0]
+
+
 def _rule_of(cell: Cell) -> str:
     return "error" if cell.error else cell.rule
 
 
-def op_table(dtypes=("float16", "bfloat16"), device: str = "cpu") -> OpTable:
+def op_table(dtypes=("float16", "bfloat16"), device: str = "cpu", cuda: str = "auto") -> OpTable:
     """Each op of ``OPS`` run under ``torch.autocast(device, dtype=...)`` for each of ``dtypes``
     (one or two of "float16", "bfloat16"), on float32 inputs ("(mixed)" ops: one input in the
     autocast dtype, one float32). Each cell: the output dtype and the rule that gave it:
@@ -448,14 +637,17 @@ def op_table(dtypes=("float16", "bfloat16"), device: str = "cpu") -> OpTable:
     - "error: ...": the op raised under autocast.
 
     The CUDA columns: torch's documented CUDA lists (not measured), and this build's CUDA autocast in
-    the first dtype: measured on a GPU when ``torch.cuda.is_available()``, else on fake CUDA
-    tensors (the same autocast dispatch picks the dtype; no GPU kernel runs). ``device="cuda"``
-    measures the main columns on the GPU too (only where one is available).
+    the first dtype, from where ``cuda`` says: "fake" runs it on fake CUDA tensors (the same
+    autocast dispatch picks the dtype; no GPU kernel runs, and none is needed), "gpu" measures it on
+    the GPU (only where ``torch.cuda.is_available()``), "auto" (the default) measures it on the GPU
+    when there is one, else on fake tensors. With ``cuda="fake"`` the table prints the same text
+    with or without a GPU (a lesson's checked output); a test marked ``gpu`` holds the fake run to
+    the GPU's. ``device="cuda"`` measures the main columns on the GPU too (only where one is
+    available).
     """
     dts, device = _dtypes(dtypes), _device(device)
-    cuda_where = "cuda" if torch.cuda.is_available() else "fake-cuda"
-    cuda_source = ("measured on CUDA" if cuda_where == "cuda" else
-                   "this build's CUDA autocast on fake CUDA tensors (no GPU)")
+    cuda_where = _cuda_where(cuda)
+    cuda_source = "measured on CUDA" if cuda_where == "cuda" else "this build's CUDA autocast on fake CUDA tensors"
     rows = []
     for op in _OPS:
         measured = types.MappingProxyType({str(dt).replace("torch.", ""): _measure(op, device, dt) for dt in dts})
@@ -465,11 +657,11 @@ def op_table(dtypes=("float16", "bfloat16"), device: str = "cpu") -> OpTable:
                           _rule_of(first) != _rule_of(cuda)))
     dev = device.upper() if device == "cpu" else "CUDA"
     columns = ("op", *(f"{dev} {SHORT[dt]} (measured)" for dt in dts), "CUDA docs (not measured)",
-               f"CUDA {SHORT[dts[0]]} ({'measured' if cuda_where == 'cuda' else 'fake tensors, no GPU'})",
+               f"CUDA {SHORT[dts[0]]} ({'measured' if cuda_where == 'cuda' else 'fake tensors'})",
                f"{dev} vs CUDA")
     table_rows = [(r.op, *map(str, r.measured.values()), str(r.cuda_docs), str(r.cuda),
                    "differs" if r.differs else "same") for r in rows]
-    title = f"torch {torch.__version__}: torch.autocast on float32 inputs"
+    title = f"torch {_release()}: torch.autocast on float32 inputs"
     return OpTable(tuple(rows), tuple(str(d).replace("torch.", "") for d in dts), device, cuda_source,
                    Table(columns, table_rows, title=title))
 
@@ -486,6 +678,12 @@ LOSSES = {
     "output.sum()": "output.sum()",
     "output.mean()": "output.mean()",
     "output.float().sum()": "output.float().sum()",
+}
+#: More losses ``loss_report`` computes (``loss_table`` does not show them: an exercise asks about
+#: one of them).
+OTHER_LOSSES = {
+    "mse_loss(reduction='sum')": "F.mse_loss(output, target, reduction='sum')",
+    "l1_loss": "F.l1_loss(output, target)",
 }
 #: GradScaler's default ``init_scale``.
 DEFAULT_SCALE = 2.0**16
@@ -522,8 +720,8 @@ class LossReport:
 
 
 def _loss_name(loss) -> str:
-    if not (isinstance(loss, str) and loss in LOSSES):
-        raise ValueError(f"unknown loss {_shown(loss)}: one of {', '.join(map(repr, LOSSES))}")
+    if not (isinstance(loss, str) and (loss in LOSSES or loss in OTHER_LOSSES)):
+        raise ValueError(f"unknown loss {_shown(loss)}: one of {', '.join(map(repr, {**LOSSES, **OTHER_LOSSES}))}")
     return loss
 
 
@@ -536,12 +734,17 @@ def _loss_of(name: str, output, target, labels):
         return output.sum()
     if name == "output.mean()":
         return output.mean()
+    if name == "mse_loss(reduction='sum')":
+        return F.mse_loss(output, target, reduction="sum")
+    if name == "l1_loss":
+        return F.l1_loss(output, target)
     return output.float().sum()
 
 
 def loss_report(loss: str = "mse_loss", dtype="float16", seed: int = 0) -> LossReport:
-    """Run one step of ``LossReport``'s model with ``loss`` (a key of ``LOSSES``) under CPU autocast
-    in ``dtype`` ("float16" or "bfloat16") with a real ``torch.amp.GradScaler("cpu")``; ``seed``
+    """Run one step of ``LossReport``'s model with ``loss`` (a key of ``LOSSES`` or ``OTHER_LOSSES``)
+    under CPU autocast in ``dtype`` ("float16" or "bfloat16") with a real
+    ``torch.amp.GradScaler("cpu")``; ``seed``
     draws the model and the batch (``torch.random.fork_rng``: the global RNG is left as it was).
 
     What it shows (float16): ``mse_loss`` and ``cross_entropy`` come out float32 (CPU autocast's
@@ -849,3 +1052,164 @@ def compile_report(backend: str = "aot_eager", dtype="bfloat16") -> CompileRepor
                          compiled_output_dtype=SHORT[c2.dtype], eager_sees_update=not torch.equal(e1, e2),
                          compiled_sees_update=not torch.equal(c1, c2), same_as_fresh_eager=torch.equal(c2, fresh),
                          seconds=seconds, warnings=tuple(str(w.message).splitlines()[0] for w in caught))
+
+
+def compile_table(backend: str = "aot_eager", dtype="bfloat16") -> Table:
+    """``compile_report(backend, dtype)`` as a table, beside the same two forwards in eager mode:
+    for each, the output dtype, whether the second forward (after the in-place update of the
+    weight, inside the same autocast block) gives a different output, and whether it equals an
+    eager forward of the updated weight in a fresh block. No timings (they change from run to run)."""
+    r = compile_report(backend, dtype)
+    dt = autocast_cache._autocast_dtype(dtype)
+    _, e2, fresh = _updated_twice(lambda model, x: model(x), dt)
+    yes = lambda b: "yes" if b else "no"  # noqa: E731
+    rows = [("eager", r.output_dtype, "yes" if r.eager_sees_update else "no: stale copy",
+             yes(torch.equal(e2, fresh))),
+            (f'torch.compile(forward, backend="{r.backend}")', r.compiled_output_dtype,
+             "yes" if r.compiled_sees_update else "no: stale copy", yes(r.same_as_fresh_eager))]
+    return Table(("forward", "output", "y2 sees the in-place update", "y2 equals a fresh eager forward"), rows,
+                 title=f"y1 = forward(lin, x); lin.weight.add_(1); y2 = forward(lin, x), in one {SHORT[dt]} CPU "
+                       "autocast block")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise checkers (the expected answers come from real runs)
+# --------------------------------------------------------------------------------------------
+
+#: How a learner may write each dtype (text is folded: case, quotes and spaces ignored).
+_DTYPE_WORDS = {
+    "fp16": {"fp16", "float16", "half", "torch.float16", "torch.half", "f16"},
+    "bf16": {"bf16", "bfloat16", "torch.bfloat16", "brain float", "bfloat"},
+    "fp32": {"fp32", "float32", "float", "single", "torch.float32", "torch.float", "f32"},
+}
+
+
+def _dtype_said(answer) -> str | None:
+    """A dtype answer as "fp16", "bf16" or "fp32" (a torch dtype or text), else None."""
+    if isinstance(answer, torch.dtype):
+        return SHORT.get(answer)
+    if not isinstance(answer, str):
+        return None
+    said = " ".join(answer.strip().strip("'\"").strip().rstrip(".").casefold().split())
+    return next((k for k, words in _DTYPE_WORDS.items() if said in words), None)
+
+
+def check_softmax_dtype(answer, dtype="float16") -> Check:
+    """Q: under ``torch.autocast("cpu", dtype=dtype)``, ``torch.softmax`` of a Linear layer's
+    output: which dtype comes out? Measured by running it (CPU autocast has no rule for softmax,
+    so it runs in the dtype the Linear gave it; CUDA autocast would run it in float32)."""
+    dt = autocast_cache._autocast_dtype(dtype)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        lin, x = nn.Linear(8, 4), torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=dt):
+        expected = SHORT[torch.softmax(lin(x), dim=-1).dtype]
+    return check(answer, expected, accept=lambda a: _dtype_said(a) == expected,
+                 hint="which dtype does the Linear hand to softmax, and is softmax on CPU autocast's lists at all? "
+                      '(answer with a dtype: "fp16", "fp32" or torch.float16, ...)')
+
+
+def check_sum_loss_step(answer) -> Check:
+    """Q: ``loss_report``'s model and batch with ``F.mse_loss(output, target, reduction="sum")``
+    instead of the mean, fp16 CPU autocast, GradScaler at 65536: does step 1 "run" or is it
+    "skipped"? Measured with ``loss_report``."""
+    skipped = loss_report("mse_loss(reduction='sum')").step_skipped
+    words = ({"skipped", "skip", "skips", "it is skipped", "it's skipped", "skipped step"} if skipped
+             else {"runs", "run", "ran", "it runs", "it runs", "step runs"})
+    return check(answer, "skipped" if skipped else "runs", accept=lambda a: _said(a) in words,
+                 hint="the loss is fp32 either way; how large is d(loss)/d(output) × 65536 with a sum over 24 "
+                      "outputs instead of their mean, and in which dtype does that gradient enter the output? "
+                      '(answer "runs" or "skipped")')
+
+
+def check_casts_inside_outer(answer) -> Check:
+    """Q: a function runs two forwards of a Linear, each in its own fp16 autocast block (two casts
+    of the weight when called on its own); called from inside the caller's own autocast block, how
+    many casts of the weight does it make? Measured with ``weight_casts`` inside an outer block."""
+    with torch.autocast("cpu", dtype=torch.float16):
+        expected = weight_casts("separate_blocks", "float16").weight_casts
+    return check(answer, expected, accept=lambda a: _whole_answer(a) == expected,
+                 hint="the cache is emptied when which autocast block exits: the inner ones, or the outermost?")
+
+
+def _whole_answer(answer):
+    if isinstance(answer, bool) or answer is None:
+        return None
+    if isinstance(answer, str):
+        answer = _number_text(answer)
+    try:
+        value = float(answer)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return int(value) if math.isfinite(value) and value == int(value) else None
+
+
+def check_round_up_share(answer, value: float = 3.01) -> Check:
+    """Q: stochastic rounding sends ``value`` (as float32) to one of its two bf16 neighbours: with
+    what probability to the upper one? (within 0.005; the neighbours from torch's bf16 cast and
+    ``nextafter``, as ``ampviz.bf16.rounding_statistics`` finds them)."""
+    from ampviz.bf16 import rounding_statistics
+
+    expected = rounding_statistics([value], draws=1).checks[0].expected
+    return check(answer, expected, tol=0.005,
+                 hint="bf16 keeps 8 significant bits, so between 2 and 4 its numbers are 2^-6 apart; the chance "
+                      "of the upper neighbour is the distance from the lower one divided by that gap")
+
+
+#: Bit patterns ``check_stochastic_rounding`` also rounds: NaNs with payloads (the quiet NaN torch
+#: makes, a signalling one, the largest negative one), +inf, -inf, +0 and -0.
+_SPECIAL_BITS = (0x7FC00000, 0x7F800001, 0x7FBFFFFF, 0xFFFFFFFF, 0x7F800000, 0xFF800000, 0x00000000, 0x80000000)
+
+
+def _special_values_kept(fn):
+    """True if ``fn`` keeps every NaN NaN and returns ±inf and ±0 unchanged (200 draws each), else a hint."""
+    bits = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in _SPECIAL_BITS], dtype=torch.int32)
+    x = bits.view(torch.float32).repeat(200)
+    try:
+        out = fn(x, torch.Generator().manual_seed(1))
+        nan = torch.isnan(x)
+        kept = bool(torch.isnan(out[nan]).all()) and bool(
+            torch.equal(out[~nan].view(torch.int16).to(torch.int32) & 0xFFFF,
+                        (x[~nan].view(torch.int32) >> 16) & 0xFFFF))
+    except Exception as exc:  # noqa: BLE001 - the learner's function on NaN and inf
+        return f"your function raised {type(exc).__name__} on NaN or inf: {' '.join(str(exc).split())[:80]}"
+    return True if kept else ("NaN must stay NaN and ±inf, ±0 unchanged: the bit trick can carry a NaN's bits into "
+                              "inf or a number (torch.where(torch.isnan(x), ...))")
+
+
+def check_stochastic_rounding(answer) -> Check:
+    """Q: write ``f(x, generator)``: a float32 tensor rounded stochastically to bfloat16, drawing
+    its random numbers from ``generator``. The answer is the function; the checker runs the
+    statistical test of ``ampviz.bf16.rounding_statistics`` on it (eleven values, 20,000 draws
+    each: only the two neighbours, unbiased within 5 sigmas, exact values unchanged), then rounds
+    NaNs (with payloads, whose bit patterns the trick can carry into inf or a number), ±inf and
+    ±0 200 times each, with a hint for the way it fails."""
+    from ampviz.bf16 import rounding_statistics
+
+    if answer is None or answer is Ellipsis:
+        return check(answer, None)
+    if not callable(answer) or isinstance(answer, type):
+        return Check("wrong", "✗ not quite: set answer = your function itself (no call, no quotes)")
+    try:
+        stats = rounding_statistics(rounding=answer)
+    except Exception as exc:  # noqa: BLE001 - whatever the learner's function does is an answer
+        first = " ".join(str(exc).split("\n")[0].split())[:120]
+        if first.startswith("rounding must return a bfloat16 tensor"):
+            return Check("wrong", "✗ not quite: return a bfloat16 tensor of x's shape "
+                                  "(.to(torch.bfloat16) at the end)")
+        return Check("wrong", f"✗ not quite: your function raised {type(exc).__name__}: {first}")
+    if stats.passed:
+        special = _special_values_kept(answer)
+        if special is True:
+            return Check("right", "✓ correct")
+        return Check("wrong", f"✗ not quite: {special}")
+    if not all(c.neighbours_only for c in stats.checks):
+        return Check("wrong", "✗ not quite: some results are not one of the value's two bf16 neighbours (or an "
+                              "exact bf16 value moved): the random number must stay below 2^16")
+    negative = [c.passed for c in stats.checks if c.value < 0]
+    positive = [c.passed for c in stats.checks if c.value >= 0]
+    if all(positive) and not all(negative):
+        return Check("wrong", "✗ not quite: right for positive values, biased for negative ones: a float32's bits "
+                              "hold the magnitude apart from the sign")
+    return Check("wrong", "✗ not quite: biased: the mean result is not the value; round up with probability "
+                          "(distance to the lower neighbour) / (gap), e.g. 16 random bits added to the low 16 bits")

@@ -86,6 +86,7 @@ __all__ = [
     "LostUpdateRuns",
     "lost_update_runs",
     "lost_update_table",
+    "lost_update_steps_table",
 ]
 
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)  # 3.3895314e38
@@ -520,7 +521,8 @@ def scaler_need_table(need) -> Table:
     """One row per gradient set of a ``ScalerNeed`` and per way of holding it: cast from fp32 to
     fp16 and to bf16 at scale 1 and to fp16 at the scaler's scale (how many become 0), then the
     real fp32, fp16 autocast and bf16 autocast backward passes (how many are 0, and the smallest
-    nonzero |gradient|)."""
+    nonzero |gradient|, to two digits: the fp32 pass's moves in the third digit with torch's CPU
+    kernel set, ``ATEN_CPU_CAPABILITY``)."""
     need = _stats("need", need, ScalerNeed)
     rows = []
     for label in GRADIENT_SETS:
@@ -531,7 +533,7 @@ def scaler_need_table(need) -> Table:
         for r in need.runs:
             if r.gradients == label:
                 rows.append((label, f"{r.values:,}", f"{r.label} backward pass",
-                             f"{r.zeros:,} ({100 * r.share:.2f}%) are 0", number(r.smallest, digits=3)))
+                             f"{r.zeros:,} ({100 * r.share:.2f}%) are 0", number(r.smallest, digits=2)))
     return Table(("gradients", "values", "held as", "zeros", "smallest nonzero |gradient|"), rows,
                  title=f"beam model, seed {need.seed}, batch {need.batch_size}, scale 1 unless said")
 
@@ -981,6 +983,23 @@ def lost_update_table(result) -> Table:
                   "state unchanged (last step)"), rows,
                  title=f"{result.steps:,} steps, lr {number(result.lr)}, {result.features} weights; bf16 stalled "
                        + (f"from step {stalled:,}" if stalled is not None else "never"))
+
+
+def lost_update_steps_table(result, steps=None) -> Table:
+    """The loss of each run of a ``LostUpdateRuns`` at a few ``steps`` (default: 0, 25, 50, the step
+    from which the bf16 run stalled, 100, 200 and the last), to three digits: the bf16 run stops
+    where every update is lost, the fp32 run and the three fixes go on."""
+    result = _stats("result", result, LostUpdateRuns)
+    if steps is None:
+        steps = sorted({0, 25, 50, 100, 200, result.steps} | ({result.stalled_at} if result.stalled_at else set()))
+        steps = [k for k in steps if k <= result.steps]
+    elif isinstance(steps, (str, bytes)) or not isinstance(steps, (list, tuple, range)) or not steps:
+        raise TypeError(f"steps must be a list of whole numbers from 0 to {result.steps}, not {_shown(steps)}")
+    steps = [_whole("steps", k, 0, result.steps) for k in steps]
+    stalled = result.stalled_at
+    rows = [(run.label, *(f"{run.loss[k]:.3g}" for k in steps)) for run in result.runs.values()]
+    return Table(("weights", *(f"step {k:,}" + (" (stall)" if k == stalled else "") for k in steps)), rows,
+                 title=f"loss (½ · mean squared error) by step, lr {number(result.lr)}")
 
 
 _MAKER.update({RoundingStats: "rounding_statistics", ScalerNeed: "scaler_need", OverflowReport: "fp16_overflow",

@@ -46,6 +46,7 @@ _ = torch.manual_seed(0)
 # | 00 · Start here (this page) | the map, how to use the widgets, your environment |
 # | [01 · The fp16 range: bits, subnormals, rounding](01_fp16_range.ipynb) | the bits of fp16, bf16 and fp8: ranges, subnormals, rounding, and why a weight stops learning in fp16 |
 # | [02 · Loss scaling: keeping small gradients alive in fp16](02_loss_scaling.ipynb) | real gradients that fp16 flushes to zero, and how a static loss scale shifts them back into range |
+# | [03 · Autocast, measured: what runs in which dtype, and bf16 in practice](03_autocast.ipynb) | which dtype each op really runs in under CPU autocast (measured, fp16 and bf16) beside CUDA's lists, why the loss comes out fp32 and what that does to the first step, the weight cache and its stale copy, `torch.compile`; then bf16 without a loss scaler, a model that overflows in fp16 only, lost updates in bf16 weights with three fixes, and stochastic rounding tested |
 # | [04 · GradScaler internals: the real scaler, call by call](04_gradscaler_internals.ipynb) | the real `torch.amp.GradScaler` call by call: its float32 scale, `unscale_`, skipped steps, backoff and growth, every error message, clipping and skipped-step checks, and a bit-exact simulator |
 # | [05 · GradScaler in a real loop: accumulation, several optimizers, checkpoints](05_gradscaler_in_a_real_loop.ipynb) | the real `torch.amp.GradScaler` in the loops people write, each mistake run with its exact error or silent symptom: gradient accumulation, two losses and two optimizers, clipping, a gradient penalty, checkpoint and resume (the burst of skipped steps without the scaler's state), skipped-step detection and the scheduler, and a checker for your own training step |
 # | [06 · The scaling lab: dynamic loss scalers under pressure](06_scaling_lab.ipynb) | the sawtooth, the ratchet and the collapse: the loss scalers of torch, DeepSpeed, Megatron, NeMo, Keras and JAX (and four legacy ones) side by side on the same gradient streams, with a live lab |
@@ -57,8 +58,8 @@ _ = torch.manual_seed(0)
 # Work through 01 and 02 in order: 02 uses the vocabulary of 01 (subnormal, underflow, overflow).
 # Some exercises sit in the middle of a lesson: a cell marked **Predict** asks for your answer
 # before the next cell shows it (answer first, then run on). The rest are at its end: **Check
-# yourself** (questions a cell checks for you; in 04 and 05, a training step you write), then the
-# summary and **open exercises** to explore on your own.
+# yourself** (questions a cell checks for you; in 03, a stochastic rounding you write; in 04 and 05, a
+# training step you write), then the summary and **open exercises** to explore on your own.
 # The four explorers (formats, ranges, scaling lab, live trainer) also share one page: the
 # explorer app (`explorer.ipynb`; `make explorer` serves it as a page with Voila).
 
@@ -136,7 +137,7 @@ check_cast(answer, 65519, "fp16")
 # %% [markdown]
 # ## Summary
 #
-# - All ten notebooks, 00 to 10, follow the same layout: a setup cell, short steps, a *Try it*
+# - All eleven notebooks, 00 to 10, follow the same layout: a setup cell, short steps, a *Try it*
 #   section (an explorer, or a cell to change and re-run), and at the end *Check yourself*,
 #   a summary and open exercises.
 # - Explorers redraw on every change; if one shows an error instead of controls, re-run its cell.

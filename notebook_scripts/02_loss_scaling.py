@@ -270,8 +270,9 @@ check_overflow_action(answer)
 # - A static S must satisfy S × max|g| < 65504; here S = 2^33 loses nothing. One step further,
 #   24 gradients become inf, in the cast and in a real fp16 pass alike, and the step must be skipped.
 #
-# **Next:** [04 · GradScaler internals: the real scaler, call by call](04_gradscaler_internals.ipynb)
-# takes `torch.amp.GradScaler` apart: how it finds S on its own.
+# **Next:** [03 · Autocast, measured: what runs in which dtype, and bf16 in practice](03_autocast.ipynb)
+# shows which ops autocast runs in fp16 (the fp16 pass above was one), and when bf16 needs no S at
+# all; then 04 takes `torch.amp.GradScaler` apart: how it finds S on its own.
 #
 # **Open exercises**
 # 1. `census_table(g, "bf16")`: how many gradients does bf16 lose at scale 1? Why?

@@ -24,6 +24,15 @@ SOLUTIONS = {
         "does fp16 lose \"more\" or \"fewer\"": ('"more"', '"fewer"'),
         "What does it do with that step": ('"skip"', '"clip"'),
     },
+    "03_autocast": {
+        "torch.softmax(lin(x), dim=-1)": ('"fp16"', '"fp32"'),  # wrong: what CUDA autocast gives
+        'reduction="sum"': ('"skipped"', '"runs"'),  # wrong: trusting the fp32 loss to protect the backward
+        "from inside your own fp16 autocast block": ("1", "2"),  # wrong: thinking the inner exits empty the cache
+        "Stochastic rounding sends 3.01": ("0.64", "0.5"),
+        "def stochastic_round": (
+            '__import__("ampviz.bf16", fromlist=["stochastic_round_bf16"]).stochastic_round_bf16',
+            "lambda x, generator: x.to(__import__('torch').bfloat16)"),  # wrong: round to nearest
+    },
     "04_gradscaler_internals": {
         "take the default scale 2^16 to exactly 0": ("166", "165"),
         "the steps \"..x....\"": ("65536", "32768"),  # wrong: forgetting the growth after three clean steps

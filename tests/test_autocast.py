@@ -11,6 +11,8 @@ variant that fails it. Arbitrary arguments give a result or a one-line ValueErro
 import os
 import re
 
+import numpy as np
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -234,12 +236,47 @@ def test_the_documented_column_agrees_with_the_installed_header():
     assert "softmax" in _docs_disagree(header, *slip)
 
 
-def test_the_fake_cuda_column_matches_the_docs_but_where_the_docs_lag(table):
+@pytest.fixture(scope="module")
+def fake_table():
+    return A.op_table(cuda="fake")
+
+
+def test_the_fake_cuda_column_matches_the_docs_but_where_the_docs_lag(fake_table):
+    table = fake_table
     lag = [r.op for r in table.rows if A._rule_of(r.cuda_docs) != A._rule_of(r.cuda)]
     assert lag == ["scaled_dot_product_attention", "rms_norm"]
     assert str(table.row("scaled_dot_product_attention").cuda) == "fp16, ran in fp16"
     assert str(table.row("rms_norm").cuda) == "fp32, ran in fp32"
-    assert table.cuda_source == "this build's CUDA autocast on fake CUDA tensors (no GPU)"
+    assert table.cuda_source == "this build's CUDA autocast on fake CUDA tensors"
+    assert table.table.columns[4] == "CUDA fp16 (fake tensors)"
+
+
+def test_the_fake_cuda_table_prints_the_same_with_a_gpu(fake_table, monkeypatch):
+    """The lesson's checked cell: ``op_table(cuda="fake")`` prints the same text where CUDA is
+    available and torch is a CUDA build (here pretended: nothing of it runs on a GPU)."""
+    text = str(fake_table)
+    assert "torch 2.13.0: torch.autocast on float32 inputs" in text and "+cpu" not in text
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion("2.13.0+cu128"))
+    again = A.op_table(cuda="fake")
+    assert str(again) == text and again.cuda_source == fake_table.cuda_source
+    assert A._cuda_where("auto") == "cuda" and A._cuda_where("fake") == "fake-cuda"  # wrong variant: auto
+
+
+def test_the_default_measures_on_a_gpu_where_there_is_one(table, fake_table):
+    if torch.cuda.is_available():
+        assert table.cuda_source == "measured on CUDA"
+    else:
+        assert str(table) == str(fake_table)
+
+
+def test_the_differences_table(fake_table):
+    t = fake_table.differences_table()
+    assert t.column("op") == fake_table.differences()
+    assert t.columns == ("op", "CPU fp16 (measured)", "CPU bf16 (measured)", "CUDA fp16 (fake tensors)")
+    assert t.title == "where CPU and CUDA autocast differ: 17 of 41 ops"
+    softmax = t.rows[t.column("op").index("softmax")]
+    assert softmax[1:] == ("fp32, as its input", "fp32, as its input", "fp32, ran in fp32")
 
 
 def test_the_fake_cuda_runs_leave_no_state_behind(table):
@@ -252,6 +289,17 @@ def test_one_dtype_and_a_bf16_first_table():
     assert t.dtypes == ("bfloat16",) and len(t.table.columns) == 5
     assert str(t.row("linear").cuda) == "bf16, ran in bf16" and str(t.row("linear").cuda_docs) == "bf16, ran in bf16"
     assert "cat (fp16 + fp32)" in t.differences()
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_measured_cuda_column_is_the_fake_one(fake_table):
+    """What the lesson prints from fake tensors (its checked cell) is what the GPU does."""
+    measured = A.op_table(cuda="gpu")
+    assert measured.cuda_source == "measured on CUDA"
+    for gpu, fake in zip(measured.rows, fake_table.rows):
+        assert A._rule_of(gpu.cuda) == A._rule_of(fake.cuda), gpu.op
+        assert (gpu.cuda.dtype, gpu.differs) == (fake.cuda.dtype, fake.differs), gpu.op
+    assert measured.differences() == fake_table.differences()
 
 
 @pytest.mark.gpu
@@ -431,6 +479,181 @@ def test_compile_sees_the_update(backend, dtype):
     assert 0 < r.seconds < 60
 
 
+# ---------------------------------------------------------------- one layer; any code under autocast
+class _Ops(TorchDispatchMode):
+    """Every op that reaches the dispatcher: (name, input dtypes, output dtype), written here."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.seen.append((func.__name__.split(".")[0], tuple(a.dtype for a in args if isinstance(a, torch.Tensor)),
+                          out.dtype))
+        return out
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=["float16", "bfloat16"])
+def test_layer_walk_equals_a_direct_run(dt):
+    torch.manual_seed(0)
+    lin, x = nn.Linear(8, 4), torch.randn(4, 8)
+    with _Ops() as ops, torch.autocast("cpu", dtype=dt):
+        y = lin(x)
+        assert lin.weight.dtype == torch.float32  # the parameter itself is never cast
+    y.float().pow(2).mean().backward()
+    low = SHORT[dt]
+    t = A.layer_walk(str(dt).replace("torch.", ""))
+    rows = dict(t.rows)
+    casts = [name for name, _, out in ops.seen if name == "_to_copy" and out == dt]
+    assert len(casts) == 3 == sum(k.startswith("autocast casts") for k in rows)  # x, weight, bias: once each
+    assert {k for k in rows if k.startswith("autocast casts")} == {
+        f"autocast casts {n}: aten._to_copy" for n in ("x", "lin.weight", "lin.bias")}
+    assert set(rows[f"autocast casts {n}: aten._to_copy"] for n in ("x", "lin.weight", "lin.bias")) == {
+        f"fp32 → {low} (a new tensor)"}
+    addmm = next(d for name, d, _ in ops.seen if name == "addmm")
+    assert rows["aten.addmm"] == f"{', '.join(SHORT[d] for d in addmm)} → {low}" == f"{low}, {low}, {low} → {low}"
+    assert rows["y = lin(x)"] == SHORT[y.dtype] == low
+    assert rows["lin.weight, inside the block"] == "fp32"
+    assert rows["y's graph, back to lin.weight"] == "AddmmBackward0 ← TBackward0 ← ToCopyBackward0 ← lin.weight"
+    assert rows["after the block: lin.weight, lin.weight.grad"] == f"fp32, {SHORT[lin.weight.grad.dtype]}"
+    # wrong variant: the same forward without autocast casts nothing and stays fp32
+    with _Ops() as plain:
+        assert lin(x).dtype == torch.float32
+    assert not any(name == "_to_copy" for name, _, _ in plain.seen)
+
+
+def test_under_autocast_records_what_the_dispatcher_sees():
+    x = torch.randn(4, 8)
+    run = A.under_autocast(lambda x: torch.softmax(x @ x.T, dim=-1), x)
+    with _Ops() as ops, torch.autocast("cpu", dtype=torch.float16):
+        direct = torch.softmax(x @ x.T, dim=-1)
+    assert run.ops == tuple((n, tuple(SHORT[d] for d in ins), (SHORT[o],)) for n, ins, o in ops.seen)
+    assert run.output == (SHORT[direct.dtype],) == ("fp16",) and run.error is None
+    assert [n for n, _, _ in run.ops] == ["permute", "_to_copy", "_to_copy", "mm", "_softmax"]
+    assert run.table().title == 'under torch.autocast("cpu", dtype=torch.float16): output fp16'
+    assert run.table().column("op")[1] == "cast aten._to_copy"
+    # an error of the code under autocast is the result
+    bad = A.under_autocast(lambda a, b: torch.cat([a, b]), x.half(), x, dtype="bfloat16")
+    assert bad.error == "RuntimeError: Unexpected floating ScalarType in at::autocast::prioritize"
+    assert str(bad).startswith('under torch.autocast("cpu", dtype=torch.bfloat16): raised RuntimeError')
+    pair = A.under_autocast(lambda x: (x.exp(), x @ x.T, 3), x)
+    assert pair.output == ("fp32", "fp16", "int")
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_compile_table():
+    t = A.compile_table()
+    assert t.rows == (("eager", "bf16", "no: stale copy", "no"),
+                      ('torch.compile(forward, backend="aot_eager")', "bf16", "yes", "yes"))
+    assert "bf16 CPU autocast" in t.title
+
+
+# ---------------------------------------------------------------- the exercises
+@pytest.mark.parametrize("loss", list(A.OTHER_LOSSES))
+def test_the_other_losses_equal_a_direct_step(loss):
+    fn = {"mse_loss(reduction='sum')": lambda o, t: F.mse_loss(o, t, reduction="sum"),
+          "l1_loss": lambda o, t: F.l1_loss(o, t)}[loss]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 3)
+        g = torch.Generator().manual_seed(0)
+        x, target = torch.randn(8, 4, generator=g), torch.randn(8, 3, generator=g)
+    scaler, opt = torch.amp.GradScaler("cpu"), torch.optim.SGD(model.parameters(), lr=0.1)
+    w = model.weight.detach().clone()
+    with torch.autocast("cpu", dtype=torch.float16):
+        value = fn(model(x), target)
+    scaler.scale(value).backward()
+    scaler.step(opt)
+    scaler.update()
+    r = A.loss_report(loss)
+    assert r.loss == float(value.detach()) and r.loss_dtype == "fp32"
+    assert r.step_skipped is torch.equal(w, model.weight.detach()) and r.scale_after == scaler.get_scale()
+    assert r.step_skipped is (loss == "mse_loss(reduction='sum')")  # the sum: 24x the mean's gradient
+    assert loss not in A.loss_table().column("loss")
+
+
+ANSWERS = [  # checker, right answers, wrong answers
+    (A.check_softmax_dtype, ["fp16", "float16", torch.float16, " Half ", "torch.float16"],
+     ["fp32", torch.float32, "bf16", 16, None.__class__]),
+    (A.check_sum_loss_step, ["skipped", "Skipped.", "skip"], ["runs", "run", "no", 1]),
+    (A.check_casts_inside_outer, [1, "1", 1.0, "one"], [2, 0, "2", True, "1.5"]),
+    (A.check_round_up_share, [0.64, "0.64", 0.6399994, 0.642], [0.5, 0.36, 0.65, "64%"]),
+]
+
+
+@pytest.mark.parametrize("checker, right, wrong", ANSWERS, ids=lambda v: getattr(v, "__name__", ""))
+def test_checkers_answer_three_ways(checker, right, wrong):
+    assert checker(None).status == "unanswered" and str(checker(None)).startswith("not answered yet")
+    for a in right:
+        assert checker(a).status == "right" and str(checker(a)) == "✓ correct", a
+    for a in wrong:
+        c = checker(a)
+        assert c.status == "wrong" and str(c).startswith("✗ not quite") and "\n" not in str(c), a
+
+
+def test_the_checkers_expected_answers_are_measured():
+    """Each expected answer, measured here independently of the checker."""
+    torch.manual_seed(3)
+    lin, x = nn.Linear(8, 4), torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert torch.softmax(lin(x), dim=-1).dtype == torch.float16  # not float32, as on CUDA
+    assert A.check_softmax_dtype("bf16", "bfloat16").status == "right"
+    assert _direct_step_other("sum") is False and _direct_step_other("mean") is True
+    with torch.autocast("cpu", dtype=torch.float16):  # the outer block keeps the cache: one cast
+        assert A.weight_casts("separate_blocks").weight_casts == 1
+    v = float(np.float32(3.01))
+    assert abs((v - 3.0) / 2.0**-6 - 0.64) < 1e-6  # bf16 neighbours 3 and 3 + 2^-6
+    assert A.check_round_up_share(0.5, value=1 + 2.0**-8).status == "right"
+
+
+def _direct_step_other(reduction):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 3)
+        g = torch.Generator().manual_seed(0)
+        x, target = torch.randn(8, 4, generator=g), torch.randn(8, 3, generator=g)
+    scaler, opt = torch.amp.GradScaler("cpu"), torch.optim.SGD(model.parameters(), lr=0.1)
+    w = model.weight.detach().clone()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.mse_loss(model(x), target, reduction=reduction)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    return not torch.equal(w, model.weight.detach())
+
+
+def test_the_stochastic_rounding_checker():
+    from ampviz import bf16 as B
+
+    def written_here(x, generator):
+        noise = torch.randint(0, 1 << 16, x.shape, generator=generator, dtype=torch.int32)
+        out = ((x.contiguous().view(torch.int32) + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+        return torch.where(torch.isnan(x), x.to(torch.bfloat16), out)
+
+    check = A.check_stochastic_rounding
+    assert check(None).status == "unanswered"
+    assert str(check(B.stochastic_round_bf16)) == str(check(written_here)) == "✓ correct"
+    hints = {name: str(check(fn)) for name, fn in B.ROUNDINGS.items() if name != "stochastic"}
+    assert hints["17 random bits"].startswith("✗ not quite: some results are not one of the value's two")
+    assert hints["sign-blind"].startswith("✗ not quite: right for positive values, biased for negative ones")
+    assert hints["round to nearest"] == hints["15 random bits"]
+    assert hints["round to nearest"].startswith("✗ not quite: biased")
+    def unguarded(x, generator):  # right on every finite value; a NaN with a payload becomes inf or a number
+        noise = torch.randint(0, 1 << 16, x.shape, generator=generator, dtype=torch.int32)
+        return ((x.view(torch.int32) + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+
+    assert B.rounding_statistics(rounding=unguarded).passed
+    assert str(check(unguarded)).startswith("✗ not quite: NaN must stay NaN and ±inf, ±0 unchanged")
+    nan_to_zero = lambda x, g: torch.nan_to_num(B.stochastic_round_bf16(x, g), nan=0.0)  # noqa: E731
+    assert str(check(nan_to_zero)).startswith("✗ not quite: NaN must stay NaN")
+    minus_zero_lost = lambda x, g: B.stochastic_round_bf16(x, g) + 0.0  # noqa: E731 - -0 becomes +0
+    assert str(check(minus_zero_lost)).startswith("✗ not quite: NaN must")
+    assert str(check(lambda x, g: x)).startswith("✗ not quite: return a bfloat16 tensor")
+    assert str(check(lambda x: x)).startswith("✗ not quite: your function raised TypeError")
+    assert str(check("stochastic_round")) == "✗ not quite: set answer = your function itself (no call, no quotes)"
+    assert str(check(torch.Tensor)).startswith("✗ not quite: set answer")
+
+
 # ---------------------------------------------------------------- bad input
 @pytest.mark.parametrize("call,error,message", [
     (lambda: A.op_table("float32"), ValueError, "dtype must be torch.bfloat16 or torch.float16"),
@@ -440,6 +663,12 @@ def test_compile_sees_the_update(backend, dtype):
     (lambda: A.op_table("float16").row("softmax2"), ValueError, "unknown op 'softmax2'"),
     (lambda: A.op_table(device="cuda"), ValueError, "device 'cuda' is not available here"),
     (lambda: A.op_table(device="mps"), ValueError, "device must be 'cpu' or 'cuda', not 'mps'"),
+    (lambda: A.op_table(cuda="real"), ValueError, "cuda must be one of 'auto', 'fake', 'gpu', not 'real'"),
+    (lambda: A.op_table(cuda="gpu"), ValueError, "cuda='gpu' needs a GPU"),
+    (lambda: A.under_autocast("softmax"), TypeError, "fn must be a function of the tensors that follow it"),
+    (lambda: A.under_autocast(torch.exp, torch.ones(2), dtype="float32"), ValueError, "dtype must be torch.bf"),
+    (lambda: A.layer_walk(3), TypeError, "dtype must be a torch dtype"),
+    (lambda: A.compile_table("eager"), ValueError, "unknown backend 'eager'"),
     (lambda: A.loss_report("bce"), ValueError, "unknown loss 'bce': one of 'mse_loss'"),
     (lambda: A.loss_report(seed=1.5), ValueError, "seed must be a whole number"),
     (lambda: A.loss_table(dtype=None), TypeError, "dtype must be a torch dtype"),
@@ -448,7 +677,7 @@ def test_compile_sees_the_update(backend, dtype):
     (lambda: A.compile_report("eager"), ValueError, "unknown backend 'eager': one of 'aot_eager', 'inductor'"),
 ])
 def test_bad_input_is_refused_in_one_line(call, error, message):
-    if message.startswith("device 'cuda'") and torch.cuda.is_available():
+    if message.startswith(("device 'cuda'", "cuda='gpu'")) and torch.cuda.is_available():
         pytest.skip("CUDA is available here")
     with pytest.raises(error) as info:
         call()
@@ -530,6 +759,30 @@ def test_compile_report_answers_or_refuses(backend, dtype):
     r = _answers_or_refuses(A.compile_report, backend, dtype)
     if r is not None:
         assert r.compiled_sees_update and not r.eager_sees_update
+
+
+@settings(FUZZ, max_examples=25)
+@given(fn=st.one_of(ANYTHING, st.sampled_from([torch.exp, torch.relu, lambda *a: a[0] @ a[0].T, print, len])),
+       args=st.lists(st.one_of(ANYTHING, st.just(torch.ones(2, 2)), st.just(torch.ones(3, dtype=torch.float16))),
+                     max_size=3),
+       dtype=st.one_of(ANYTHING, st.just("bfloat16")))
+def test_under_autocast_answers_or_refuses(fn, args, dtype):
+    r = _answers_or_refuses(lambda: A.under_autocast(fn, *args, dtype=dtype))
+    if r is not None:
+        assert isinstance(str(r), str) and len(r.ops) <= A.MAX_TRY_OPS
+        assert (r.error is None) or (r.output == () and "\n" not in r.error)
+    assert not torch.is_autocast_enabled("cpu")
+
+
+@settings(FUZZ, max_examples=30)
+@given(answer=st.one_of(ANYTHING, st.just(lambda x, g: x), st.just(lambda: 1), st.just(torch.ones(3)),
+                        st.just(torch.tensor(1.0)), st.just(float("inf")), st.just(2**2000)))
+def test_every_checker_answers_anything_in_one_line(answer):
+    for checker in (A.check_softmax_dtype, A.check_sum_loss_step, A.check_casts_inside_outer,
+                    A.check_round_up_share, A.check_stochastic_rounding):
+        c = checker(answer)
+        assert c.status in ("right", "wrong", "unanswered") and "\n" not in str(c)
+        assert str(c).startswith(("✓ correct", "✗ not quite", "not answered yet"))
 
 
 def test_import_ampviz_stays_free_of_torch():

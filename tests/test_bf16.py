@@ -412,6 +412,22 @@ def test_bf16_stalls_and_the_three_fixes_learn(runs):
     assert f"bf16 stalled from step {k}" in table.title
 
 
+def test_the_loss_by_step_table(runs):
+    t = B.lost_update_steps_table(runs)
+    k = runs.stalled_at
+    steps = [0, 25, 50, k, 100, 200, 400]
+    assert t.columns == ("weights", *(f"step {s}" + (" (stall)" if s == k else "") for s in steps))
+    for row, run in zip(t.rows, runs.runs.values()):
+        assert row == (run.label, *(f"{run.loss[s]:.3g}" for s in steps))
+    bf16 = t.rows[1]
+    assert len(set(bf16[4:])) == 1 and bf16[3] != bf16[2]  # the bf16 loss no longer moves from the stall on
+    assert all(float(row[-1]) < 1e-3 < float(bf16[-1]) for i, row in enumerate(t.rows) if i != 1)
+    assert B.lost_update_steps_table(runs, [400, 0]).columns == ("weights", "step 400", "step 0")
+    for bad, kind in (([401], ValueError), ("0", TypeError), ([], TypeError), ([1.5], ValueError)):
+        with pytest.raises(kind):
+            B.lost_update_steps_table(runs, bad)
+
+
 def test_fewer_methods_and_zero_steps():
     r = B.lost_update_runs(steps=0, methods=["bf16", "fp32"])
     assert list(r.runs) == ["fp32", "bf16"] and r.stalled_at is None
@@ -736,6 +752,8 @@ def test_fuzz_tables_and_methods(small_results, data):
     arg = small_results[which] if which else data.draw(JUNK)
     tables = {B.RoundingStats: B.rounding_table, B.ScalerNeed: B.scaler_need_table,
               B.OverflowReport: B.overflow_table, B.LostUpdateRuns: B.lost_update_table}
+    t = answer(B.lost_update_steps_table, arg)
+    assert (t is REFUSED) == (not isinstance(arg, B.LostUpdateRuns))
     for table in tables.values():
         t = answer(table, arg)
         assert (t is REFUSED) == (tables.get(type(arg)) is not table)
@@ -747,3 +765,6 @@ def test_fuzz_tables_and_methods(small_results, data):
     assert r is REFUSED or 0 <= r <= 1
     kw, r = drive(data, runs.distance, {"method": st.sampled_from(list(runs.runs))})
     assert r is REFUSED or r >= 0
+    steps = st.one_of(st.none(), st.lists(st.integers(0, runs.steps), min_size=1, max_size=4))
+    kw, t = drive(data, B.lost_update_steps_table, {"result": st.just(runs), "steps": steps})
+    assert t is REFUSED or len(t.rows) == len(runs.runs)
