@@ -80,6 +80,7 @@ bench: $(VENV)/.test-installed $(VENV)/$(VOILA_TEMPLATE)/.installed
 	$(BIN)/python bench/bench_browser.py
 	$(BIN)/python bench/bench_voila_open.py
 	$(BIN)/python bench/bench_gpu.py
+	$(BIN)/python bench/bench_ranks.py
 
 clean:
 	rm -rf $(VENV)

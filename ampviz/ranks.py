@@ -1,0 +1,1118 @@
+"""Loss scaling across ranks: real ``torch.distributed`` ranks from a notebook cell, gloo's all-reduce
+bit for bit, and a multi-rank loss-scaler simulator held to real runs.
+
+``ampviz/__init__.py`` never imports this module, so ``import ampviz`` stays free of torch.
+
+* ``prewarm`` and ``run_ranks``: start ``world_size`` rank processes with the fork start method
+  (``mp.spawn`` cannot find a function defined in a notebook), each on one torch thread and in a gloo
+  process group on 127.0.0.1, run ``fn(rank, world_size, *args)`` in each and return their results.
+  No rank process outlives the call: not when a rank raises, hangs past ``timeout`` or the caller is
+  interrupted (every rank is then killed and joined), nor when the parent dies (Linux: each child
+  asks the kernel to kill it then). ``prewarm()`` imports once, in the parent, what each rank would
+  otherwise import on its first ``DistributedDataParallel`` (``torch._dynamo``: seconds per rank).
+* ``allreduce``: what every rank holds after ``dist.all_reduce(t, SUM)`` on gloo, for float32,
+  float16 and bfloat16, bit for bit (NaN as NaN: its sign is not modelled). Gloo's ring
+  (``gloo/allreduce.cc``, ``ring``) cuts the buffer into ``numSegments`` segments, at least
+  ``2 * world_size`` and a multiple of it, none longer than 1 MiB; rank ``c`` ends up owning chunk
+  ``c`` (``numSegments / world_size`` segments in a row), whose elements are summed in the order
+  ranks ``c-1, c-2, ..., c`` (mod world_size), rounding to the tensor's dtype after every add
+  (``gloo::sum<c10::Half>``/``<c10::BFloat16>``: a float32 add, then a round to nearest even).
+  The all-gather then copies each owner's chunk to every rank. ``order=`` gives the plausible wrong
+  models for comparison: ranks in order, a pairwise tree, one rounding of a float64 sum.
+  ``gloo_chunks`` and ``gloo_summation_order`` show the layout; ``run_allreduce`` runs the real one.
+* ``simulate_ranks``: per-rank loss scalers (``ampviz.scaling`` policies, e.g. ``TorchGradScaler``)
+  over per-rank overflow flags or per-rank max |gradient|, with the found_inf flag shared (``"ddp"``:
+  the gradient all-reduce comes before ``unscale_``, so an inf reaches every rank; ``"synced"``:
+  the flag itself is all-reduced, as ``ShardedGradScaler`` does) or not (``"local"``: a scaler per
+  rank on gradients never all-reduced, so the scales drift apart; ``"unscale_first"``: ``unscale_``
+  and clipping on local gradients, then a manual all-reduce, so a rank whose own gradients were
+  clean steps on the others' inf). Returns a ``RanksTrace``: per-rank scale, overflow, skip and
+  step at every step.
+* ``run_scaler_ranks``: the same scenarios run for real (``GradScaler("cpu")``, DDP,
+  ``ShardedGradScaler``, FSDP1 with either scaler; gloo) on forked ranks, returning the same
+  ``RanksTrace`` plus every rank's weights after every step.
+
+Real runs are the reference: the tests hold ``allreduce`` to gloo and ``simulate_ranks`` to
+``run_scaler_ranks`` step for step, and show that the plausible wrong models fail.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import socket
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import wait as _wait_for
+
+import numpy as np
+import torch
+
+from ampviz.formats import BF16, FP16, FP32, FloatFormat, get_format
+from ampviz.lessons import Table, number
+from ampviz.scaling import DynamicScaler, TorchGradScaler, _shown, overflows, simulate
+from ampviz.training import _flag, _real, _whole
+
+__all__ = [
+    "RankError",
+    "prewarm",
+    "run_ranks",
+    "allreduce",
+    "run_allreduce",
+    "ORDERS",
+    "gloo_chunks",
+    "gloo_summation_order",
+    "MODES",
+    "RanksTrace",
+    "simulate_ranks",
+    "RanksRun",
+    "run_scaler_ranks",
+    "same_trace",
+]
+
+#: The most ranks ``run_ranks`` starts (each is a process on this machine).
+MAX_WORLD_SIZE = 64
+#: gloo's ``AllreduceOptions::kMaxSegmentSize`` (torch leaves it at the default): 1 MiB.
+GLOO_MAX_SEGMENT_BYTES = 1 << 20
+#: Ways ``allreduce`` can sum: gloo's ring (what gloo does) and three plausible wrong models.
+ORDERS = ("gloo", "rank", "tree", "once")
+#: How the ranks' scalers see overflows (see ``simulate_ranks``).
+MODES = ("ddp", "synced", "local", "unscale_first")
+#: The longest stream ``run_scaler_ranks`` runs for real (a few ms a step per rank).
+MAX_REAL_STEPS = 200
+#: The most steps ``simulate_ranks`` takes (times ranks), and the most rows a table shows.
+MAX_SIM_CELLS = 50_000_000
+MAX_TABLE_ROWS = 10_000
+
+
+# ============================================================================================
+# Starting ranks
+# ============================================================================================
+
+
+class RankError(RuntimeError):
+    """A rank raised (``rank``, ``error``: the exception's type name, ``remote_traceback``: its
+    traceback as the rank printed it) or ended without a result."""
+
+    def __init__(self, message: str, rank: int, error: str = "", remote_traceback: str = ""):
+        super().__init__(message)
+        self.rank = rank
+        self.error = error
+        self.remote_traceback = remote_traceback
+
+
+_PREWARMED = False
+
+
+def prewarm() -> float:
+    """Import, once in this process, what each rank would otherwise import for itself: the
+    distributed package, ``DistributedDataParallel``, its comm hooks, ``ShardedGradScaler`` and
+    ``torch._dynamo`` (which the first ``DistributedDataParallel(...)`` in a process imports: several
+    seconds, paid by every forked rank unless the parent paid it first). Call it in a lesson's setup
+    cell. Returns the seconds it took (about 0 the second time)."""
+    global _PREWARMED
+    t0 = time.perf_counter()
+    if not _PREWARMED:
+        import torch._dynamo  # noqa: F401
+        import torch.distributed  # noqa: F401
+        import torch.distributed.algorithms.ddp_comm_hooks.default_hooks  # noqa: F401
+        import torch.distributed.fsdp.sharded_grad_scaler  # noqa: F401
+        import torch.nn.parallel  # noqa: F401
+        _PREWARMED = True
+    return time.perf_counter() - t0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose str() fails is still named
+        return ""
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: have the kernel kill this process when its parent dies (then the parent cannot leave a
+    rank behind even if it is killed itself)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before prctl
+        os._exit(1)
+
+
+def _rank_main(rank: int, world_size: int, port: int, conn, fn, args: tuple, parent: int,
+               timeout: float) -> None:
+    """A forked rank: one torch thread (fork-safety, and steadier timings), a gloo group, ``fn``,
+    its result (or error) sent to the parent, then the group destroyed and the process ended."""
+    stage, failed = "init_process_group", True
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills the ranks
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held back by the parent while forking
+        _die_with_parent(parent)
+        torch.set_num_threads(1)
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=timeout + 60))
+        stage = "run"
+        result = fn(rank, world_size, *args)
+        stage = "return"
+        data = pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
+        failed = False
+    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
+        data = pickle.dumps(("error", stage, type(exc).__name__, _one_line(_text(exc)), traceback.format_exc()))
+    try:
+        conn.send_bytes(data)
+        conn.close()
+    except OSError:  # the parent is gone
+        os._exit(1)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    if failed:
+        # Stay (the parent kills every rank once it has read the error): exiting now would close
+        # this rank's connections, and the others' "connection closed" errors could reach the
+        # parent alongside the real one.
+        time.sleep(timeout + 60)
+        os._exit(1)
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - exiting anyway
+        pass
+    os._exit(0)  # no atexit handlers inherited from the parent (a notebook kernel's, pytest's)
+
+
+class _PortTaken(Exception):
+    pass
+
+
+def run_ranks(fn, world_size, *args, timeout=60.0) -> list:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` forked rank processes joined in a gloo
+    process group; return their results (picklable values), indexed by rank.
+
+    Each rank is forked from this process (so ``fn`` may be defined in a notebook cell), sets
+    ``torch.set_num_threads(1)`` first (a fork after a multi-threaded op could otherwise hang) and
+    joins ``init_process_group("gloo", "tcp://127.0.0.1:<free port>")``; afterwards it destroys the
+    group and exits. Every rank process is gone when this returns or raises: if a rank raises, the
+    others are killed and ``RankError`` says ``rank 1 raised ValueError: ...`` (its traceback is in
+    ``.remote_traceback``); if the ranks are not all done within ``timeout`` seconds, all are killed
+    and ``TimeoutError`` says which were still running; on Ctrl-C (KeyboardInterrupt) all are
+    killed too. Call ``prewarm()`` once first: then 4 ranks start, run a few DDP steps and are joined
+    in well under 2 s on 2 cores.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be a function fn(rank, world_size, *args), not {_shown(fn)}")
+    world_size = _whole("world_size", world_size, 1, MAX_WORLD_SIZE)
+    timeout = _real("timeout", timeout)
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"timeout must be a positive number of seconds, such as 60, not {_shown(timeout)}")
+    if "fork" not in mp.get_all_start_methods():
+        raise RuntimeError("run_ranks forks its ranks, and this platform has no fork (use Linux or macOS)")
+    if torch.cuda.is_initialized():
+        raise RuntimeError("run_ranks forks its ranks, which is unsafe once CUDA is initialised in this "
+                           "process; start the ranks before any CUDA call")
+    deadline = time.monotonic() + timeout
+    for _attempt in range(3):
+        try:
+            return _launch(fn, world_size, args, timeout, deadline)
+        except _PortTaken:  # another program took the free port before rank 0 bound it
+            continue
+    return _launch(fn, world_size, args, timeout, deadline)
+
+
+def _launch(fn, world_size: int, args: tuple, timeout: float, deadline: float) -> list:
+    ctx = mp.get_context("fork")
+    port = _free_port()
+    procs, conns = [], []
+    masked, old_mask = hasattr(signal, "pthread_sigmask"), None
+    try:
+        # Ctrl-C is held back while the ranks start (a KeyboardInterrupt between a fork and its
+        # bookkeeping would lose a child) and raised, if it came, once every rank is known.
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
+        with warnings.catch_warnings():  # Python >= 3.12 warns about fork in a threaded process
+            warnings.filterwarnings("ignore", message=".*multi-threaded.*fork", category=DeprecationWarning)
+            for rank in range(world_size):
+                recv, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_rank_main, name=f"rank {rank}",
+                                   args=(rank, world_size, port, send, fn, args, os.getpid(), timeout))
+                conns.append(recv)
+                try:
+                    proc.start()
+                finally:
+                    send.close()
+                procs.append(proc)
+        if masked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            masked = False
+        results = _collect(procs, conns, deadline, timeout)
+        _join(procs, min(max(deadline - time.monotonic(), 0.0), 10.0) + 1.0)
+        return results
+    finally:
+        try:
+            _reap(procs, conns)
+        finally:
+            if masked and old_mask is not None:  # after the reaping: a Ctrl-C held back is raised now
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def _collect(procs, conns, deadline: float, timeout: float) -> list:
+    n = len(procs)
+    results = [None] * n
+    pending = set(range(n))
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            ranks = sorted(pending)
+            which = f"rank {ranks[0]} was" if len(ranks) == 1 else \
+                f"ranks {', '.join(map(str, ranks))} were"
+            raise TimeoutError(f"{which} still running after {number(timeout)} s: killed all {n} rank processes")
+        waitables = {}
+        for r in pending:
+            waitables[conns[r]] = r
+            waitables[procs[r].sentinel] = r
+        ready = _wait_for(list(waitables), timeout=left)
+        errors = []
+        for r in sorted({waitables[obj] for obj in ready}):
+            if r not in pending:
+                continue
+            msg = None
+            if conns[r].poll():
+                try:
+                    msg = pickle.loads(conns[r].recv_bytes())
+                except EOFError:
+                    msg = None
+                except Exception as exc:  # noqa: BLE001 - a result this process cannot unpickle
+                    raise RankError(f"rank {r} returned a result that cannot be unpickled here: "
+                                    f"{type(exc).__name__}: {_one_line(exc)}", r, type(exc).__name__) from None
+            if msg is None:
+                procs[r].join(1.0)
+                code = procs[r].exitcode
+                how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+                errors.append(RankError(f"rank {r} {how} without returning a result", r))
+                pending.discard(r)
+            elif msg[0] == "ok":
+                results[r] = msg[1]
+                pending.discard(r)
+            else:
+                _, stage, name, text, tb = msg
+                where = {"init_process_group": " in init_process_group", "run": "",
+                         "return": " returning its result (it must be picklable)"}[stage]
+                if stage == "init_process_group" and r == 0 and "address already in use" in text.lower():
+                    raise _PortTaken()
+                errors.append(RankError(f"rank {r} raised {name}{where}: {text}", r, name, tb))
+                pending.discard(r)
+        if errors:  # a rank that died first: the others' errors may only be its closed connections
+            raise min(errors, key=lambda e: (e.error != "", e.rank))
+    return results
+
+
+def _join(procs, grace: float) -> None:
+    end = time.monotonic() + grace
+    for p in procs:
+        p.join(max(end - time.monotonic(), 0.0))
+
+
+def _reap(procs, conns) -> None:
+    """Kill whatever rank is still alive, and join them all (no zombie either)."""
+    for p in procs:
+        if p.exitcode is None:
+            try:
+                p.kill()
+            except (OSError, ValueError):
+                pass
+    for p in procs:
+        try:
+            p.join()
+            p.close()
+        except (OSError, ValueError):
+            pass
+    for c in conns:
+        c.close()
+
+
+# ============================================================================================
+# gloo's all-reduce, bit for bit
+# ============================================================================================
+
+_DTYPES = {FP32: np.float32, FP16: np.float16, BF16: np.float32}
+
+
+def _sum_format(dtype) -> FloatFormat:
+    try:
+        fmt = get_format(dtype)
+    except (TypeError, ValueError):
+        fmt = None
+    if fmt not in _DTYPES:
+        raise ValueError(f"dtype must be 'float32', 'float16' or 'bfloat16' (or FP32, FP16, BF16), "
+                         f"not {_shown(dtype)}")
+    return fmt
+
+
+def _grads(grads) -> np.ndarray:
+    """One row per rank of real numbers as float32 (a bfloat16 or float16 tensor or array exactly;
+    other values rounded to float32 first, as torch's ``.to(dtype)`` from float64 goes through it)."""
+    what = "a 2-D array of numbers, one row per rank (e.g. [[1.0, 2.0], [3.0, 4.0]])"
+    if isinstance(grads, torch.Tensor):
+        if grads.is_complex() or grads.dtype == torch.bool or grads.device.type == "meta":
+            raise TypeError(f"grads must be {what}, not a {str(grads.dtype).replace('torch.', '')} tensor")
+        grads = grads.detach().cpu()
+        arr = grads.numpy() if grads.dtype in (torch.float16, torch.float32, torch.float64) else \
+            grads.double().numpy()
+    elif isinstance(grads, (str, bytes, bytearray)):
+        raise TypeError(f"grads must be {what}, not a string")
+    else:
+        try:
+            arr = np.asarray(grads)
+        except (ValueError, TypeError, OverflowError):
+            raise ValueError(f"grads must be {what}, not {_shown(grads)}") from None
+        if arr.dtype.name == "bfloat16":  # ml_dtypes
+            arr = arr.astype(np.float32)
+    if arr.dtype.kind == "O":
+        try:
+            arr = arr.astype(np.float64)
+        except (TypeError, ValueError, OverflowError):
+            raise TypeError(f"grads must be {what}, not {_shown(grads)}") from None
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"grads must be {what}, not {arr.dtype} values")
+    if arr.ndim != 2:
+        raise ValueError(f"grads must be 2-D, one row per rank and one column per element (got shape {arr.shape})")
+    if arr.shape[0] < 1:
+        raise ValueError("grads must have at least one row (one per rank)")
+    with np.errstate(over="ignore"):  # beyond float32 is inf, as a cast makes it
+        return arr.astype(np.float32)
+
+
+def _rounded(fmt: FloatFormat, x32: np.ndarray) -> np.ndarray:
+    """float32 values rounded to ``fmt`` (round to nearest even, overflow to inf), as torch's cast
+    from float32 does; returned as float16 (fp16) or float32. A NaN keeps its sign in fp16
+    (``c10::Half``: 0x7E00 | sign) and becomes the one positive NaN 0x7FC0 in bf16
+    (``c10::BFloat16``'s ``round_to_nearest_even``)."""
+    if fmt is FP32:
+        return x32
+    with np.errstate(invalid="ignore", over="ignore"):
+        q = fmt.quantize(x32).astype(_DTYPES[fmt])
+    if fmt is BF16:
+        q[np.isnan(q)] = np.float32(np.nan)  # 0x7FC00000
+    return q
+
+
+def _add(fmt: FloatFormat, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``gloo::sum<T>``: ``c = a + b`` with T float, c10::Half or c10::BFloat16, i.e. a float32 add
+    and, for the 16-bit types, one rounding of its result."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.add(a.astype(np.float32), b.astype(np.float32))
+    return _rounded(fmt, s)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return value if value % multiple == 0 else value + multiple - value % multiple
+
+
+def _ring_layout(length: int, world_size: int, item: int) -> tuple[int, int]:
+    """(elements per segment, segments per rank) of gloo's ring for ``length`` elements of ``item``
+    bytes (``gloo/allreduce.cc``, ``ring``)."""
+    total = length * item
+    max_segment = item * max(1, GLOO_MAX_SEGMENT_BYTES // item)
+    segments = _round_up(max(-(-total // max_segment), 2 * world_size), world_size)
+    segment_bytes = _round_up(-(-total // segments), item)
+    return segment_bytes // item, segments // world_size
+
+
+def _length_args(length, world_size, dtype) -> tuple[int, int, FloatFormat]:
+    length = _whole("length", length, 0, 2**31)
+    world_size = _whole("world_size", world_size, 1, MAX_WORLD_SIZE)
+    return length, world_size, _sum_format(dtype)
+
+
+def gloo_chunks(length, world_size, dtype="float32") -> np.ndarray:
+    """For each of ``length`` elements, the rank that owns it after gloo's reduce-scatter (its
+    chunk): rank ``c`` sums chunk ``c``. Chunks follow gloo's segments (at least ``2 * world_size``
+    of them, none over 1 MiB), so they depend on the dtype's size and are uneven for some lengths."""
+    length, world_size, fmt = _length_args(length, world_size, dtype)
+    if length == 0:
+        return np.zeros(0, np.int64)
+    per_segment, per_rank = _ring_layout(length, world_size, fmt.bits // 8)
+    return np.minimum(np.arange(length) // per_segment // per_rank, world_size - 1)
+
+
+def gloo_summation_order(length, world_size, dtype="float32") -> np.ndarray:
+    """The order in which gloo adds the ranks' values, element by element: an int array of shape
+    (length, world_size) whose row ``i`` lists ranks, first to last (element ``i`` of chunk ``c`` is
+    ``x[c-1] + ...``: ``c-1, c-2, ..., c`` mod world_size). ``world_size`` 1 is the value itself."""
+    chunk = gloo_chunks(length, world_size, dtype)
+    steps = np.arange(1, int(world_size) + 1)
+    return (chunk[:, None] - steps[None, :]) % int(world_size)
+
+
+def allreduce(grads, dtype="float32", *, order="gloo") -> np.ndarray:
+    """What every rank holds after ``dist.all_reduce(t, op=SUM)`` on gloo, when rank ``r``'s tensor
+    is ``grads[r]`` in ``dtype`` (``"float32"``, ``"float16"`` or ``"bfloat16"``).
+
+    ``grads``: one row per rank (a 2-D array, list or tensor); values are rounded to ``dtype`` first
+    as ``torch.tensor(float32 values).to(dtype)`` does (other values through float32). Every length
+    and world size is modelled (see ``gloo_chunks``); equal to real gloo bit for bit. (NaNs too in
+    bfloat16, where every NaN is 0x7FC0; in float32 and float16 a NaN's sign, when two NaNs meet
+    in an add, is the compiler's choice of operand order, so compare NaN as NaN there.) Returns
+    float32 for float32 and bfloat16 (whose values float32 holds exactly), float16 for float16.
+
+    ``order`` picks the summation: ``"gloo"`` (what gloo does) or a plausible wrong model:
+    ``"rank"`` (``((x0 + x1) + x2) + ...``, rounding after each add), ``"tree"`` (pairwise:
+    ``(x0 + x1) + (x2 + x3)``, rounding after each add), ``"once"`` (the float64 sum, rounded once, through float32).
+    """
+    fmt = _sum_format(dtype)
+    if not isinstance(order, str) or order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, not {_shown(order)}")
+    x = _rounded(fmt, _grads(grads))
+    world_size, length = x.shape
+    if world_size > MAX_WORLD_SIZE:
+        raise ValueError(f"grads must have at most {MAX_WORLD_SIZE} rows (ranks), not {world_size}")
+    if world_size == 1 or length == 0:
+        return x[0].copy()
+    if order == "once":
+        with np.errstate(invalid="ignore", over="ignore"):
+            return _rounded(fmt, x.astype(np.float64).sum(axis=0).astype(np.float32))
+    if order == "rank":
+        acc = x[0]
+        for r in range(1, world_size):
+            acc = _add(fmt, acc, x[r])
+        return acc
+    if order == "tree":
+        rows = list(x)
+        while len(rows) > 1:
+            rows = [_add(fmt, rows[i], rows[i + 1]) if i + 1 < len(rows) else rows[i]
+                    for i in range(0, len(rows), 2)]
+        return rows[0]
+    ranks = gloo_summation_order(length, world_size, fmt)
+    cols = np.arange(length)
+    acc = x[ranks[:, 0], cols]
+    for k in range(1, world_size):
+        acc = _add(fmt, x[ranks[:, k], cols], acc)  # gloo: out = local + received
+    return acc
+
+
+def _allreduce_rank(rank: int, world_size: int, rows: np.ndarray, dtype: str) -> np.ndarray:
+    import torch.distributed as dist
+
+    t = torch.from_numpy(rows[rank].copy()).to(getattr(torch, dtype))
+    dist.all_reduce(t)
+    return t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def run_allreduce(grads, dtype="float32", *, timeout=60.0) -> np.ndarray:
+    """The real thing: ``dist.all_reduce(t, SUM)`` on gloo with rank ``r``'s tensor ``grads[r]`` in
+    ``dtype`` (one forked rank per row, as ``run_ranks`` starts them). Returns what each rank holds
+    afterwards, shape (world_size, length): float32 for float32 and bfloat16, float16 for float16.
+    ``allreduce(grads, dtype)`` models every row, bit for bit."""
+    fmt = _sum_format(dtype)
+    x = _grads(grads)
+    if x.shape[0] > 16:
+        raise ValueError(f"grads must have at most 16 rows for a real run (one process each), not {x.shape[0]}")
+    if x.size > 2**26:
+        raise ValueError(f"grads must have at most {2**26:,} values for a real run, not {x.size:,}")
+    prewarm()
+    return np.stack(run_ranks(_allreduce_rank, x.shape[0], x, fmt.torch_dtype, timeout=timeout))
+
+
+# ============================================================================================
+# Loss scalers across ranks: the simulator
+# ============================================================================================
+
+
+@dataclass(frozen=True, eq=False)
+class RanksTrace:
+    """Per-rank loss scalers over a run: arrays of shape (world_size, steps), row ``r`` for rank ``r``.
+
+    ``scale``: the scale each rank's step used (before its update; float32 values, NaN after a run
+    the policy ended); ``overflow``: the rank's own gradients were not finite (before any all-reduce;
+    with FSDP, its shard after the reduce-scatter; a rank whose weights went non-finite overflows at
+    every later step); ``found_inf``: the rank's
+    scaler skipped the step (it saw an inf, or its run had ended); ``stepped``: the rank's optimizer
+    step ran (``~found_inf``); ``nonfinite_step``: it ran on gradients that were not finite (the
+    all-reduce brought another rank's inf after this rank's own check: its weights are now
+    inf/NaN); ``final_scale``: each rank's scale after the last step. ``mode`` and ``policy`` say how
+    it was made (``simulate_ranks``) or measured (``run_scaler_ranks``).
+    """
+
+    mode: str
+    policy: DynamicScaler
+    scale: np.ndarray
+    overflow: np.ndarray
+    found_inf: np.ndarray
+    stepped: np.ndarray
+    nonfinite_step: np.ndarray
+    final_scale: np.ndarray
+
+    @property
+    def world_size(self) -> int:
+        return int(self.scale.shape[0])
+
+    @property
+    def steps(self) -> int:
+        return int(self.scale.shape[1])
+
+    @property
+    def skipped_count(self) -> np.ndarray:
+        """Skipped steps per rank."""
+        return self.found_inf.sum(axis=1)
+
+    @property
+    def scales_agree(self) -> np.ndarray:
+        """Per step: every rank used the same scale (NaN equal to NaN)."""
+        s = self.scale
+        same = (s == s[:1]) | (np.isnan(s) & np.isnan(s[:1]))
+        return same.all(axis=0)
+
+    @property
+    def first_divergence(self) -> int | None:
+        """The first step at which the ranks' scales differ, or None."""
+        bad = np.flatnonzero(~self.scales_agree)
+        return int(bad[0]) if bad.size else None
+
+    @property
+    def poisoned_at(self) -> tuple:
+        """Per rank: the first step it took on non-finite gradients, or None."""
+        return tuple(int(np.argmax(row)) if row.any() else None for row in self.nonfinite_step)
+
+    def table(self, steps=None) -> Table:
+        """Step by step, each rank's scale and what its optimizer did (``stepped``, ``skipped``,
+        ``stepped on inf/NaN``). ``steps``: step indices to show (the first 20 by default)."""
+        idx = _step_indices(steps, self.steps)
+        rows = []
+        for t in idx:
+            cells = [t]
+            for r in range(self.world_size):
+                did = ("stepped on inf/NaN" if self.nonfinite_step[r, t] else
+                       "stepped" if self.stepped[r, t] else
+                       "skipped (the run had ended)" if np.isnan(self.scale[r, t]) else "skipped")
+                cells.append(f"{number(self.scale[r, t])} {did}" + (" (own overflow)" if self.overflow[r, t]
+                                                                      and not self.nonfinite_step[r, t] else ""))
+            rows.append(cells)
+        return Table(("step", *(f"rank {r}: scale, optimizer" for r in range(self.world_size))), rows,
+                     title=f"{self.mode}: {self.world_size} ranks")
+
+    def __repr__(self) -> str:
+        div = self.first_divergence
+        final = ", ".join(number(s) for s in self.final_scale)
+        return (f"RanksTrace({self.mode}: {self.world_size} ranks, {self.steps} steps, skipped per rank "
+                f"{self.skipped_count.tolist()}, final scales [{final}]"
+                + (f", scales differ from step {div}" if div is not None else "")
+                + (f", poisoned at {list(self.poisoned_at)}" if self.nonfinite_step.any() else "") + ")")
+
+
+def _step_indices(steps, n: int) -> list:
+    if steps is None:
+        return list(range(min(n, 20)))
+    if isinstance(steps, (str, bytes)) or not hasattr(steps, "__iter__"):
+        raise TypeError(f"steps must be step indices, e.g. range(10) or [0, 5], not {_shown(steps)}")
+    idx = []
+    for i in steps:
+        i = _whole("a step index", i, None)
+        if not 0 <= i < n:
+            raise ValueError(f"step {i} is outside the run (0 to {n - 1})" if n else
+                             f"step {i} is outside the run: it has no steps")
+        if len(idx) == MAX_TABLE_ROWS:
+            raise ValueError(f"steps must list at most {MAX_TABLE_ROWS:,} steps")
+        idx.append(i)
+    return idx
+
+
+def _pattern_rows(values):
+    """Rows given as patterns (``"..x.."``: x an overflow) become booleans."""
+    if isinstance(values, (list, tuple)) and values and all(isinstance(v, str) for v in values):
+        rows = []
+        for v in values:
+            chars = [c for c in v if not c.isspace()]
+            bad = sorted({c for c in chars if c not in "x."})
+            if bad:
+                raise ValueError(f"a found_inf pattern uses x (overflow) and . (clean step) only, "
+                                 f"not {_shown(''.join(bad))}")
+            rows.append([c == "x" for c in chars])
+        if len({len(r) for r in rows}) > 1:
+            raise ValueError("found_inf patterns must all have the same number of steps")
+        return np.array(rows, dtype=bool).reshape(len(rows), -1)
+    return values
+
+
+def _rank_flags(found_inf) -> np.ndarray:
+    what = "booleans, one row per rank and one column per step (or patterns such as ['..x.', '....'])"
+    found_inf = _pattern_rows(found_inf)
+    if isinstance(found_inf, torch.Tensor):
+        if found_inf.is_complex() or found_inf.device.type == "meta":
+            raise TypeError(f"found_inf must be {what}, not {_shown(found_inf)}")
+        found_inf = found_inf.detach().cpu().double().numpy() if found_inf.is_floating_point() else \
+            found_inf.detach().cpu().numpy()
+    if isinstance(found_inf, (str, bytes, bytearray)):
+        raise TypeError(f"found_inf must be {what}, not a string")
+    try:
+        arr = np.asarray(found_inf)
+    except (ValueError, TypeError, OverflowError):
+        raise ValueError(f"found_inf must be {what}, not {_shown(found_inf)}") from None
+    if arr.ndim != 2:
+        raise ValueError(f"found_inf must be 2-D, one row per rank and one column per step (got shape {arr.shape})")
+    if arr.dtype.kind == "b":
+        return arr.astype(bool)
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"found_inf must be {what}, not {arr.dtype} values")
+    bad = ~((arr == 0) | (arr == 1))
+    if bad.any():
+        r, t = (int(v) for v in np.argwhere(bad)[0])
+        raise ValueError(f"found_inf must be True/False (or 1/0) everywhere; rank {r}, step {t} is "
+                         f"{arr[r, t].item()!r}")
+    return arr == 1
+
+
+def _rank_gradients(grad_max) -> np.ndarray:
+    what = "numbers, one row per rank and one column per step (each rank's largest |gradient|)"
+    if isinstance(grad_max, torch.Tensor):
+        if grad_max.is_complex() or grad_max.dtype == torch.bool or grad_max.device.type == "meta":
+            raise TypeError(f"grad_max must be {what}, not a {str(grad_max.dtype).replace('torch.', '')} tensor")
+        grad_max = grad_max.detach().cpu().double().numpy()
+    if isinstance(grad_max, (str, bytes, bytearray)):
+        raise TypeError(f"grad_max must be {what}, not a string")
+    try:
+        arr = np.asarray(grad_max)
+    except (ValueError, TypeError, OverflowError):
+        raise ValueError(f"grad_max must be {what}, not {_shown(grad_max)}") from None
+    if arr.dtype.kind == "b":
+        raise TypeError("grad_max must be numbers (each rank's largest |gradient| per step), not booleans; "
+                        "give overflow flags as found_inf=")
+    if arr.dtype.kind == "O":
+        try:
+            arr = arr.astype(np.float64)
+        except (TypeError, ValueError, OverflowError):
+            raise TypeError(f"grad_max must be {what}, not {_shown(grad_max)}") from None
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"grad_max must be {what}, not {arr.dtype} values")
+    if arr.ndim != 2:
+        raise ValueError(f"grad_max must be 2-D, one row per rank and one column per step (got shape {arr.shape})")
+    with np.errstate(over="ignore"):
+        return np.abs(arr.astype(np.float64))
+
+
+def _stream(found_inf, grad_max):
+    if (found_inf is None) == (grad_max is None):
+        raise ValueError("give exactly one of found_inf (per rank and step: did its gradients overflow?) "
+                         "or grad_max (per rank and step: its largest |gradient|)")
+    arr = _rank_flags(found_inf) if found_inf is not None else _rank_gradients(grad_max)
+    if arr.shape[0] < 1:
+        raise ValueError("give at least one rank (one row)")
+    if arr.shape[0] > MAX_WORLD_SIZE:
+        raise ValueError(f"give at most {MAX_WORLD_SIZE} ranks (rows), not {arr.shape[0]}")
+    if arr.size > MAX_SIM_CELLS:
+        raise ValueError(f"ranks x steps must be at most {MAX_SIM_CELLS:,}, not {arr.size:,}")
+    return arr, found_inf is not None
+
+
+def _mode(mode) -> str:
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, not {_shown(mode)}")
+    return mode
+
+
+def simulate_ranks(policy: DynamicScaler, *, found_inf=None, grad_max=None, mode="ddp", fmt=FP16,
+                   loss_dtype="float32") -> RanksTrace:
+    """Every rank's loss scaler over a run, as ``mode`` lets them see overflows.
+
+    Give per rank and step either ``found_inf`` (booleans, shape (world_size, steps), or patterns
+    such as ``["..x..", "....."]``: whether that rank's own backward overflowed) or ``grad_max``
+    (its largest unscaled |gradient|; it overflows as ``ampviz.scaling.overflows(scale, g, fmt,
+    loss_dtype)`` says at that rank's own scale). Each rank runs ``policy`` (e.g.
+    ``TorchGradScaler(init_scale=1024)``). ``mode``:
+
+    * ``"ddp"``: the gradients are all-reduced before ``unscale_`` (DDP's backward): any rank's inf
+      is in every rank's gradients, so every scaler skips and backs off together.
+    * ``"synced"``: the found_inf flag itself is all-reduced (``ShardedGradScaler``, or an
+      ``all_reduce(found_inf, MAX)`` after ``unscale_``): the same decisions as ``"ddp"``.
+    * ``"local"``: a scaler per rank on its own gradients, which are never all-reduced (local SGD;
+      also FSDP1 with a plain GradScaler, if each row says whether that rank's *shard* has an inf):
+      each rank skips on its own overflows only, so the scales drift apart.
+    * ``"unscale_first"``: ``unscale_`` (and clipping) on local gradients, then a manual all-reduce,
+      then ``step``: a rank whose own gradients were clean does not skip, yet steps on the
+      all-reduced inf (``nonfinite_step``); its weights are then inf/NaN, so its gradients overflow
+      at every later step.
+    """
+    if not isinstance(policy, DynamicScaler):
+        raise TypeError(f"policy must be a DynamicScaler (e.g. TorchGradScaler()), got {_shown(policy)}")
+    mode = _mode(mode)
+    arr, flags_given = _stream(found_inf, grad_max)
+    fmt = get_format(fmt)
+    overflows(1.0, 1.0, fmt, loss_dtype)  # checks fmt (one with inf) and loss_dtype
+    if mode == "unscale_first":
+        return _step_loop(policy, mode, arr, flags_given, fmt, loss_dtype)
+    return _fast(policy, mode, arr, flags_given, fmt, loss_dtype)
+
+
+def _trace(policy, mode, traces, overflow, nonfinite=None) -> RanksTrace:
+    scale = np.stack([t.scale.astype(np.float64) for t in traces])
+    skipped = np.stack([t.skipped for t in traces])
+    final = np.array([t.final.scale if not t.final.stopped else math.nan for t in traces], np.float64)
+    if nonfinite is None:
+        nonfinite = np.zeros_like(skipped)
+    return RanksTrace(mode, policy, scale, overflow, skipped, ~skipped, nonfinite, final)
+
+
+def _fast(policy, mode, arr, flags_given, fmt, loss_dtype) -> RanksTrace:
+    """``"ddp"``, ``"synced"`` and ``"local"`` with ``ampviz.scaling.simulate`` (one stream per
+    rank, or one shared stream: by monotone rounding the largest |gradient| decides)."""
+    world_size = arr.shape[0]
+    if mode == "local":
+        traces = [simulate(policy, found_inf=row) if flags_given else
+                  simulate(policy, grad_max=row, fmt=fmt, loss_dtype=loss_dtype) for row in arr]
+        if flags_given:
+            over = arr.copy()
+        else:
+            with np.errstate(invalid="ignore", over="ignore"):
+                over = np.stack([overflows(t.scale.astype(np.float64), row, fmt, loss_dtype)
+                                 for t, row in zip(traces, arr)])
+        return _trace(policy, mode, traces, over)
+    if flags_given:
+        shared = simulate(policy, found_inf=arr.any(axis=0))
+        over = arr.copy()
+    else:
+        with np.errstate(invalid="ignore"):
+            worst = np.where(np.isnan(arr).any(axis=0), np.nan, arr.max(axis=0, initial=0.0))
+        shared = simulate(policy, grad_max=worst, fmt=fmt, loss_dtype=loss_dtype)
+        with np.errstate(invalid="ignore", over="ignore"):
+            over = overflows(shared.scale.astype(np.float64)[None, :], arr, fmt, loss_dtype)
+    return _trace(policy, mode, [shared] * world_size, over)
+
+
+def _step_loop(policy, mode, arr, flags_given, fmt, loss_dtype) -> RanksTrace:
+    """Step by step, every rank's state machine, for any mode (``"unscale_first"`` couples the
+    ranks through non-finite weights; the tests hold the other modes' fast path to it)."""
+    world_size, steps = arr.shape
+    states = [policy.initial_state() for _ in range(world_size)]
+    scale = np.full((world_size, steps), np.nan)
+    over = np.zeros((world_size, steps), bool)
+    skipped = np.zeros((world_size, steps), bool)
+    nonfinite = np.zeros((world_size, steps), bool)
+    poisoned = np.zeros(world_size, bool)
+    for t in range(steps):
+        if poisoned.all():  # from here every rank overflows at every step: no coupling is left
+            for r in range(world_size):
+                tail = simulate(policy, found_inf=np.ones(steps - t, bool), state=states[r])
+                scale[r, t:] = tail.scale
+                skipped[r, t:] = tail.skipped
+                states[r] = tail.final
+            over[:, t:] = True
+            break
+        s = np.array([st.scale if not st.stopped else math.nan for st in states])
+        if flags_given:
+            own = arr[:, t].copy()
+        else:
+            with np.errstate(invalid="ignore", over="ignore"):
+                own = np.asarray(overflows(s, arr[:, t], fmt, loss_dtype), bool)
+        own |= poisoned
+        shared = own.any()
+        seen = np.full(world_size, shared) if mode in ("ddp", "synced") else own
+        for r in range(world_size):
+            st = states[r]
+            scale[r, t] = s[r]
+            if st.stopped:
+                skipped[r, t] = True
+                continue
+            new = policy._adjust(st, bool(seen[r]))
+            skipped[r, t] = bool(seen[r]) or new.stopped
+            states[r] = new
+        over[:, t] = own
+        if mode == "unscale_first":
+            nonfinite[:, t] = ~skipped[:, t] & shared
+            poisoned |= nonfinite[:, t]
+    final = np.array([st.scale if not st.stopped else math.nan for st in states], np.float64)
+    return RanksTrace(mode, policy, scale, over, skipped, ~skipped, nonfinite, final)
+
+
+def same_trace(a: RanksTrace, b: RanksTrace, *, overflow: bool = True) -> bool:
+    """True when two traces agree step for step: scales (NaN equal to NaN), skips, steps on
+    non-finite gradients, final scales, and (``overflow=True``) each rank's own overflows."""
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, RanksTrace):
+            raise TypeError(f"{name} must be a RanksTrace (simulate_ranks or run_scaler_ranks), not {_shown(x)}")
+    _flag("overflow", overflow)
+    if a.scale.shape != b.scale.shape:
+        return False
+
+    def same(x, y):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        return bool(np.all((x == y) | (np.isnan(x) & np.isnan(y))))
+
+    return (same(a.scale, b.scale) and same(a.final_scale, b.final_scale)
+            and np.array_equal(a.found_inf, b.found_inf) and np.array_equal(a.nonfinite_step, b.nonfinite_step)
+            and (not overflow or np.array_equal(a.overflow, b.overflow)))
+
+
+# ============================================================================================
+# The same scenarios, run for real
+# ============================================================================================
+
+
+@dataclass(frozen=True, eq=False)
+class RanksRun:
+    """A real multi-rank run: ``trace`` (a ``RanksTrace`` of what each rank's real scaler did, to
+    compare with ``simulate_ranks``) and ``weights``, every rank's flattened weights before the
+    first step and after each step (shape (world_size, steps + 1, n), float32)."""
+
+    trace: RanksTrace
+    weights: np.ndarray
+
+    @property
+    def weights_identical(self) -> np.ndarray:
+        """Per step (and before the first): every rank's weights are bitwise identical."""
+        bits = self.weights.view(np.uint32)
+        return (bits == bits[:1]).all(axis=(0, 2))
+
+    @property
+    def weights_spread(self) -> np.ndarray:
+        """Per step: max over ranks and weights of |w_rank - w_rank0| (NaN once a weight is NaN)."""
+        with np.errstate(invalid="ignore"):
+            d = np.abs(self.weights.astype(np.float64) - self.weights[:1].astype(np.float64))
+        return np.where(np.isnan(d).any(axis=(0, 2)), np.nan, np.nanmax(d, axis=(0, 2), initial=0.0))
+
+    @property
+    def weights_finite(self) -> np.ndarray:
+        """(world_size, steps + 1): every weight of that rank is finite."""
+        return np.isfinite(self.weights).all(axis=2)
+
+    def __repr__(self) -> str:
+        return f"RanksRun({self.trace!r}, weights identical at the end: {bool(self.weights_identical[-1])})"
+
+
+#: The highest scale a ``found_inf`` run may reach (its MLP's clean steps overflow from about 2^16).
+MLP_MAX_SCALE = 2.0**14
+_SPIKE = 2.0**20  # an input this large overflows the fp16 forward (inf), whatever the scale
+
+
+def _batch(seed: int, rank: int, step: int):
+    g = torch.Generator().manual_seed(((seed * 1_000_003) + rank * 10_007 + step) % 2**63)
+    x = torch.randn(16, 8, generator=g)
+    return x, x[:, :1] - 0.5 * x[:, 1:2]
+
+
+class _Probe(torch.nn.Module):
+    """A layer whose scaled gradient is exactly ``f32(f16(f32(scale * g)))`` for a given ``g``
+    (backward through an fp16 cast of the weights, as autocast's casts do), and NaN once the weights
+    are NaN, as a network's gradients are."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(n))
+
+    def forward(self, g):
+        z = self.weight.half().float()
+        return (z * g).sum() + (z * z).sum() * 0.0
+
+
+_PROBE_PATTERN = (1.0, -0.5, 0.25, -0.125)
+
+
+_PROBE_CLEAN = 2.0**-7  # a probe's |gradient| at a clean step of a found_inf stream
+
+
+def _scaler_rank(rank: int, world_size: int, mode: str, stream: np.ndarray, flags_given: bool, fsdp: bool,
+                 settings: dict, seed: int, lr: float, max_norm: float) -> dict:
+    """One rank of ``run_scaler_ranks`` (runs in a forked rank)."""
+    import torch.distributed as dist
+
+    torch.manual_seed(seed)  # the same initial weights on every rank
+    probe = fsdp or not flags_given
+    if probe:
+        width = len(_PROBE_PATTERN)
+        model = _Probe(width * (world_size if fsdp else 1))
+        region = slice(width * rank, width * (rank + 1)) if fsdp else slice(0, width)  # FSDP: this rank's shard
+    else:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    net = model
+    local_finite = []
+    if fsdp:
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+        with warnings.catch_warnings():  # one rank: FSDP says it falls back to NO_SHARD, as intended
+            warnings.filterwarnings("ignore", message="FSDP is switching to use `NO_SHARD`", category=UserWarning)
+            net = FullyShardedDataParallel(model, device_id=torch.device("cpu"),
+                                           sharding_strategy=ShardingStrategy.FULL_SHARD)
+    elif mode == "ddp":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        from torch.nn.parallel import DistributedDataParallel
+
+        def recording_hook(state, bucket):  # the local gradients, before DDP's all-reduce
+            local_finite.append(bool(torch.isfinite(bucket.buffer()).all()))
+            return allreduce_hook(state, bucket)
+
+        net = DistributedDataParallel(model)
+        net.register_comm_hook(None, recording_hook)
+    params = list(net.parameters())  # FSDP: this rank's flat shard
+    opt = torch.optim.SGD(params, lr=lr)
+    calls = []
+    real_step = opt.step
+
+    def counted_step(*a, **k):
+        calls.append(1)
+        return real_step(*a, **k)
+
+    opt.step = counted_step
+    if mode == "synced":
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        scaler = ShardedGradScaler("cpu", **settings)
+    else:
+        scaler = torch.amp.GradScaler("cpu", **settings)
+
+    def weights():
+        if fsdp:
+            with FullyShardedDataParallel.summon_full_params(net):
+                return model.weight.detach().clone()
+        return torch.cat([p.detach().reshape(-1) for p in params]).clone()
+
+    steps = stream.shape[1]
+    scale = np.empty(steps)
+    over = np.zeros(steps, bool)
+    stepped = np.zeros(steps, bool)
+    nonfinite = np.zeros(steps, bool)
+    history = [weights()]
+    pattern = torch.tensor(_PROBE_PATTERN)
+    for t in range(steps):
+        opt.zero_grad(set_to_none=True)
+        scale[t] = scaler.get_scale()
+        if probe:
+            value = float(stream[rank, t]) if not flags_given else (math.inf if stream[rank, t] else _PROBE_CLEAN)
+            g = torch.zeros(model.weight.numel())
+            g[region] = torch.tensor(value, dtype=torch.float32) * pattern
+            loss = net(g)
+        else:
+            x, y = _batch(seed, rank, t)
+            if stream[rank, t]:
+                x = x * _SPIKE
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = net(x)
+            loss = torch.nn.functional.mse_loss(out.float(), y)
+        local_finite.clear()
+        scaler.scale(loss).backward()
+        grads = [p.grad for p in params if p.grad is not None]
+        if mode == "ddp" and not fsdp:
+            over[t] = not all(local_finite)
+        else:  # FSDP: this rank's shard, after the reduce-scatter
+            over[t] = not all(bool(torch.isfinite(gr).all()) for gr in grads)
+        if mode in ("unscale_first", "synced") and not fsdp:
+            scaler.unscale_(opt)  # ShardedGradScaler all-reduces found_inf here
+            torch.nn.utils.clip_grad_norm_(params, max_norm)
+            for gr in grads:
+                dist.all_reduce(gr)
+                gr /= world_size
+        reduced_finite = all(bool(torch.isfinite(gr).all()) for gr in grads)
+        before = len(calls)
+        scaler.step(opt)  # ShardedGradScaler (FSDP): its unscale_ all-reduces found_inf
+        scaler.update()
+        stepped[t] = len(calls) > before
+        nonfinite[t] = stepped[t] and not reduced_finite
+        history.append(weights())
+    return {"scale": scale, "overflow": over, "stepped": stepped, "nonfinite": nonfinite,
+            "final": float(scaler.get_scale()), "weights": torch.stack(history).numpy()}
+
+
+def run_scaler_ranks(mode="ddp", *, found_inf=None, grad_max=None, fsdp=False, init_scale=1024.0,
+                     growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, seed=0, lr=0.01, max_norm=1.0,
+                     timeout=60.0) -> RanksRun:
+    """Run a ``simulate_ranks`` scenario for real: one forked rank per row, gloo, CPU.
+
+    Each rank trains with the real ``torch.amp.GradScaler("cpu", init_scale=..., growth_factor=...,
+    backoff_factor=..., growth_interval=...)`` (``ShardedGradScaler`` in ``"synced"`` mode) and SGD:
+
+    * ``found_inf`` (per rank and step): a small MLP (8-16-1, the same initial weights on every
+      rank) under ``autocast("cpu", float16)`` with MSE loss on the rank's own seeded batches; where
+      a flag is set the batch is multiplied by 2^20, so the fp16 forward overflows and every gradient
+      is inf/NaN (whatever the scale); elsewhere the gradients stay finite at the scales allowed here
+      (at most 2^14).
+    * ``grad_max`` (per rank and step): a probe layer whose gradient is exactly
+      ``g * [1, -0.5, 0.25, -0.125]`` with ``g`` that value, scaled and cast to fp16 on its way back
+      (so it overflows exactly when ``overflows(scale, g, "fp16")`` says), and NaN once its weights
+      are NaN.
+
+    ``mode``: ``"ddp"`` wraps the model in ``DistributedDataParallel`` (a comm hook records each
+    rank's local gradients before the all-reduce); ``"local"`` never all-reduces; ``"unscale_first"``
+    runs ``unscale_``, ``clip_grad_norm_(max_norm)``, then ``dist.all_reduce`` of each gradient (and
+    divides by world_size) before ``step``; ``"synced"`` does the same with ``ShardedGradScaler``,
+    whose ``unscale_`` all-reduces found_inf.
+
+    ``fsdp=True``: FSDP1 (``FullyShardedDataParallel``, FULL_SHARD) over a probe of 4 weights per
+    rank, rank ``r``'s shard being weights ``4r`` to ``4r + 3``; each row then says what reaches that
+    rank's *shard* (its own gradient, put in its shard's region, whose reduce-scatter carries it
+    there): an inf (``found_inf``) or a largest |gradient| (``grad_max``). ``mode="local"`` is FSDP1
+    with a plain GradScaler (each rank judges its own shard: the scales drift apart and a skip on one
+    rank leaves the model half-updated); ``mode="synced"`` is FSDP1 with ``ShardedGradScaler`` (the
+    flag is all-reduced: every rank skips). ``trace.overflow`` is then the shard's inf, after the
+    reduce-scatter.
+
+    Returns a ``RanksRun``; ``simulate_ranks`` with the same arguments must give the same ``trace``
+    (``same_trace``). At most ``MAX_REAL_STEPS`` steps and 8 ranks.
+    """
+    mode = _mode(mode)
+    fsdp = _flag("fsdp", fsdp)
+    if fsdp and mode not in ("local", "synced"):
+        raise ValueError(f"with fsdp=True give mode='local' (FSDP1 with a plain GradScaler) or 'synced' "
+                         f"(with ShardedGradScaler), not {mode!r}")
+    arr, flags_given = _stream(found_inf, grad_max)
+    if arr.shape[1] > MAX_REAL_STEPS:
+        raise ValueError(f"give at most {MAX_REAL_STEPS} steps for a real run (simulate_ranks runs "
+                         f"millions), not {arr.shape[1]}")
+    settings = {"init_scale": _real("init_scale", init_scale), "growth_factor": _real("growth_factor", growth_factor),
+                "backoff_factor": _real("backoff_factor", backoff_factor),
+                "growth_interval": _whole("growth_interval", growth_interval, 1, 2**31 - 1)}
+    policy = TorchGradScaler(**settings)  # checks them as GradScaler does
+    if not (0 < settings["init_scale"] <= 2.0**24):
+        raise ValueError(f"init_scale must be above 0 and at most 2^24 for these runs, not {_shown(init_scale)}")
+    if mode == "synced":  # ShardedGradScaler's CPU update: float32 tensor arithmetic, no finite check
+        policy = DynamicScaler(name="sharded", arithmetic="float32", inf_guard=False, **settings,
+                               source="torch/distributed/fsdp/sharded_grad_scaler.py")
+    seed = _whole("seed", seed, 0, 2**31)
+    lr = _real("lr", lr)
+    max_norm = _real("max_norm", max_norm)
+    if not (lr >= 0 and math.isfinite(lr)):
+        raise ValueError(f"lr must be a finite number >= 0, not {_shown(lr)}")
+    if not (max_norm > 0):
+        raise ValueError(f"max_norm must be a positive number, not {_shown(max_norm)}")
+    world_size = arr.shape[0]
+    if world_size > 8:
+        raise ValueError(f"give at most 8 ranks (rows) for a real run, not {world_size}")
+    if flags_given:  # the highest scale the run can reach: every step clean
+        top = np.nanmax(simulate(policy, found_inf=np.zeros(arr.shape[1] + 1, bool)).scale, initial=0.0)
+        if top > MLP_MAX_SCALE:
+            raise ValueError(f"with found_inf the scale must stay at most 2^14 (this MLP's clean steps overflow "
+                             f"from about 2^16), but init_scale={number(settings['init_scale'])} could grow to "
+                             f"{number(top)} in {arr.shape[1]} steps: use a smaller init_scale or a longer "
+                             f"growth_interval")
+    prewarm()
+    stream = arr.astype(np.float32) if not flags_given else arr
+    out = run_ranks(_scaler_rank, world_size, mode, stream, flags_given, fsdp, settings, seed, lr, max_norm,
+                    timeout=timeout)
+    stepped = np.stack([o["stepped"] for o in out])
+    trace = RanksTrace(mode, policy, np.stack([o["scale"] for o in out]), np.stack([o["overflow"] for o in out]),
+                       ~stepped, stepped, np.stack([o["nonfinite"] for o in out]),
+                       np.array([o["final"] for o in out]))
+    return RanksRun(trace, np.stack([o["weights"] for o in out]))
