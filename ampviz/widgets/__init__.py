@@ -2,8 +2,9 @@
 
 Each explorer keeps its state on the instance (so a notebook or a test can read it), builds its
 controls once, and answers every change with a three-step adapter: read the controls, ask the
-core (``ampviz.formats``, ``ampviz.census``), redraw (a fresh figure from ``ampviz.plots`` into an
-``ipywidgets.Output``). The last figure is also kept as ``.figure``.
+core (``ampviz.formats``, ``ampviz.census``, ``ampviz.scaling``, ``ampviz.ranks``), redraw (a figure
+from ``ampviz.plots``, sent to the explorer's ``FigureView`` in place). The last figure is also kept as
+``.figure``.
 
 An error inside a callback (text that is not a number, a bit pattern out of range) is shown in
 the explorer's message line and kept as ``.error``; it never escapes as a traceback.
@@ -19,6 +20,8 @@ from ampviz.widgets.base import parse_number
 from ampviz.widgets.format_explorer import FormatExplorer
 from ampviz.widgets.live_trainer import LiveTrainer, running_trainers
 from ampviz.widgets.range_explorer import RangeExplorer
+from ampviz.widgets.ranks_lab import RanksLab
 from ampviz.widgets.scaler_lab import ScalerLab
 
-__all__ = ["ExplorerApp", "FormatExplorer", "LiveTrainer", "RangeExplorer", "ScalerLab", "parse_number", "running_trainers"]
+__all__ = ["ExplorerApp", "FormatExplorer", "LiveTrainer", "RangeExplorer", "RanksLab", "ScalerLab", "parse_number",
+           "running_trainers"]
