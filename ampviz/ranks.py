@@ -31,6 +31,14 @@ bit for bit, and a multi-rank loss-scaler simulator held to real runs.
 * ``run_scaler_ranks``: the same scenarios run for real (``GradScaler("cpu")``, DDP,
   ``ShardedGradScaler``, FSDP1 with either scaler; gloo) on forked ranks, returning the same
   ``RanksTrace`` plus every rank's weights after every step.
+* ``reduce_errors``: the error of an fp32, fp16 or bf16 all-reduce against the exact sum as the
+  world grows (the model, with real gloo beside it); ``run_compress_hook`` and
+  ``simulate_compress_hook``: DDP's ``fp16_compress_hook`` (and a bf16 one) under ``GradScaler``,
+  real and predicted.
+* ``run_lightning_ranks``: ``lightning.Trainer(accelerator="cpu")`` with DDP on the same forked
+  ranks, with ``precision="16-mixed"`` (which Lightning turns into bf16 on the CPU) or the
+  explicit fp16 plugin with a GradScaler.
+* ``check_*``: notebook 11's exercise checkers.
 
 Real runs are the reference: the tests hold ``allreduce`` to gloo and ``simulate_ranks`` to
 ``run_scaler_ranks`` step for step, and show that the plausible wrong models fail.
@@ -38,6 +46,7 @@ Real runs are the reference: the tests hold ``allreduce`` to gloo and ``simulate
 
 from __future__ import annotations
 
+import logging
 import math
 import multiprocessing as mp
 import os
@@ -45,6 +54,7 @@ import pickle
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -56,7 +66,7 @@ import numpy as np
 import torch
 
 from ampviz.formats import BF16, FP16, FP32, FloatFormat, get_format
-from ampviz.lessons import Table, number
+from ampviz.lessons import Check, Table, _number_text, _said, check, number
 from ampviz.scaling import DynamicScaler, TorchGradScaler, _shown, overflows, simulate
 from ampviz.training import _flag, _real, _whole
 
@@ -75,6 +85,18 @@ __all__ = [
     "RanksRun",
     "run_scaler_ranks",
     "same_trace",
+    "ReduceErrors",
+    "reduce_errors",
+    "CompressTrace",
+    "COMPRESS_HOOKS",
+    "run_compress_hook",
+    "simulate_compress_hook",
+    "LightningRun",
+    "run_lightning_ranks",
+    "check_ddp_skips",
+    "check_local_scales",
+    "check_found_inf_op",
+    "check_compress_share",
 ]
 
 #: The most ranks ``run_ranks`` starts (each is a process on this machine).
@@ -1116,3 +1138,418 @@ def run_scaler_ranks(mode="ddp", *, found_inf=None, grad_max=None, fsdp=False, i
                        ~stepped, stepped, np.stack([o["nonfinite"] for o in out]),
                        np.array([o["final"] for o in out]))
     return RanksRun(trace, np.stack([o["weights"] for o in out]))
+
+
+# ============================================================================================
+# Reduce precision: the error of a low-precision all-reduce, and the fp16 compress hook
+# ============================================================================================
+
+
+def _relative_error(got, exact: np.ndarray) -> float:
+    d = np.asarray(got, np.float64) - exact
+    return float(np.linalg.norm(d) / np.linalg.norm(exact))
+
+
+@dataclass(frozen=True, eq=False)
+class ReduceErrors:
+    """The relative L2 error of an all-reduce SUM in each dtype against the exact (float64) sum of
+    the same float32 gradients, per world size: ``error[dtype]`` (one value per world size, from
+    ``allreduce``, gloo bit for bit), ``floor[dtype]`` (one rounding of the exact sum: the best any
+    order can do), and ``real_equal[(dtype, world_size)]``: real gloo gave every rank the model's
+    bits (for the world sizes run for real)."""
+
+    world_sizes: tuple
+    dtypes: tuple
+    error: dict
+    floor: dict
+    real_equal: dict
+
+    def table(self) -> Table:
+        rows = []
+        for i, ws in enumerate(self.world_sizes):
+            cells = [ws]
+            for d in self.dtypes:
+                cells.append(f"{self.error[d][i]:.2e} ({self.error[d][i] / self.floor[d][i]:.2f}× floor)")
+            real = [self.real_equal[(d, ws)] for d in self.dtypes if (d, ws) in self.real_equal]
+            cells.append(("bit-equal" if all(real) else "DIFFERS") if real else "model only")
+            rows.append(cells)
+        return Table(("ranks", *(f"{d} sum error" for d in self.dtypes), "real gloo vs model"), rows,
+                     title="all-reduce SUM vs the exact sum (relative L2)")
+
+
+def reduce_errors(world_sizes=(2, 4, 8), dtypes=("float32", "float16", "bfloat16"), *, length=65_536,
+                  sigma=1e-3, seed=0, real_up_to=4) -> ReduceErrors:
+    """All-reduce (SUM) of ``length`` gradients ~ N(0, ``sigma``) per rank (float32, an independent
+    stream per rank, the first ``world_size`` rows of one draw), in each dtype, against the exact sum.
+    World sizes up to ``real_up_to`` are also run on real gloo ranks and compared bit for bit with
+    the model."""
+    sizes = tuple(_whole("world_size", w, 1, MAX_WORLD_SIZE) for w in world_sizes)
+    names = tuple(_sum_format(d).torch_dtype.__str__().replace("torch.", "") for d in dtypes)
+    length = _whole("length", length, 1, 2**22)
+    rng = np.random.default_rng(_whole("seed", seed, 0, None))
+    grads = (rng.standard_normal((max(sizes), length)) * float(sigma)).astype(np.float32)
+    error, floor, real_equal = {d: [] for d in names}, {d: [] for d in names}, {}
+    for ws in sizes:
+        x = grads[:ws]
+        for d in names:
+            exact = _rounded(_sum_format(d), x).astype(np.float64).sum(axis=0)
+            model = allreduce(x, d)
+            error[d].append(_relative_error(model, exact))
+            floor[d].append(_relative_error(allreduce(x, d, order="once"), exact))
+            if ws <= real_up_to:
+                real = run_allreduce(x, d)
+                real_equal[(d, ws)] = bool(all(np.array_equal(r.view(np.uint16 if r.dtype == np.float16 else np.uint32),
+                                                              model.view(np.uint16 if model.dtype == np.float16
+                                                                         else np.uint32)) for r in real))
+    return ReduceErrors(sizes, names, {d: np.array(v) for d, v in error.items()},
+                        {d: np.array(v) for d, v in floor.items()}, real_equal)
+
+
+@dataclass(frozen=True, eq=False)
+class CompressTrace:
+    """DDP steps whose gradient all-reduce is fp32 (``hook=None``) or ``fp16_compress_hook``
+    (``"fp16"``), under ``GradScaler("cpu")``: per step the scale used, the number of gradient
+    entries that were not finite after the all-reduce, and whether the step was skipped;
+    ``ranks_agree``: every rank held the same bits after each all-reduce (real runs only)."""
+
+    hook: str | None
+    world_size: int
+    scale: np.ndarray
+    nonfinite: np.ndarray
+    skipped: np.ndarray
+    length: int
+    ranks_agree: bool = True
+
+    def __repr__(self) -> str:
+        name = {None: "fp32 all-reduce", "fp16": "fp16_compress_hook", "bf16": "bf16 hook for gloo"}.get(
+            self.hook, self.hook)
+        steps = "; ".join(f"scale {number(s)}: {n:,} non-finite, {'skipped' if k else 'stepped'}"
+                          for s, n, k in zip(self.scale, self.nonfinite, self.skipped))
+        return f"{name}, {self.world_size} ranks: {steps}"
+
+    def same(self, other: "CompressTrace") -> bool:
+        return (np.array_equal(self.scale, other.scale) and np.array_equal(self.nonfinite, other.nonfinite)
+                and np.array_equal(self.skipped, other.skipped))
+
+
+#: The gradient all-reduces ``run_compress_hook`` runs: DDP's default (fp32), ``fp16_compress_hook``,
+#: a bf16 hook written for gloo (cast, divide, all-reduce in bf16), and torch's ``bf16_compress_hook``
+#: (which DDP refuses on gloo: ``run_compress_hook`` then raises ``RankError``, a ``TypeError`` in the ranks).
+COMPRESS_HOOKS = (None, "fp16", "bf16", "bf16_compress_hook")
+
+
+def _bf16_hook_gloo(state, bucket):
+    """``bf16_compress_hook`` for gloo: cast the bucket to bf16, divide by the world size, all-reduce."""
+    import torch.distributed as dist
+
+    buf = bucket.buffer()
+    c = buf.to(torch.bfloat16).div_(dist.get_world_size())
+    return dist.all_reduce(c, async_op=True).get_future().then(lambda f: buf.copy_(f.value()[0]))
+
+
+def _compress_grads(seed: int, rank: int, step: int, length: int) -> np.ndarray:
+    g = torch.Generator().manual_seed((seed * 1_000_003 + rank * 10_007 + step) % 2**63)
+    return torch.randn(length, generator=g).numpy()
+
+
+def _compress_args(hook, world_size, steps, init_scale, length, seed):
+    if hook not in COMPRESS_HOOKS:
+        raise ValueError(f"hook must be None (DDP's fp32 all-reduce), 'fp16' (fp16_compress_hook), 'bf16' (the "
+                         f"same in bf16, written for gloo) or 'bf16_compress_hook' (torch's, which DDP refuses "
+                         f"on gloo), not {_shown(hook)}")
+    return (hook, _whole("world_size", world_size, 1, 8), _whole("steps", steps, 1, 50),
+            _real("init_scale", init_scale), _whole("length", length, 1, 2**20), _whole("seed", seed, 0, 2**31))
+
+
+def _compress_rank(rank, world_size, hook, steps, init_scale, length, seed, growth_interval):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    class Dot(torch.nn.Module):  # loss = w . g: the gradient is g, scaled: S * g in float32
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(length))
+
+        def forward(self, g):
+            return (self.weight * g).sum()
+
+    model = Dot()
+    net = DistributedDataParallel(model)
+    if hook == "fp16":
+        net.register_comm_hook(None, fp16_compress_hook)
+    elif hook == "bf16":
+        net.register_comm_hook(None, _bf16_hook_gloo)
+    elif hook == "bf16_compress_hook":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+        net.register_comm_hook(None, bf16_compress_hook)
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
+    scale, nonfinite, skipped, grads = [], [], [], []
+    for t in range(steps):
+        opt.zero_grad(set_to_none=True)
+        scale.append(scaler.get_scale())
+        scaler.scale(net(torch.from_numpy(_compress_grads(seed, rank, t, length)))).backward()
+        grad = model.weight.grad
+        nonfinite.append(int((~torch.isfinite(grad)).sum()))
+        grads.append(grad.numpy().copy())
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        skipped.append(scaler.get_scale() < before)
+    return scale, nonfinite, skipped, np.stack(grads)
+
+
+def run_compress_hook(hook="fp16", *, world_size=2, steps=3, init_scale=4e4, length=65_536, seed=0,
+                      growth_interval=2000, timeout=60.0) -> CompressTrace:
+    """Real DDP ranks (gloo) training a probe whose scaled gradient is ``S * g`` in float32, ``g`` ~
+    N(0, 1) per rank and step, with ``GradScaler("cpu", init_scale)`` and DDP's default fp32
+    all-reduce (``hook=None``) or ``fp16_compress_hook`` (``"fp16"``), which casts the *scaled*
+    gradients to fp16 before dividing by the world size; ``"bf16"``: the same cast, divide and
+    all-reduce in bf16 (a hook written for gloo); ``"bf16_compress_hook"``: torch's, which DDP refuses
+    on gloo (``RankError``, a ``TypeError`` in the ranks). ``simulate_compress_hook`` predicts it."""
+    args = _compress_args(hook, world_size, steps, init_scale, length, seed)
+    growth_interval = _whole("growth_interval", growth_interval, 1, 2**31 - 1)
+    prewarm()
+    out = run_ranks(_compress_rank, args[1], *args[0:1], *args[2:], growth_interval, timeout=timeout)
+    agree = all(np.array_equal(o[3].view(np.uint32), out[0][3].view(np.uint32)) for o in out)
+    s, n, k, _ = out[0]
+    return CompressTrace(hook, args[1], np.array(s), np.array(n), np.array(k), args[4], agree)
+
+
+def simulate_compress_hook(hook="fp16", *, world_size=2, steps=3, init_scale=4e4, length=65_536, seed=0,
+                           growth_interval=2000) -> CompressTrace:
+    """``run_compress_hook`` predicted with ``allreduce`` (gloo bit for bit): each rank's float32
+    ``S * g``, then for ``"fp16"`` cast to fp16 (|S g| > 65,504 becomes inf) and divided by the world
+    size in fp16, summed in fp16; for ``None`` divided in float32 and summed in float32."""
+    hook, world_size, steps, init_scale, length, seed = _compress_args(hook, world_size, steps, init_scale,
+                                                                        length, seed)
+    policy = TorchGradScaler(init_scale=init_scale, growth_interval=growth_interval)
+    state = policy.initial_state()
+    scale, nonfinite, skipped = [], [], []
+    for t in range(steps):
+        s = np.float32(state.scale)
+        with np.errstate(over="ignore", invalid="ignore"):
+            rows = np.stack([s * _compress_grads(seed, r, t, length) for r in range(world_size)])
+            if hook == "fp16":
+                rows = (rows.astype(np.float16).astype(np.float32) / np.float32(world_size)).astype(np.float16)
+                summed = allreduce(rows, "float16").astype(np.float32)
+            elif hook in ("bf16", "bf16_compress_hook"):
+                rows = _rounded(BF16, _rounded(BF16, rows.astype(np.float32)) / np.float32(world_size))
+                summed = allreduce(rows, "bfloat16")
+            else:
+                summed = allreduce(rows / np.float32(world_size), "float32")
+        bad = int((~np.isfinite(summed)).sum())
+        scale.append(float(s))
+        nonfinite.append(bad)
+        skipped.append(bad > 0)
+        state = policy._adjust(state, bad > 0)
+    return CompressTrace(hook, world_size, np.array(scale), np.array(nonfinite), np.array(skipped), length)
+
+
+# ============================================================================================
+# Exercise checkers (notebook 11); the expected answers come from the simulator, held to real runs
+# ============================================================================================
+
+
+def check_ddp_skips(answer) -> Check:
+    """Q: DDP + GradScaler("cpu"), 4 ranks; only rank 3's backward overflows, at step 1
+    (``["....", "....", "....", ".x.."]``). How many ranks skip step 1?"""
+    trace = simulate_ranks(TorchGradScaler(init_scale=1024), found_inf=["....", "....", "....", ".x.."], mode="ddp")
+    return check(answer, int(trace.found_inf[:, 1].sum()),
+                 hint="DDP all-reduces the gradients during backward, before any rank's unscale_ looks at them")
+
+
+def check_local_scales(answer) -> Check:
+    """Q: a scaler per rank on gradients never all-reduced, from 1024 with ``growth_interval=2``,
+    2 ranks, overflows ``["x...", "...."]``: each rank's scale after the last step, as
+    ``(rank 0, rank 1)``."""
+    trace = simulate_ranks(TorchGradScaler(init_scale=1024, growth_interval=2), found_inf=["x...", "...."],
+                           mode="local")
+    expected = tuple(float(s) for s in trace.final_scale)
+
+    def accept(a) -> bool:
+        if isinstance(a, str) or not hasattr(a, "__len__") or len(a) != len(expected):
+            return False
+        got = [_number_text(v) if isinstance(v, str) else v for v in a]
+        return all(not isinstance(g, (str, bool, np.bool_)) and float(g) == e for g, e in zip(got, expected))
+
+    return check(answer, expected, accept=accept,
+                 hint="walk each rank on its own: an overflow halves its scale and resets its count; "
+                      "2 clean steps in a row double it")
+
+
+def check_found_inf_op(answer) -> Check:
+    """Q: sharded gradients on gloo; the ranks' found_inf flags are ``[0, 1, 0, 0]`` and each rank
+    all-reduces its flag before the step. Which of "sum", "max", "min" and "avg" does *not* make
+    every rank skip? (Real gloo gives 1, 1, 0 and 0.25 on every rank: only "min" leaves 0.)"""
+    said = _said(answer)
+    if answer is None or answer is Ellipsis:
+        return check(answer, "min")
+    ok = said is not None and said.removeprefix("reduceop.").removeprefix("op.") == "min"
+    if ok:
+        return Check("right", "✓ correct")
+    return Check("wrong", "✗ not quite: all-reduce [0, 1, 0, 0] with each op in your head: a rank skips "
+                          "when its flag is not 0; which op gives every rank 0?")
+
+
+def _share_text(a):
+    if isinstance(a, str) and a.strip().endswith("%"):
+        v = _number_text(a.strip()[:-1])
+        return v / 100 if isinstance(v, float) else a
+    return _number_text(a) if isinstance(a, str) else a
+
+
+def check_compress_share(answer) -> Check:
+    """Q: ``fp16_compress_hook`` at 8 ranks, gradients ~ N(0, 1), scale 40,000: what share of the
+    all-reduced gradient entries is not finite? (within 0.02; 0.3 or "30%")"""
+    sim = simulate_compress_hook("fp16", world_size=8, steps=1, length=16_384)
+    expected = float(sim.nonfinite[0] / sim.length)
+
+    def accept(a) -> bool:
+        v = _share_text(a)
+        return not isinstance(v, (str, bool, np.bool_)) and abs(float(v) - expected) <= 0.02
+
+    return check(answer, expected, accept=accept,
+                 hint="one rank's entry is finite after the cast when |40,000 g| <= 65,504; an element of "
+                      "the sum is finite only if it is finite on every rank")
+
+
+# ============================================================================================
+# Lightning on CPU ranks
+# ============================================================================================
+
+
+@dataclass(frozen=True, eq=False)
+class LightningRun:
+    """A real ``lightning.Trainer(accelerator="cpu", devices=world_size)`` fit with DDP, one forked
+    rank per row: ``precision`` (the precision plugin's, as Lightning resolved it),
+    ``scaler`` (the plugin holds a GradScaler), ``out_dtype`` (the model's output dtype in
+    ``training_step``), ``warnings`` (what constructing the Trainer warned, rank 0), and per rank and
+    batch: ``scale`` (after the batch; NaN without a scaler), ``stepped`` (the optimizer's step
+    ran: SGD moved the weights), ``global_step`` (``trainer.global_step`` after the batch), ``weights_finite``;
+    ``weights_identical``: per batch, every rank's weights bitwise identical (both also before the
+    first batch: shape (world_size, steps + 1) and (steps + 1,))."""
+
+    precision: str
+    scaler: bool
+    out_dtype: str
+    warnings: tuple
+    scale: np.ndarray
+    stepped: np.ndarray
+    global_step: np.ndarray
+    weights_finite: np.ndarray
+    weights_identical: np.ndarray
+
+    def __repr__(self) -> str:
+        scale = ", ".join(number(s) for s in self.scale[0]) if self.scaler else "none"
+        return (f"LightningRun(plugin precision {self.precision!r}, GradScaler: {self.scaler}, output dtype "
+                f"{self.out_dtype}; optimizer steps {self.stepped.sum(axis=1).tolist()} per rank, global_step "
+                f"{self.global_step[0, -1]}; scale after each batch: {scale}; weights finite on every rank: "
+                f"{bool(self.weights_finite.all())}; identical across ranks: {bool(self.weights_identical.all())})")
+
+
+def _lightning_rank(rank, world_size, port, precision, init_scale, flags, seed):
+    import lightning as L
+    from lightning.pytorch.plugins.precision import MixedPrecision
+    from lightning.pytorch.strategies import DDPStrategy
+
+    class JoinedDDP(DDPStrategy):
+        """DDP in processes started by someone else (here ``run_ranks``; torchrun and SLURM do the
+        same): no launcher, so Lightning neither starts processes nor refuses to run in a notebook
+        kernel, and it joins the gloo group that is already up."""
+
+        def _configure_launcher(self) -> None:
+            self._launcher = None
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world_size), NODE_RANK="0")  # the gloo group is already up: Lightning joins it
+    steps = flags.shape[1]
+    record = {"scale": [], "stepped": [], "global_step": [], "weights": [], "dtype": None}
+
+    class Net(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(seed)
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+        def _weights(self):
+            return torch.cat([p.detach().reshape(-1) for p in self.parameters()]).numpy().copy()
+
+        def on_train_start(self):
+            record["weights"].append(self._weights())
+
+        def training_step(self, batch, i):
+            x, y = batch
+            if flags[rank, i]:
+                x = x * _SPIKE
+            out = self.net(x)
+            record["dtype"] = str(out.dtype).replace("torch.", "")
+            return torch.nn.functional.mse_loss(out.float(), y)
+
+        def on_train_batch_end(self, outputs, batch, i):
+            sc = self.trainer.precision_plugin.scaler if hasattr(self.trainer.precision_plugin, "scaler") else None
+            record["scale"].append(math.nan if sc is None else float(sc.get_scale()))
+            record["global_step"].append(int(self.trainer.global_step))
+            record["weights"].append(self._weights())
+            before, after = record["weights"][-2:]  # SGD moved the weights: its step ran
+            record["stepped"].append(not np.array_equal(before.view(np.uint32), after.view(np.uint32)))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    batches = [_batch(seed, rank, t) for t in range(steps)]
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.cat([b[0] for b in batches]),
+                                                                      torch.cat([b[1] for b in batches])),
+                                       batch_size=16)
+    kwargs = {"precision": precision} if init_scale is None else \
+        {"plugins": [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=init_scale))]}
+    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric", "lightning")]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory() as root:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer = L.Trainer(accelerator="cpu", devices=world_size, strategy=JoinedDDP(), max_steps=steps,
+                                use_distributed_sampler=False, enable_progress_bar=False,
+                                enable_model_summary=False, logger=False, enable_checkpointing=False,
+                                default_root_dir=root, **kwargs)
+        said = tuple(_one_line(w.message) for w in caught if "precision" in str(w.message))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Net(), data)
+    plugin = trainer.precision_plugin
+    return {"precision": str(getattr(plugin, "precision", type(plugin).__name__)),
+            "scaler": getattr(plugin, "scaler", None) is not None, "dtype": record["dtype"], "warnings": said,
+            "scale": record["scale"], "stepped": record["stepped"], "global_step": record["global_step"],
+            "weights": np.stack(record["weights"])}
+
+
+def run_lightning_ranks(precision="16-mixed", *, found_inf=("x...", "...."), init_scale=None, seed=0,
+                        timeout=60.0) -> LightningRun:
+    """Fit a small MLP (8-16-1, SGD) with ``lightning.Trainer(accelerator="cpu", devices=world_size,
+    precision=precision)`` on forked gloo ranks, one per row of ``found_inf`` (patterns as in
+    ``run_scaler_ranks``: ``x`` blows up that rank's batch so an fp16 forward overflows), one batch
+    per step. Its ``DDPStrategy`` joins the ranks ``run_ranks`` started, as under torchrun: no
+    Lightning launcher, so it runs in a notebook kernel too. ``init_scale``: instead of ``precision``, pass
+    ``plugins=[MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale))]``,
+    the explicit fp16 plugin. Needs ``lightning``. Returns a ``LightningRun``."""
+    flags = _rank_flags(found_inf)
+    if not 1 <= flags.shape[0] <= 4 or not 1 <= flags.shape[1] <= 20:
+        raise ValueError(f"give 1 to 4 ranks (rows) and 1 to 20 steps, not shape {flags.shape}")
+    if init_scale is not None:
+        init_scale = _real("init_scale", init_scale)
+        if not (0 < init_scale <= MLP_MAX_SCALE):
+            raise ValueError(f"init_scale must be above 0 and at most 2^14, not {_shown(init_scale)}")
+    seed = _whole("seed", seed, 0, 2**31)
+    prewarm()
+    import lightning  # noqa: F401 - once here, not in every rank
+
+    out = run_ranks(_lightning_rank, flags.shape[0], _free_port(), precision, init_scale, flags, seed,
+                    timeout=timeout)
+    weights = np.stack([o["weights"] for o in out])
+    bits = weights.view(np.uint32)
+    return LightningRun(out[0]["precision"], out[0]["scaler"], out[0]["dtype"], out[0]["warnings"],
+                        np.array([o["scale"] for o in out]), np.array([o["stepped"] for o in out]),
+                        np.array([o["global_step"] for o in out]), np.isfinite(weights).all(axis=2),
+                        (bits == bits[:1]).all(axis=(0, 2)))

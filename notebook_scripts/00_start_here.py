@@ -54,6 +54,7 @@ _ = torch.manual_seed(0)
 # | [08 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`](08_lightning_manual_backward.ipynb) | the wrong backward call under fp16 AMP: the `_scale is None` error, its silent variant, and why `precision="16-mixed"` on a CPU hides it (it silently becomes `bf16-mixed`, with no scaler); several optimizers, where one overflow makes the next optimizer apply 2× its gradient; where clipping goes |
 # | [09 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad](09_lightning_autocast_cache.ipynb) | cached casts without gradients on older versions and what fixed them; the cached weight copy that still goes stale after an in-place update inside one autocast block, in PyTorch and Fabric, and its fixes |
 # | [10 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation](10_lightning_transformer_eval.ipynb) | `nn.TransformerEncoder` under `bf16-mixed`: the exact conditions of the crash (the fast path with a padding mask), the old and new messages, and fixes checked against fp32 |
+# | [11 · Loss scaling across ranks](11_loss_scaling_across_ranks.ipynb) | real `torch.distributed` ranks (gloo, forked from a cell) with a `GradScaler` each: one rank's overflow under DDP, three ways to make ranks disagree (a scaler per rank on local gradients, `unscale_` before a manual all-reduce, FSDP1 with a plain scaler) and their fixes (`ShardedGradScaler`, FSDP2, Megatron, DeepSpeed); fp32, fp16 and bf16 all-reduce error as the world grows, gloo's summation order, the fp16 compress hook's extra skips; Lightning's `"16-mixed"` on CPU ranks, each real run held to a simulator |
 #
 # Work through 01 and 02 in order: 02 uses the vocabulary of 01 (subnormal, underflow, overflow).
 # Some exercises sit in the middle of a lesson: a cell marked **Predict** asks for your answer
@@ -137,7 +138,7 @@ check_cast(answer, 65519, "fp16")
 # %% [markdown]
 # ## Summary
 #
-# - All eleven notebooks, 00 to 10, follow the same layout: a setup cell, short steps, a *Try it*
+# - All twelve notebooks, 00 to 11, follow the same layout: a setup cell, short steps, a *Try it*
 #   section (an explorer, or a cell to change and re-run), and at the end *Check yourself*,
 #   a summary and open exercises.
 # - Explorers redraw on every change; if one shows an error instead of controls, re-run its cell.

@@ -260,8 +260,9 @@ check_frozen_encoder(answer)
 #   an fp32 island also work but change more. Expect a validation loss close to fp32's, not equal.
 # - The nested-tensor path leaves exact zeros at padded positions, in fp32 too: pool with the mask.
 #
-# **Next:** that was the last lesson. The map of the whole course is in
-# [Start here: mixed-precision training, made visible](00_start_here.ipynb).
+# **Next:** [11 · Loss scaling across ranks](11_loss_scaling_across_ranks.ipynb) runs real
+# `torch.distributed` ranks from a cell, one `GradScaler` each, and shows when their skip decisions
+# agree, how they come apart, and what a low-precision gradient all-reduce costs.
 #
 # **Open exercises**
 # 1. Pool over all positions instead of the real ones: `fix_table(fix_runs(pool="all"))`. Which

@@ -87,4 +87,10 @@ SOLUTIONS = {
         "fast path in validation all the same": ('"yes"', '"no"'),
         "frozen feature extractor": ('"yes"', '"no"'),
     },
+    "11_loss_scaling_across_ranks": {
+        "only rank 3's backward overflows": ("4", "1"),  # wrong: only the rank whose own gradients overflowed
+        "Each rank's scale after the last step": ("(1024, 4096)", "(1024, 1024)"),  # wrong: DDP's shared scale
+        "does NOT make every rank skip": ('"min"', '"avg"'),  # wrong: avg gives 0.25, not 0: every rank skips
+        "fp16_compress_hook at 8 ranks": ("0.575", "0.1"),  # wrong: one rank's share, not any of 8 ranks'
+    },
 }

@@ -729,3 +729,97 @@ def test_run_scaler_ranks_and_same_trace_refuse_bad_arguments():
         R.same_trace(trace, 3)
     assert R.same_trace(trace, trace) and not R.same_trace(
         trace, R.simulate_ranks(DynamicScaler(init_scale=2.0), found_inf=[[True]]))
+
+
+# ----- reduce precision, the compress hooks, Lightning and the checkers (notebook 11) -----
+
+
+def test_reduce_errors_grow_with_the_world_and_real_gloo_gives_the_models_bits():
+    e = R.reduce_errors(world_sizes=(2, 4, 8), length=4096, real_up_to=4)
+    assert set(e.real_equal) == {(d, ws) for d in e.dtypes for ws in (2, 4)} and all(e.real_equal.values())
+    for d in e.dtypes:
+        ratio = e.error[d] / e.floor[d]
+        assert ratio[0] == 1.0  # two ranks: one rounded add is one rounding of the exact sum
+        assert 1.0 < ratio[1] < ratio[2]  # each extra rank adds a rounding
+    assert (e.error["float32"] < e.error["float16"]).all() and (e.error["float16"] < e.error["bfloat16"]).all()
+    assert "model only" in str(e.table()) and "bit-equal" in str(e.table())
+
+
+@pytest.mark.parametrize("hook", [None, "fp16", "bf16"])
+def test_the_compress_hook_model_equals_real_ddp(hook):
+    kw = dict(world_size=2, steps=3, init_scale=4e4, length=8192, seed=3)
+    real, sim = R.run_compress_hook(hook, **kw), R.simulate_compress_hook(hook, **kw)
+    assert real.ranks_agree and real.same(sim), (real, sim)
+    if hook == "fp16":  # cast before divide: |S g| > 65,504 is inf on its rank, and so in the sum
+        assert real.skipped[0] and 0.15 < real.nonfinite[0] / kw["length"] < 0.23
+    else:
+        assert not real.skipped.any() and not real.nonfinite.any()
+
+
+def test_the_compress_hook_model_counts_an_element_lost_on_any_rank():
+    sim = R.simulate_compress_hook("fp16", world_size=4, steps=1, init_scale=4e4, length=4096, seed=1)
+    g = np.stack([R._compress_grads(1, r, 0, 4096) for r in range(4)])
+    lost = (np.abs(np.float32(4e4) * g) > 65_504).any(axis=0)  # 65,504 rounds down, 65,520 up to inf
+    assert abs(int(sim.nonfinite[0]) - int(lost.sum())) <= 2  # only entries at the rounding edge may differ
+
+
+def test_torchs_bf16_compress_hook_is_refused_on_gloo_and_no_rank_is_left():
+    with pytest.raises(R.RankError, match=r"raised TypeError: BF16 all reduce communication hook required"):
+        R.run_compress_hook("bf16_compress_hook", world_size=2, steps=1, length=16)
+
+
+def test_compress_hook_refuses_bad_arguments():
+    with pytest.raises(ValueError, match=r"^hook must be None \(DDP's fp32 all-reduce\), 'fp16'"):
+        R.simulate_compress_hook("fp8")
+    with pytest.raises(ValueError, match=r"^world_size must be between 1 and 8"):
+        R.run_compress_hook("fp16", world_size=9)
+
+
+def test_lightning_16_mixed_on_cpu_is_bf16_and_the_fp16_plugin_skips_together():
+    pytest.importorskip("lightning")
+    mixed = R.run_lightning_ranks("16-mixed", found_inf=["x...", "...."])
+    assert (mixed.precision, mixed.scaler, mixed.out_dtype) == ("bf16-mixed", False, "bfloat16")
+    assert "Using `precision='bf16-mixed'` instead." in mixed.warnings[0]
+    assert mixed.stepped.all() and mixed.weights_identical.all() and not mixed.weights_finite[:, -1].any()
+    fp16 = R.run_lightning_ranks(found_inf=["x...", "...."], init_scale=1024)
+    assert (fp16.precision, fp16.scaler, fp16.out_dtype, fp16.warnings) == ("16-mixed", True, "float16", ())
+    assert fp16.stepped.tolist() == [[False, True, True, True]] * 2 and (fp16.scale == 512).all()
+    assert fp16.global_step.tolist() == [[1, 2, 3, 4]] * 2  # global_step counts the skipped step
+    assert fp16.weights_identical.all() and fp16.weights_finite.all()
+    with pytest.raises(ValueError, match=r"^give 1 to 4 ranks"):
+        R.run_lightning_ranks(found_inf=["."] * 5)
+
+
+def test_notebook_11_checkers():
+    assert R.check_ddp_skips(None).status == "unanswered"
+    assert R.check_ddp_skips(4) and R.check_ddp_skips("4") and not R.check_ddp_skips(1)
+    assert R.check_local_scales((1024, 4096)) and R.check_local_scales(["1024", "2^12"])
+    assert not R.check_local_scales((1024, 2048)) and not R.check_local_scales("1024, 4096")
+    assert not R.check_local_scales(4096)
+    for right in ("min", "MIN", "ReduceOp.MIN", " Min. "):
+        assert R.check_found_inf_op(right), right
+    for wrong in ("max", "sum", "avg", 0, "product"):
+        assert R.check_found_inf_op(wrong).status == "wrong", wrong
+    assert R.check_found_inf_op(None).status == "unanswered"
+    for right in (0.575, "57%", "0.56", 1 - 0.9**8):
+        assert R.check_compress_share(right), right
+    for wrong in (0.1, "10%", 0.9, True, "most"):
+        assert R.check_compress_share(wrong).status == "wrong", wrong
+    # the expected answers, from the simulator that the tests above hold to real runs
+    t = R.simulate_ranks(TorchGradScaler(init_scale=1024, growth_interval=2), found_inf=["x...", "...."],
+                         mode="local")
+    assert t.final_scale.tolist() == [1024.0, 4096.0]
+
+
+def _reduce_flag(rank, world_size, op):
+    import torch.distributed as dist
+
+    t = torch.tensor([float(rank == 1)])
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+    return t.item()
+
+
+def test_found_inf_reduced_with_each_op_on_gloo():
+    """The facts behind check_found_inf_op: only MIN leaves every rank's flag at 0."""
+    got = {op: R.run_ranks(_reduce_flag, 4, op) for op in ("SUM", "MAX", "MIN", "AVG")}
+    assert got == {"SUM": [1.0] * 4, "MAX": [1.0] * 4, "MIN": [0.0] * 4, "AVG": [0.25] * 4}
