@@ -1,0 +1,465 @@
+"""FP8 per-tensor scaling, bit for bit: delayed scaling (Transformer Engine) and current scaling
+(torchao), as immutable state machines and fast simulators over a stream of amaxes.
+
+An FP8 tensor is stored as ``fp8(x * scale)``, and read back as ``data / scale``. The scale maps the
+tensor's largest magnitude, its *amax*, near the format's ``max`` (448 for E4M3, 57344 for E5M2):
+``scale = max / amax``. Where the amax comes from is the difference between the two recipes.
+
+**Current scaling** (``current_scale``, ``current_quantize``) uses the tensor's own amax, computed
+just before the cast, as torchao's ``float8`` training does (``torchao/float8/float8_utils.py``,
+torchao 0.18): ``amax_to_scale`` divides in float64 and rounds once to float32,
+``scale = f32(max / max(amax, 1e-12))`` (``EPS``: an all-zero tensor gets ``max * 1e12``, an inf amax
+gives 0, NaN gives NaN), and ``round_to_power_of_2`` rounds the scale down to a power of two as
+torchao does, ``exp2(floor(log2(scale)))`` in float32. Granularity ``"tensorwise"`` (one amax) or
+``"rowwise"`` (one amax per row, along the last axis: torchao's ``AXISWISE`` with ``axiswise_dim=-1``;
+its ``rowwise`` recipe rounds the scales to powers of two). ``convention="te"`` follows
+Transformer Engine's current-scaling kernel instead (``compute_scale_from_amax`` in
+``transformer_engine/common/recipe/recipe_common.cuh``): a float32 division, an amax of 0, inf or
+NaN gives scale 1, and powers of two by clearing the mantissa bits (an exact floor).
+
+**Delayed scaling** (``DelayedScaler``, ``simulate_delayed``) uses the amaxes of earlier steps, as
+Transformer Engine's ``DelayedScaling`` recipe does (``transformer_engine/pytorch/quantization.py``,
+the Python update ``_default_get_amax_and_update_history`` and ``_default_sf_compute``):
+
+* each step quantizes with the scale in force and records its amax in slot 0 of the history
+  (``amax_history_len`` slots, here ``history_len``);
+* after the step the window's amax is the largest of the last ``history_len`` amaxes, this step's
+  included (``algo="max"``; NaN propagates as in ``torch.max``), or this step's alone
+  (``"most_recent"``); the history rolls by one and slot 0 is cleared for the next step;
+* the next step's scale is ``(max * (1 / amax)) / 2**margin`` in float32, **unless** the window's
+  amax is 0 (or less), inf or NaN: then the scale in force stays. A scale that overflows to inf
+  becomes float32's largest value. The division is written ``fp8_max / amax`` in Transformer
+  Engine, which torch evaluates as ``amax.reciprocal() * fp8_max`` (eager, TorchScript and
+  ``torch.compile`` alike, on the CPU): two float32 roundings, so about a quarter of the scales
+  are one ulp away from the correctly rounded ``max / amax`` of torchao and of Transformer
+  Engine's CUDA kernel.
+
+An inf (or NaN) amax therefore stays in the window and *freezes* the scale for ``history_len``
+steps under ``"max"``, and a spike holds the scale down for as long; both show in the trace.
+
+``convention="cuda"`` follows Transformer Engine's fused update instead, the kernel its PyTorch
+modules run by default (``kernel_bulk`` in ``transformer_engine/common/recipe/delayed_scaling.cu``,
+``fused_amax_and_scale_update_after_reduction``; the Python update runs instead when
+``NVTE_UNFUSED_FP8_UPDATE=1`` or ``amax_compute_algo`` or ``scaling_factor_compute_algo`` is a
+callable): the scale is ``(max * 2**-margin) / amax``, one correctly rounded float32 division; a
+step whose amax is 0 does not roll the history and keeps the scale (the window stops in time);
+and the window's max is taken with ``fmaxf``, which drops NaNs (a NaN freezes nothing under
+``"max"``; it still counts, as NaN, under ``"most_recent"``).
+
+The recipe's formats: ``HYBRID`` (Transformer Engine's default) quantizes the forward tensors
+(activations, weights) in E4M3 and the gradients in E5M2, ``E4M3`` everything in E4M3 (see
+``recipe_formats``); a stream here is one tensor, in one format (``fmt``). The scale starts at 1.
+
+Inputs are numbers, lists, numpy arrays or torch tensors, rounded to float32 first (the amax
+history and the scales are float32 tensors in both libraries). Results are read-only numpy
+arrays. This module needs numpy only.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ampviz.formats import FP8_E4M3, FP8_E5M2, FloatFormat, _describe, _real_array, get_format
+
+__all__ = [
+    "ALGOS",
+    "GRANULARITIES",
+    "CONVENTIONS",
+    "DELAYED_CONVENTIONS",
+    "EPS",
+    "DelayedScaler",
+    "DelayedState",
+    "DelayedTrace",
+    "CurrentScaled",
+    "recipe_formats",
+    "current_scale",
+    "current_quantize",
+    "simulate_delayed",
+]
+
+#: ``amax_compute_algo`` values (Transformer Engine's strings).
+ALGOS = ("max", "most_recent")
+#: Current-scaling granularities: one scale per tensor, or one per row (last axis).
+GRANULARITIES = ("tensorwise", "rowwise")
+#: Whose current-scaling formula: torchao's ``amax_to_scale`` or Transformer Engine's kernel.
+CONVENTIONS = ("torchao", "te")
+#: Delayed-scaling conventions: Transformer Engine's Python update, or its CUDA kernel.
+DELAYED_CONVENTIONS = ("python", "cuda")
+#: torchao's floor on the amax (``float8_utils.EPS``).
+EPS = 1e-12
+
+_F32 = np.float32
+_FLT_MAX = _F32(np.finfo(np.float32).max)
+_FP8 = (FP8_E4M3, FP8_E5M2)
+
+
+# ------------------------------------------------------------------ argument checks
+def _fp8_format(fmt) -> FloatFormat:
+    f = get_format(fmt)
+    if f not in _FP8:
+        raise ValueError(f"fmt must be an fp8 format, fp8_e4m3 (max 448) or fp8_e5m2 (max 57344), not {f.name}")
+    return f
+
+
+def _whole(name: str, value, low: int, high: int, hint: str) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a whole number ({hint}), not {_describe(value)}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be a whole number from {low} to {high} ({hint}), not {value}")
+    return int(value)
+
+
+def _choice(name: str, value, choices: tuple) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, not {_describe(value)}")
+    return value
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, not {_describe(value)}")
+    return bool(value)
+
+
+def _float32(x, what: str) -> np.ndarray:
+    """x as float32 values (float64 rounded once, as a torch cast does)."""
+    arr = _real_array(x, what)
+    if arr.dtype.kind == "b":
+        raise TypeError(f"{what} must be numbers, not booleans")
+    with np.errstate(over="ignore", invalid="ignore"):
+        return arr.astype(np.float32)
+
+
+def _amaxes(x, what: str) -> np.ndarray:
+    """amaxes as float32, >= 0 (or NaN; -0 becomes +0, as abs gives it)."""
+    a = _float32(x, what)
+    neg = a < 0
+    if neg.any():
+        raise ValueError(f"{what} must be >= 0 (an amax is a largest magnitude), got {a[neg].flat[0]!r}")
+    return a + _F32(0.0)  # -0.0 + 0.0 is +0.0
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, order="C")  # a copy (ascontiguousarray would make a 0-d array 1-d)
+    a.flags.writeable = False
+    return a
+
+
+# ------------------------------------------------------------------ recipe formats
+def recipe_formats(fp8_format="HYBRID") -> tuple[FloatFormat, FloatFormat]:
+    """(forward format, backward format) of a Transformer Engine recipe's ``fp8_format``:
+    ``"HYBRID"`` (the default) gives (E4M3, E5M2): activations and weights in E4M3, gradients in
+    E5M2; ``"E4M3"`` gives E4M3 for both. ``"E5M2"`` is refused, as Transformer Engine refuses it
+    ("Pure E5M2 training is not supported.")."""
+    if not isinstance(fp8_format, str):
+        raise TypeError(f"fp8_format must be 'HYBRID' or 'E4M3', not {_describe(fp8_format)}")
+    key = fp8_format.upper()
+    if key == "HYBRID":
+        return FP8_E4M3, FP8_E5M2
+    if key == "E4M3":
+        return FP8_E4M3, FP8_E4M3
+    if key == "E5M2":
+        raise ValueError("fp8_format 'E5M2' is not a recipe: pure E5M2 training is not supported (use 'HYBRID')")
+    raise ValueError(f"fp8_format must be 'HYBRID' or 'E4M3', not {fp8_format!r}")
+
+
+# ------------------------------------------------------------------ current scaling
+def _pow2_floor_torchao(scale: np.ndarray) -> np.ndarray:
+    """torchao's ``exp2(floor(log2(scale)))`` on float32 scales. Its float32 log2 rounds a scale
+    just below 2**k to k, so such a scale rounds *up* to 2**k; the float32 rounding of an accurate
+    log2 gives the same floors (checked against torch on every scale within 2**16 ulps of a power
+    of two), and ``ldexp`` builds the power exactly."""
+    s = np.asarray(scale, np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lg = np.log2(s.astype(np.float64)).astype(np.float32)
+        k = np.floor(lg)
+        finite = np.isfinite(k)
+        out = np.ldexp(np.float32(1), np.where(finite, k, 0).astype(np.int32)).astype(np.float32)
+    return np.where(finite, out, np.where(np.isnan(k), np.float32(np.nan), np.where(k > 0, np.inf, 0))).astype(
+        np.float32)
+
+
+def _pow2_floor_bits(scale: np.ndarray) -> np.ndarray:
+    """Transformer Engine's power-of-two scale: the float32 bits with the mantissa cleared."""
+    s = np.ascontiguousarray(scale, np.float32)
+    return (s.view(np.uint32) & np.uint32(0xFF800000)).view(np.float32)
+
+
+def _current_scale(a: np.ndarray, f: FloatFormat, pow2: bool, convention: str) -> np.ndarray:
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        if convention == "torchao":
+            # amax.to(float64); finfo.max / clamp(amax, min=EPS); .to(float32)
+            res = (np.float64(f.max) / np.maximum(a.astype(np.float64), EPS)).astype(np.float32)
+            return _pow2_floor_torchao(res) if pow2 else res
+        # Transformer Engine: amax clamped up to epsilon (0); 0, inf, NaN -> 1; max / amax in float32
+        ok = np.isfinite(a) & (a > 0)
+        res = np.where(ok, _F32(f.max) / np.where(ok, a, _F32(1)), _F32(1)).astype(np.float32)
+        res = np.where(np.isinf(res), _FLT_MAX, res).astype(np.float32)
+        return _pow2_floor_bits(res) if pow2 else res
+
+
+def current_scale(amax, fmt=FP8_E4M3, round_to_power_of_2=False, convention="torchao"):
+    """The current-scaling scale(s) for ``amax`` (a number or an array of them, >= 0), float32.
+
+    ``convention="torchao"``: torchao 0.18's ``amax_to_scale(amax, dtype, round_scales_to_power_of_2)``
+    bit for bit: ``f32(max / max(amax, 1e-12))`` computed in float64, then (optionally)
+    ``exp2(floor(log2(scale)))`` in float32, which turns a scale just below a power of two into that
+    power. ``convention="te"``: Transformer Engine's ``compute_scale_from_amax``: 0, inf and NaN
+    amaxes give 1, otherwise ``max / amax`` in float32 (inf becomes float32's max), and powers of
+    two by clearing the mantissa (an exact floor). Returns a Python float for a single number,
+    else a read-only float32 array of amax's shape.
+    """
+    f = _fp8_format(fmt)
+    pow2 = _flag("round_to_power_of_2", round_to_power_of_2)
+    convention = _choice("convention", convention, CONVENTIONS)
+    a = _amaxes(amax, "amax")
+    res = _current_scale(a, f, pow2, convention)
+    if res.ndim == 0:
+        return float(res)
+    return _readonly(res)
+
+
+class CurrentScaled(NamedTuple):
+    """A tensor quantized with current scaling: ``amax`` and ``scale`` (float32; a 0-d array for
+    ``"tensorwise"``, shape ``(..., 1)`` for ``"rowwise"``, as torchao keeps them), ``data`` (the FP8
+    values, float32, of x's shape), ``codes`` (their bit patterns, uint8, as torch's cast writes
+    them: NaN is 0x7F or 0xFF in both formats) and ``dequantized`` (``data / scale``, float32, as
+    torchao's ``to_original_precision``)."""
+
+    amax: np.ndarray
+    scale: np.ndarray
+    data: np.ndarray
+    codes: np.ndarray
+    dequantized: np.ndarray
+
+
+def current_quantize(x, fmt=FP8_E4M3, granularity="tensorwise", round_to_power_of_2=False,
+                     convention="torchao") -> CurrentScaled:
+    """Quantize ``x`` (at least 1-D for ``"rowwise"``) with current scaling, as torchao's
+    ``hp_tensor_to_float8_dynamic`` does on the CPU: amax = max |x| (per row for ``"rowwise"``;
+    NaN propagates), ``scale = current_scale(amax, ...)``, data = saturating cast of
+    ``f32(x * scale)`` (clamped to ±max, NaN stays NaN)."""
+    f = _fp8_format(fmt)
+    granularity = _choice("granularity", granularity, GRANULARITIES)
+    pow2 = _flag("round_to_power_of_2", round_to_power_of_2)
+    convention = _choice("convention", convention, CONVENTIONS)
+    x32 = _float32(x, "x")
+    if x32.size == 0:
+        raise ValueError("x must not be empty: there is no amax to scale by")
+    if granularity == "rowwise" and x32.ndim == 0:
+        raise ValueError("x must be at least 1-D for rowwise scaling (one scale per row, along the last axis)")
+    ax = np.abs(x32)
+    with np.errstate(over="ignore", invalid="ignore"):  # x * scale may overflow: the clamp saturates it
+        if granularity == "tensorwise":
+            amax = np.max(ax) if not np.isnan(ax).any() else np.float32(np.nan)
+            amax = np.asarray(amax, np.float32)
+        else:
+            amax = np.max(ax, axis=-1, keepdims=True)  # np.max propagates NaN, as torch.amax does
+        scale = _current_scale(amax, f, pow2, convention)
+        y = x32 * scale
+        y = np.clip(y, -_F32(f.max), _F32(f.max))
+    data = np.asarray(f.quantize(y), np.float32)
+    codes = np.asarray(f.encode(y)).astype(np.uint8)
+    # NaN: torch's cast writes 0x7F (with the sign) in both formats (ml_dtypes' E5M2 NaN is 0x7E)
+    codes = np.where(np.isnan(y), np.uint8(0x7F) | (np.signbit(y).astype(np.uint8) << 7), codes).astype(np.uint8)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        deq = (data / scale).astype(np.float32)
+    return CurrentScaled(*(_readonly(np.asarray(v, dt)) for v, dt in (
+        (amax, np.float32), (scale, np.float32), (data, np.float32), (codes, np.uint8), (deq, np.float32))))
+
+
+# ------------------------------------------------------------------ delayed scaling
+class DelayedState(NamedTuple):
+    """Where a delayed scaler stands between two steps (immutable): ``scale``, the scale the next
+    step uses (a float32 value), and ``history``, the last ``history_len - 1`` amaxes, oldest first
+    (float32 values; Transformer Engine's ``amax_history`` is ``[0, *history]``, slot 0 waiting
+    for the next step's amax)."""
+
+    scale: float
+    history: tuple = ()
+
+
+@dataclass(frozen=True)
+class DelayedScaler:
+    """Transformer Engine's delayed scaling for one tensor (``DelayedScaling`` recipe).
+
+    ``margin`` (scale divided by 2**margin), ``history_len`` (``amax_history_len``, default 1024),
+    ``algo`` (``amax_compute_algo``: ``"max"`` or ``"most_recent"``), ``fmt`` (fp8_e4m3 or
+    fp8_e5m2: which ``max`` the scale aims at), ``convention`` (``"python"``: Transformer Engine's
+    Python update; ``"cuda"``: its fused kernel, see the module notes). ``update(state, amax)``
+    returns the state after a step whose amax was ``amax``, as ``jmp``'s ``adjust`` does for loss
+    scales.
+    """
+
+    margin: int = 0
+    history_len: int = 1024
+    algo: str = "max"
+    fmt: FloatFormat = FP8_E4M3
+    convention: str = "python"
+
+    def __post_init__(self):
+        object.__setattr__(self, "margin", _whole("margin", self.margin, -126, 126,
+                                                  "the scale is divided by 2**margin"))
+        object.__setattr__(self, "history_len", _whole("history_len", self.history_len, 1, 2**24,
+                                                       "amax_history_len, e.g. 1024"))
+        _choice("algo", self.algo, ALGOS)
+        _choice("convention", self.convention, DELAYED_CONVENTIONS)
+        object.__setattr__(self, "fmt", _fp8_format(self.fmt))
+
+    def initial_state(self) -> DelayedState:
+        """Scale 1 and an all-zero history, as Transformer Engine starts."""
+        return DelayedState(1.0, (0.0,) * (self.history_len - 1))
+
+    def _scale_for(self, window_amax: float, scale: float) -> float:
+        """``_default_sf_compute``: the scale after a step whose window amax is ``window_amax``,
+        the scale in force being ``scale``."""
+        a = _F32(window_amax)
+        if not (np.isfinite(a) and a > 0):
+            return float(_F32(scale))
+        with np.errstate(over="ignore", divide="ignore"):
+            if self.convention == "cuda":
+                sf = _F32(self.fmt.max) * _F32(2.0**-self.margin) / a
+            else:
+                sf = (_F32(1) / a) * _F32(self.fmt.max) / _F32(2.0**self.margin)
+        return float(_FLT_MAX if np.isinf(sf) else sf)
+
+    def update(self, state: DelayedState, amax) -> DelayedState:
+        """The state after one step whose amax (>= 0, inf or NaN) was ``amax``."""
+        scale, hist = self._checked(state)
+        a = _amaxes(amax, "amax")
+        if a.ndim != 0:
+            raise ValueError(f"amax must be one number (one step), got shape {a.shape}")
+        if self.convention == "cuda" and a == 0:  # the kernel skips the roll; the scale stays
+            return DelayedState(scale, tuple(hist.tolist()))
+        if self.algo == "most_recent":
+            w = a
+        elif self.convention == "cuda":  # fmaxf from 0: NaNs are dropped
+            w = np.fmax(np.fmax.reduce(hist, initial=_F32(0)), np.fmax(a, _F32(0)))
+        else:  # torch.max: NaN propagates
+            w = a if hist.size == 0 else np.float32(np.nan) if np.isnan(a) or np.isnan(hist).any() \
+                else max(hist.max(), a)
+        return DelayedState(self._scale_for(float(w), scale), (*hist.tolist(), float(a))[1:])
+
+    def _checked(self, state) -> tuple[float, np.ndarray]:
+        """(scale, history as float32) of a state, or one clear error."""
+        if not isinstance(state, DelayedState):
+            raise TypeError(f"state must be a DelayedState (e.g. scaler.initial_state()), got {_describe(state)}")
+        if not isinstance(state.scale, numbers.Real) or isinstance(state.scale, (bool, np.bool_)):
+            raise TypeError(f"state.scale must be a number, not {_describe(state.scale)}")
+        if not isinstance(state.history, tuple) or len(state.history) != self.history_len - 1:
+            raise ValueError(f"state.history must be a tuple of {self.history_len - 1} amaxes "
+                             f"(history_len - 1), got {_describe(state.history)}")
+        h = state.history
+        if all(type(v) is float for v in h):  # the usual case, quick: Python floats
+            with np.errstate(over="ignore"):
+                hist = np.array(h, np.float64).astype(np.float32) + _F32(0.0)
+            if (hist < 0).any():
+                raise ValueError(f"state.history must hold amaxes >= 0, got {hist[hist < 0][0]!r}")
+        else:
+            hist = _amaxes(h, "state.history")
+        return float(_F32(state.scale)), hist
+
+    def _check_state(self, state) -> DelayedState:
+        scale, hist = self._checked(state)
+        return DelayedState(scale, tuple(hist.tolist()))
+
+
+@dataclass(frozen=True)
+class DelayedTrace:
+    """A delayed-scaling run, one entry per step (float32 arrays unless said).
+
+    ``amax``: the amax seen at the step; ``scale``: the scale in force at the step (computed from
+    earlier steps); ``scaled_amax``: ``f32(amax * scale)``, where the step's largest element lands;
+    ``saturated`` (bool): it lands beyond the format's range (past ``fmt.overflow_boundary``: the
+    cast clamps it to ±max, as Transformer Engine's saturating casts and torch's E4M3 cast do; an
+    inf amax saturates too; NaN does not count); ``window_amax``: the amax the update after the step
+    used (the window's max, or the step's own); ``frozen`` (bool): that update kept the scale
+    (window amax 0, inf or NaN); ``final``: the state after the last step.
+    """
+
+    scaler: DelayedScaler
+    amax: np.ndarray
+    scale: np.ndarray
+    scaled_amax: np.ndarray
+    saturated: np.ndarray
+    window_amax: np.ndarray
+    frozen: np.ndarray
+    final: DelayedState
+
+    @property
+    def steps(self) -> int:
+        return int(self.amax.size)
+
+    def __repr__(self) -> str:
+        return (f"DelayedTrace({self.steps} steps, {int(self.saturated.sum())} saturated, "
+                f"{int(self.frozen.sum())} frozen updates, final scale {self.final.scale:g})")
+
+
+def _sliding_max(x: np.ndarray, L: int) -> np.ndarray:
+    """out[i] = max(x[i : i + L]) for i in 0..len(x) - L (NaN propagates), in O(len(x)): the
+    van Herk / Gil-Werman prefix and suffix maxima over blocks of L."""
+    n = x.size
+    m = n - L + 1
+    if L == 1:
+        return x.copy()
+    nb = -(-n // L)
+    pad = np.full(nb * L, -np.inf, np.float32)
+    pad[:n] = x
+    blocks = pad.reshape(nb, L)
+    prefix = np.maximum.accumulate(blocks, axis=1).reshape(-1)
+    suffix = np.maximum.accumulate(blocks[:, ::-1], axis=1)[:, ::-1].reshape(-1)
+    return np.maximum(suffix[:m], prefix[L - 1:L - 1 + m])
+
+
+def simulate_delayed(amax, margin=0, history_len=1024, algo="max", fmt=FP8_E4M3,
+                     state: DelayedState | None = None, convention="python") -> DelayedTrace:
+    """Run Transformer Engine's delayed scaling over a stream of amaxes (one per step, >= 0, inf
+    or NaN), from ``state`` (default: scale 1, empty history), by Transformer Engine's Python update
+    (``convention="python"``) or its CUDA kernel (``"cuda"``). Equals stepping
+    ``DelayedScaler(margin, history_len, algo, fmt, convention).update`` once per step, to the bit,
+    computed with numpy over the whole stream (a sliding-window max and a forward fill of the
+    scales)."""
+    scaler = DelayedScaler(margin, history_len, algo, fmt, convention)
+    st = scaler.initial_state() if state is None else scaler._check_state(state)
+    a = _amaxes(amax, "amax")
+    if a.ndim != 1:
+        raise ValueError(f"amax must be a 1-D stream, one amax per step (got shape {a.shape})")
+    n = a.size
+    L = scaler.history_len
+    h0 = np.asarray(st.history, np.float32)
+    cuda = scaler.convention == "cuda"
+    rolled = (a != 0) if cuda else np.ones(n, bool)  # the CUDA kernel skips a zero amax (NaN != 0 rolls)
+    kept = a[rolled]
+    if scaler.algo == "most_recent":
+        window = a.copy()
+    else:
+        full = np.concatenate((h0, kept))
+        if cuda:
+            full = np.where(np.isnan(full), _F32(0), full)  # fmaxf drops NaNs
+        window = np.zeros(n, np.float32)
+        if kept.size:
+            window[rolled] = _sliding_max(full, L)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        ok = np.isfinite(window) & (window > 0)
+        safe = np.where(ok, window, _F32(1))
+        if cuda:
+            sf = _F32(scaler.fmt.max) * _F32(2.0**-scaler.margin) / safe
+        else:
+            sf = (_F32(1) / safe) * _F32(scaler.fmt.max) / _F32(2.0**scaler.margin)
+        sf = np.where(np.isinf(sf), _FLT_MAX, sf).astype(np.float32)
+        # the scale after step k: sf at the last valid window at or before k, else the starting scale
+        last = np.maximum.accumulate(np.where(ok, np.arange(n), -1)) if n else np.zeros(0, np.int64)
+        after = np.where(last >= 0, sf[np.maximum(last, 0)], _F32(st.scale)).astype(np.float32)
+        scale = np.concatenate(([_F32(st.scale)], after[:-1])).astype(np.float32) if n else np.zeros(0, np.float32)
+        scaled = (a * scale).astype(np.float32)
+        b = scaler.fmt.overflow_boundary
+        sat = (scaled > b) if scaler.fmt.specials == "fn" else (scaled >= b)
+    final_scale = float(after[-1]) if n else st.scale
+    hist = np.concatenate((h0, kept))[-(L - 1):] if L > 1 else ()
+    final = DelayedState(final_scale, tuple(float(v) for v in hist))
+    return DelayedTrace(scaler, _readonly(a), _readonly(scale), _readonly(scaled), _readonly(sat),
+                        _readonly(window.astype(np.float32)), _readonly(~ok), final)
