@@ -483,3 +483,225 @@ def test_plots_and_the_lab_module_stay_free_of_torch():
     code = ("import sys, ampviz.plots, ampviz.widgets, ampviz.widgets.ranks_lab; "
             "assert 'torch' not in sys.modules, 'torch'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ----- the all-reduce dtype: fp32 (DDP's default), fp16_compress_hook, a bf16 hook -----
+def hook_expected(lab_or_kw, found_inf, mode, reduce_dtype, log2_grad):
+    """The lab's model for its settings (``simulate_lab``)."""
+    from ampviz.widgets.ranks_lab import simulate_lab
+
+    log2_init, interval = lab_or_kw
+    return simulate_lab(TorchGradScaler(init_scale=2.0**log2_init, growth_interval=interval), found_inf,
+                        2.0**log2_grad, mode, reduce_dtype)
+
+
+def test_the_all_reduce_dtype_starts_at_fp32_and_changes_nothing_there():
+    lab = RanksLab()
+    assert lab.reduce_dtype == "fp32" and lab.grad_max == 1.0 and not lab.reduce_dropdown.disabled
+    assert [d for _, d in lab.reduce_dropdown.options] == ["fp32", "fp16", "bf16"]
+    assert_figure_and_table_follow(lab, expected((16, 10), flags(4, 1, 60, [5, 20]), "ddp"))
+    assert "fp16_compress_hook" not in text(lab.readout)
+
+
+@settings(max_examples=60, deadline=None)
+@given(mode=st.sampled_from(MODES), ranks=st.integers(2, 8), rank=st.integers(0, 7), steps=st.integers(1, 300),
+       p=st.sampled_from([0.0, 0.05, 0.5, 1.0]), log2_init=st.integers(-10, 40),
+       interval=st.sampled_from([1, 2, 10, 1000]), seed=st.integers(0, 2**16))
+def test_the_fp32_all_reduce_reproduces_simulate_ranks_exactly(mode, ranks, rank, steps, p, log2_init, interval,
+                                                               seed):
+    """fp32 with max|g| = 1 (the lab's default) is today's model exactly, in every mode (a float32
+    scale stays below 2^128); so is any dtype outside the DDP mode (no DDP all-reduce there)."""
+    from ampviz.widgets.ranks_lab import simulate_lab
+
+    f = np.zeros((ranks, steps), bool)
+    f[min(rank, ranks - 1)] = np.random.default_rng(seed).random(steps) < p
+    policy = TorchGradScaler(init_scale=2.0**log2_init, growth_interval=interval)
+    want = simulate_ranks(policy, found_inf=f, mode=mode)
+    assert same_trace(simulate_lab(policy, f, 1.0, mode, "fp32"), want)
+    if mode != "ddp":
+        for d in ("fp16", "bf16"):
+            assert same_trace(simulate_lab(policy, f, 2.0**8, mode, d), simulate_lab(policy, f, 2.0**8, mode, "fp32"))
+
+
+def test_the_fp16_hook_skips_every_step_whose_scaled_gradients_reach_65520_on_every_rank():
+    """DDP, max|g| = 1, scale from 2^16: fp16_compress_hook casts S·g before dividing, so every
+    step at scale 2^16 (65,536 >= 65,520) is skipped by every rank; the fp32 all-reduce and the bf16
+    hook skip only the typed overflows, and their scale climbs higher."""
+    lab = RanksLab(4, overflow_rank=1, overflow_steps="5, 20", init_scale=2.0**16, growth_interval=10, steps=60)
+    fp32 = lab.trace
+    lab.reduce_dropdown.value = "fp16"
+    t = lab.trace
+    assert_figure_and_table_follow(lab, hook_expected((16, 10), flags(4, 1, 60, [5, 20]), "ddp", "fp16", 0))
+    assert (t.found_inf == t.found_inf[:1]).all() and t.first_divergence is None  # every rank, together
+    typed = np.zeros(60, bool)
+    typed[[5, 20]] = True
+    assert np.array_equal(t.found_inf[0], typed | (t.scale[0] * 1.0 >= 65520))
+    assert t.found_inf[0, 0] and t.scale[0, 1] == 2.0**15  # 2^16 · 1 overflows the cast at once
+    assert t.skipped_count[0] > fp32.skipped_count[0] and t.final_scale[0] < fp32.final_scale[0]
+    assert t.scale.max() == 2.0**16 and fp32.scale.max() > 2.0**16
+    assert "fp16_compress_hook every rank skips" in text(lab.readout) and "65,520" in text(lab.readout)
+    assert "fp16 all-reduce" in lab.figure.layout.title.text
+    lab.reduce_dropdown.value = "bf16"
+    assert same_trace(lab.trace, fp32)  # bf16's range is fp32's: no extra skip here
+    lab.reduce_dropdown.value = "fp16"
+    lab.steps_input.value = 200
+    lab.grad_slider.value = -4  # gradients 16 times smaller: the scale settles 16 times higher
+    t = lab.trace
+    assert t.scale.max() == 2.0**20 and t.found_inf[0, t.scale[0] == 2.0**20].all() and t.final_scale[0] >= 2.0**19
+
+
+def test_the_dtype_acts_in_the_ddp_mode_only_and_says_so():
+    lab = RanksLab(reduce_dtype="fp16", mode="local")
+    assert lab.reduce_dropdown.disabled and "DDP mode only" in lab.reduce_dropdown.tooltip
+    assert "acts in the DDP mode only" in text(lab.readout)
+    assert_figure_and_table_follow(lab, expected((16, 10), flags(4, 1, 60, [5, 20]), "local"))
+    for mode in MODES:
+        lab.mode_dropdown.value = mode
+        assert lab.reduce_dropdown.disabled == (mode != "ddp") and lab.error is None
+        if mode != "ddp":
+            assert same_trace(lab.trace, expected((16, 10), flags(4, 1, 60, [5, 20]), mode))
+    lab.mode_dropdown.value = "ddp"
+    assert lab.trace.skipped_count[0] > expected((16, 10), flags(4, 1, 60, [5, 20]), "ddp").skipped_count[0]
+
+
+def test_the_cast_rule_at_the_boundaries():
+    from ampviz.widgets.ranks_lab import cast_overflows
+
+    # f32(S·g) is what the hook casts: fp16 keeps 65,504 and everything that rounds below 65,520
+    assert cast_overflows(np.array([65504.0, 65519.0, 65520.0, 65536.0]), 1.0, "fp16").tolist() == \
+        [False, False, True, True]
+    assert not cast_overflows(2.0**15, 1.999, "fp16") and cast_overflows(2.0**15, 2.0, "fp16")
+    for d in ("fp32", "bf16"):
+        assert not cast_overflows(2.0**16, 2.0**30, d) and cast_overflows(2.0**127, 2.0, d)
+    assert not cast_overflows(2.0**127, 1.99, "bf16")  # bf16 keeps its largest, 1.9921875 * 2^127
+    assert cast_overflows(2.0**127, 1.997, "bf16") and not cast_overflows(2.0**127, 1.997, "fp32")  # bf16 rounds up
+    assert cast_overflows(1.0, np.inf, "fp32")
+    for bad in ("fp8", None, 16):
+        assert "reduce_dtype must be one of 'fp32', 'fp16', 'bf16'" in refused(lambda: cast_overflows(1.0, 1.0, bad))
+
+
+def _per_step_rule(scale, g, ws, divide_first=False):
+    """Per step: does some rank's gradient become inf in the fp16 hook? ``g``: (ranks, steps) max|g|."""
+    if not divide_first:
+        from ampviz.widgets.ranks_lab import cast_overflows
+
+        return cast_overflows(scale[None, :], g, "fp16").any(axis=0)
+    with np.errstate(over="ignore"):  # the wrong order: S·g / world_size, then the cast
+        y = (scale[None, :].astype(np.float32) * g.astype(np.float32)) / np.float32(ws)
+        return (~np.isfinite(y.astype(np.float16))).any(axis=0)
+
+
+@pytest.mark.parametrize("ws", [2, 3, 4])
+def test_the_labs_skips_are_the_compress_hooks(ws):
+    """For the same scale and gradients (N(0, 1) per rank and step, as the hook run uses), the lab's
+    model (each rank's max|g|, ``simulate_lab`` in DDP mode) skips exactly where
+    ``simulate_compress_hook`` (the full cast, divide and gloo all-reduce, held to real DDP in
+    test_ranks.py) finds inf/NaN, step for step with the same scales, for fp32, fp16 and bf16. The
+    wrong order, dividing by the world size before the cast, disagrees."""
+    from ampviz import ranks as R
+    from ampviz.widgets.ranks_lab import simulate_lab
+
+    length, steps, seed = 2048, 8, 3
+    g = np.array([[np.abs(R._compress_grads(seed, r, t, length)).max() for t in range(steps)] for r in range(ws)])
+    wrong_differs = False
+    for init in (2.0**13, 2.0**14, 2e4, 3e4, 4e4, 2.0**16, 2.0**125, 2.0**126):
+        for hook, dtype in ((None, "fp32"), ("fp16", "fp16"), ("bf16", "bf16")):
+            sim = R.simulate_compress_hook(hook, world_size=ws, steps=steps, init_scale=init, length=length,
+                                           seed=seed, growth_interval=1)
+            lab = simulate_lab(TorchGradScaler(init_scale=init, growth_interval=1), np.zeros((ws, steps), bool), g,
+                               "ddp", dtype)
+            assert np.array_equal(lab.scale[0], sim.scale) and np.array_equal(lab.found_inf[0], sim.skipped), \
+                (init, dtype, lab.found_inf[0], sim.skipped)
+            if dtype == "fp16":
+                assert np.array_equal(_per_step_rule(sim.scale, g, ws), sim.skipped)
+                wrong_differs |= not np.array_equal(_per_step_rule(sim.scale, g, ws, divide_first=True), sim.skipped)
+    assert wrong_differs
+
+
+def test_the_labs_rule_agrees_with_the_real_fp16_compress_hook():
+    """A small real DDP run (2 gloo ranks, fp16_compress_hook, GradScaler from 2^15, growth every
+    step): the lab's model gives its scales and skips; dividing before the cast does not."""
+    from ampviz import ranks as R
+    from ampviz.widgets.ranks_lab import simulate_lab
+
+    ws, steps, length = 2, 6, 256
+    real = R.run_compress_hook("fp16", world_size=ws, steps=steps, init_scale=2.0**15, length=length,
+                               growth_interval=1)
+    assert real.ranks_agree and real.skipped.any() and not real.skipped.all()
+    g = np.array([[np.abs(R._compress_grads(0, r, t, length)).max() for t in range(steps)] for r in range(ws)])
+    lab = simulate_lab(TorchGradScaler(init_scale=2.0**15, growth_interval=1), np.zeros((ws, steps), bool), g,
+                       "ddp", "fp16")
+    assert np.array_equal(lab.scale[0], real.scale) and np.array_equal(lab.found_inf[0], real.skipped)
+    assert not np.array_equal(_per_step_rule(real.scale, g, ws, divide_first=True), real.skipped)
+
+
+@pytest.fixture(scope="module")
+def hook_lab():
+    return RanksLab()
+
+
+@FUZZ
+@given(mode=st.sampled_from(MODES), reduce_dtype=st.sampled_from(["fp32", "fp16", "bf16"]),
+       log2_grad=st.integers(-40, 40), log2_init=st.integers(-30, 60), interval=st.integers(-5, 50),
+       steps=st.integers(-5, 400), typed=st.sampled_from(["", "5", "..x", "3-7", "99"]))
+def test_every_dtype_and_gradient_position_is_valid_or_a_one_line_message(hook_lab, mode, reduce_dtype, log2_grad,
+                                                                         log2_init, interval, steps, typed):
+    from ampviz.widgets.ranks_lab import cast_overflows
+
+    lab = hook_lab
+    lab.mode_dropdown.value = mode
+    lab.reduce_dropdown.value = reduce_dtype
+    lab.grad_slider.value = log2_grad  # held between -30 and 30
+    lab.init_slider.value = log2_init
+    lab.interval_input.value = interval
+    lab.steps_input.value = steps
+    lab.steps_text.value = typed
+    n, s, k = lab.ranks_slider.value, lab.steps_input.value, lab.grad_slider.value
+    assert -30 <= k <= 30 and lab.reduce_dropdown.disabled == (mode != "ddp")
+    try:
+        own = parse_overflow_steps(typed, s)
+    except ValueError as e:
+        assert lab.error == str(e) and one_line(lab.error)
+        return
+    assert lab.error is None
+    want = np.zeros((n, s), bool)
+    want[lab.rank_dropdown.value] = own
+    t = lab.trace
+    assert same_trace(t, hook_expected(settings_of(lab), want, mode, reduce_dtype, k))
+    if mode == "ddp":  # a step is skipped when a rank's backward or its cast overflowed
+        live = ~np.isnan(t.scale[0])
+        rule = own | cast_overflows(np.nan_to_num(t.scale[0]), 2.0**k, reduce_dtype)
+        assert np.array_equal(t.found_inf[0][live], rule[live])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(reduce_dtype="fp8"), "reduce_dtype must be one of 'fp32', 'fp16', 'bf16'"),
+    (dict(reduce_dtype=None), "reduce_dtype must be one of"),
+    (dict(grad_max=3.0), "grad_max must be a power of two from 2^-30 to 2^30"),
+    (dict(grad_max=2.0**31), "grad_max must be a power of two from 2^-30 to 2^30"),
+    (dict(grad_max="big"), "grad_max"),
+])
+def test_the_constructor_says_what_is_wrong_with_the_dtype_or_the_gradients(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=re.escape(message)) as info:
+        RanksLab(**kwargs)
+    assert one_line(str(info.value))
+
+
+def test_the_constructor_takes_the_dtype_and_the_gradients():
+    lab = RanksLab(reduce_dtype="fp16", grad_max=2.0**-4, steps=30)
+    assert lab.reduce_dtype == "fp16" and lab.grad_slider.value == -4 and lab.error is None
+    assert same_trace(lab.trace, hook_expected((16, 10), flags(4, 1, 30, [5, 20]), "ddp", "fp16", -4))
+    assert {"ampviz-ranks-reduce-dtype", "ampviz-ranks-grad"} <= set(lab.reduce_dropdown._dom_classes) | \
+        set(lab.grad_slider._dom_classes)
+
+
+def test_the_gradient_slider_is_drawn_ahead():
+    lab = RanksLab(reduce_dtype="fp16")
+    lab.grad_slider.set_state({"value": 2})
+    assert lab.settle(30)
+    keys = [dict(k)["log2_grad"] for k in lab._drawn_states]
+    assert 3 in keys and 1 in keys
+    lab.grad_slider.set_state({"value": 3})
+    assert lab.settle(30)
+    fresh = RanksLab(reduce_dtype="fp16", grad_max=8.0)
+    assert _sent(lab.view) == _sent(fresh.view) and lab.readout.value == fresh.readout.value

@@ -20,15 +20,66 @@ _STEP_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
 _STEP_CHARS_SHOWN = 20  # how much of a step list a message repeats
 
 
-def _log2_init(init_scale, lo: int, hi: int) -> int:
+def _log2_init(init_scale, lo: int, hi: int, name: str = "init_scale") -> int:
     """log2 of ``init_scale``, a power of two from 2^lo to 2^hi (the slider moves in powers of two)."""
-    x = _real("init_scale", init_scale)
+    x = _real(name, init_scale)
     if x > 0 and math.isfinite(x):
         m, e = math.frexp(x)
         if m == 0.5 and lo <= e - 1 <= hi:
             return e - 1
-    raise ValueError(f"init_scale must be a power of two from 2^{lo} to 2^{hi} (the slider moves in powers "
+    raise ValueError(f"{name} must be a power of two from 2^{lo} to 2^{hi} (the slider moves in powers "
                      f"of two), got {_shown(init_scale)}")
+
+
+#: The gradient all-reduce's dtype: (what the learner reads, the value). DDP's default all-reduce is
+#: fp32; ``fp16_compress_hook`` and a bf16 hook cast each rank's *scaled* gradients first.
+REDUCE_DTYPES = (("fp32 (DDP's default all-reduce)", "fp32"),
+                 ("fp16 (fp16_compress_hook)", "fp16"),
+                 ("bf16 (a bf16 compress hook)", "bf16"))
+_REDUCE_NAMES = {"fp32": "the fp32 all-reduce", "fp16": "fp16_compress_hook", "bf16": "the bf16 hook"}
+
+
+def _reduce_format(reduce_dtype: str):
+    from ampviz.formats import BF16, FP16, FP32
+
+    return {"fp32": FP32, "fp16": FP16, "bf16": BF16}[reduce_dtype]
+
+
+def cast_overflows(scale, grad_max, reduce_dtype="fp16") -> np.ndarray:
+    """Whether a rank's gradients become inf on their way into the all-reduce: the scaled gradient
+    is computed in float32 (``f32(f32(scale) * f32(grad_max))``), then the hook casts it to
+    ``reduce_dtype`` *before* dividing by the world size (``buffer.to(dtype).div_(world_size)``).
+    So fp16's cast overflows once that product rounds to 65,520 or more (whatever the number of
+    ranks); bf16 and fp32 only near 3.4e38. ``grad_max`` is the rank's largest |gradient| (by
+    monotone rounding it decides for the whole tensor); numbers or broadcastable arrays. This is
+    ``ampviz.scaling.overflows(scale, grad_max, fmt, "float32")`` with the all-reduce's format.
+    (The fp16 sum of the divided values could itself round to inf only if one entry were close to
+    65,504 with one sign on every rank at once; one max|g| per rank cannot show that, and the
+    N(0, 1) gradients of ``simulate_compress_hook`` agree with this rule step for step.)"""
+    from ampviz.scaling import overflows
+
+    if not isinstance(reduce_dtype, str) or reduce_dtype not in _REDUCE_NAMES:
+        raise ValueError(f"reduce_dtype must be one of {', '.join(map(repr, _REDUCE_NAMES))}, got "
+                         f"{_shown(reduce_dtype)}")
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.asarray(overflows(scale, grad_max, _reduce_format(reduce_dtype), "float32"), bool)
+
+
+def simulate_lab(policy, found_inf, grad_max, mode="ddp", reduce_dtype="fp32"):
+    """The lab's model: ``simulate_ranks`` with each rank's own backward overflows (``found_inf``,
+    shape (ranks, steps)) and its largest unscaled |parameter gradient| (``grad_max``: a number or
+    an array broadcast to that shape). In ``"ddp"`` mode the gradients pass the all-reduce in
+    ``reduce_dtype``: a step is skipped on every rank when any rank's backward overflowed or its
+    scaled gradients overflow the cast (``cast_overflows``). The other modes have no DDP
+    all-reduce (and so no comm hook): their gradients stay float32 whatever ``reduce_dtype`` is.
+    With ``reduce_dtype="fp32"`` and a ``grad_max`` of 1 this is ``simulate_ranks(policy,
+    found_inf=found_inf, mode=mode)`` exactly: a float32 scale stays below 2^128."""
+    from ampviz.ranks import simulate_ranks  # loads torch: only when a lab is made
+
+    flags = np.asarray(found_inf, bool)
+    fmt = _reduce_format(reduce_dtype if mode == "ddp" else "fp32")
+    g = np.where(flags, np.inf, np.broadcast_to(np.asarray(grad_max, np.float64), flags.shape))
+    return simulate_ranks(policy, grad_max=g, mode=mode, fmt=fmt, loss_dtype="float32")
 
 
 def parse_overflow_steps(text, steps: int) -> np.ndarray:
@@ -80,7 +131,14 @@ class RanksLab(_Explorer):
     overflow, and at which steps: ``"5, 20"``, ``"7-9"`` or a repeating pattern ``"..x"``; see
     ``parse_overflow_steps``), ``init_slider`` (log2 of init_scale), ``interval_input``
     (growth_interval) and ``steps_input`` (the length of the run). Every rank runs
-    ``torch.amp.GradScaler``'s rule (``TorchGradScaler``) with these settings.
+    ``torch.amp.GradScaler``'s rule (``TorchGradScaler``) with these settings. ``reduce_dropdown``
+    picks the dtype of DDP's gradient all-reduce (``REDUCE_DTYPES``: fp32, DDP's default;
+    ``fp16_compress_hook``; a bf16 hook) and ``grad_slider`` the size of the parameter gradients
+    (log2 of every rank's largest unscaled |g| at every step). The hooks cast each rank's *scaled*
+    gradients before dividing by the world size, so with fp16 every step where S × max|g| reaches
+    65,520 is skipped on every rank, skips the fp32 all-reduce does not have, and the scale settles
+    lower (``simulate_lab``, ``cast_overflows``). The dtype is a DDP comm hook: in the other modes
+    the dropdown is disabled and the gradients stay fp32.
 
     State: ``trace`` (the ``RanksTrace``), ``found_inf`` (each rank's own overflows, the input to
     the simulation), ``figure`` (``plot_ranks``), ``error``. The readout is a table per rank:
@@ -102,8 +160,12 @@ class RanksLab(_Explorer):
     #: How many drawn settings are kept for reuse (recent ones and a slider's next positions).
     KEPT_DRAWN = 8
 
+    #: log2 of the largest |parameter gradient| the slider reaches.
+    LOG2_GRAD_RANGE = (-30, 30)
+    REDUCE_DTYPES = REDUCE_DTYPES
+
     def __init__(self, ranks=4, *, mode="ddp", overflow_rank=1, overflow_steps="5, 20", init_scale=2.0**16,
-                 growth_interval=10, steps=60):
+                 growth_interval=10, steps=60, reduce_dtype="fp32", grad_max=1.0):
         self._init_common()
         ranks = _whole("ranks", ranks, *self.RANKS_RANGE)
         modes = dict((m, label) for label, m in self.MODES)
@@ -119,6 +181,10 @@ class RanksLab(_Explorer):
         parse_overflow_steps(overflow_steps, steps)  # refused now, not shown later
         log2_init = _log2_init(init_scale, *self.LOG2_INIT_RANGE)
         growth_interval = _whole("growth_interval", growth_interval, 1, self.MAX_INTERVAL)
+        dtypes = [d for _, d in REDUCE_DTYPES]
+        if not isinstance(reduce_dtype, str) or reduce_dtype not in dtypes:
+            raise ValueError(f"reduce_dtype must be one of {', '.join(map(repr, dtypes))}, got {_shown(reduce_dtype)}")
+        log2_grad = _log2_init(grad_max, *self.LOG2_GRAD_RANGE, name="grad_max")
 
         self.trace = None
         self.found_inf = None
@@ -141,11 +207,19 @@ class RanksLab(_Explorer):
                                                description="growth_interval", style=style)
         self.steps_input = W.BoundedIntText(value=steps, min=1, max=self.MAX_STEPS, description="steps",
                                             style=style)
+        self.reduce_dropdown = W.Dropdown(options=list(REDUCE_DTYPES), value=reduce_dtype,
+                                          description="all-reduce dtype", style=style, layout=wide,
+                                          disabled=mode != "ddp", tooltip=self._REDUCE_TIP)
+        self.grad_slider = W.IntSlider(value=log2_grad, min=self.LOG2_GRAD_RANGE[0], max=self.LOG2_GRAD_RANGE[1],
+                                       description="log2 max|g|", style=style, layout=wide,
+                                       tooltip="log2 of every rank's largest unscaled |parameter gradient| at "
+                                               "every step")
         self.ranks_slider.observe(self._on_ranks, names="value")  # first: the rank dropdown follows
         for w, cls in ((self.ranks_slider, "count"), (self.mode_dropdown, "mode"),
                        (self.rank_dropdown, "overflow-rank"), (self.steps_text, "overflow-steps"),
                        (self.init_slider, "init"), (self.interval_input, "interval"),
-                       (self.steps_input, "steps")):
+                       (self.steps_input, "steps"), (self.reduce_dropdown, "reduce-dtype"),
+                       (self.grad_slider, "grad")):
             w.add_class(f"ampviz-ranks-{cls}")
             w.observe(self._on_change, names="value")
         self.readout = W.HTML()
@@ -153,12 +227,16 @@ class RanksLab(_Explorer):
         self.view.add_class("ampviz-ranks-figure")
         self.ui = W.VBox([
             W.HBox([W.VBox([self.ranks_slider, self.mode_dropdown, self.rank_dropdown, self.steps_text]),
-                    W.VBox([self.init_slider, self.interval_input, self.steps_input])],
+                    W.VBox([self.init_slider, self.interval_input, self.steps_input]),
+                    W.VBox([self.reduce_dropdown, self.grad_slider])],
                    layout=W.Layout(flex_flow="row wrap")),
             self.message, self.readout, self.view,
         ])
         self.ui.add_class("ampviz-ranks-lab")
         self.update()
+
+    _REDUCE_TIP = ("the dtype of DDP's gradient all-reduce (a DDP comm hook: DDP mode only; the other modes "
+                   "keep fp32 gradients)")
 
     # ----- read the controls -----
     @staticmethod
@@ -168,6 +246,16 @@ class RanksLab(_Explorer):
     @property
     def mode(self) -> str:
         return self.mode_dropdown.value
+
+    @property
+    def reduce_dtype(self) -> str:
+        """The all-reduce dtype chosen (it acts in the DDP mode only)."""
+        return self.reduce_dropdown.value
+
+    @property
+    def grad_max(self) -> float:
+        """Every rank's largest unscaled |parameter gradient| at every step: 2^(the slider)."""
+        return 2.0 ** int(self.grad_slider.value)
 
     def policy(self):
         """Every rank's scaler: ``torch.amp.GradScaler``'s rule with the lab's settings."""
@@ -197,7 +285,8 @@ class RanksLab(_Explorer):
         values = {"ranks": self.ranks_slider.value, "mode": self.mode_dropdown.value,
                   "rank": self.rank_dropdown.value, "text": self.steps_text.value,
                   "log2_init": self.init_slider.value, "interval": self.interval_input.value,
-                  "steps": self.steps_input.value}
+                  "steps": self.steps_input.value, "reduce": self.reduce_dropdown.value,
+                  "log2_grad": self.grad_slider.value}
         values.update(changed)
         values["rank"] = min(int(values["rank"] or 0), values["ranks"] - 1)
         return tuple(values.items())
@@ -219,6 +308,8 @@ class RanksLab(_Explorer):
     def _on_change(self, change) -> None:
         if self._syncing:
             return
+        if isinstance(change, dict) and change.get("owner") is self.mode_dropdown:
+            self.reduce_dropdown.disabled = self.mode_dropdown.value != "ddp"
         owner = change.get("owner") if isinstance(change, dict) else None
         if getattr(owner, "_property_lock", None) and isinstance(owner, W.IntSlider):
             old = change.get("old")
@@ -228,18 +319,27 @@ class RanksLab(_Explorer):
     def _drawn(self, **changed) -> tuple:
         """(trace, own overflows, readout, figure, prepared figure) for the controls' settings with
         ``changed`` applied, kept for reuse. ValueError for text that cannot be read."""
-        from ampviz.ranks import simulate_ranks  # loads torch: only when a lab is made
-
         key = self._settings(**changed)
         if key in self._drawn_states:
             self._drawn_states.move_to_end(key)
             return self._drawn_states[key]
         s = dict(key)
         flags = self._flags_of(s["ranks"], s["rank"], s["text"], s["steps"])
-        trace = simulate_ranks(self._policy_of(s["log2_init"], s["interval"]), found_inf=flags, mode=s["mode"])
+        policy = self._policy_of(s["log2_init"], s["interval"])
+        grad = 2.0 ** int(s["log2_grad"])
+        trace = simulate_lab(policy, flags, grad, s["mode"], s["reduce"])
         label = dict((m, text) for text, m in self.MODES)[s["mode"]]
-        fig = plot_ranks(trace, title=f"{label}: {s['ranks']} ranks, {s['steps']:,} steps")
-        state = (trace, flags, self._readout_html(trace), fig, FigureView.prepare(fig))
+        title = f"{label}: {s['ranks']} ranks, {s['steps']:,} steps"
+        note = ""
+        if s["mode"] == "ddp":
+            title += f", {s['reduce']} all-reduce"
+            if s["reduce"] != "fp32":
+                note = self._hook_note(trace, simulate_lab(policy, flags, grad, "ddp", "fp32"), flags, s["reduce"])
+        elif s["reduce"] != "fp32":
+            note = (f"The all-reduce dtype ({s['reduce']}) is a DDP comm hook: it acts in the DDP mode only; "
+                    f"this mode keeps fp32 gradients.")
+        fig = plot_ranks(trace, title=title)
+        state = (trace, flags, self._readout_html(trace, note), fig, FigureView.prepare(fig))
         self._drawn_states[key] = state
         while len(self._drawn_states) > self.KEPT_DRAWN:
             self._drawn_states.popitem(last=False)
@@ -259,7 +359,8 @@ class RanksLab(_Explorer):
         if self._nudged is None:
             return
         slider, way = self._nudged
-        name = {id(self.ranks_slider): "ranks", id(self.init_slider): "log2_init"}.get(id(slider))
+        name = {id(self.ranks_slider): "ranks", id(self.init_slider): "log2_init",
+                id(self.grad_slider): "log2_grad"}.get(id(slider))
         if name is None:
             return
         for k in (way, -way):
@@ -274,7 +375,17 @@ class RanksLab(_Explorer):
 
     # ----- the table -----
     @staticmethod
-    def _readout_html(trace) -> str:
+    def _hook_note(trace, fp32, flags, reduce_dtype: str) -> str:
+        """What the hook changed (DDP mode): its skips against the fp32 all-reduce's, and the final scales."""
+        cast = int((trace.found_inf[0] & ~flags.any(axis=0)).sum())
+        limit = "65,520" if reduce_dtype == "fp16" else "about 3.4e38"
+        return (f"With {_REDUCE_NAMES[reduce_dtype]} every rank skips {int(trace.skipped_count[0]):,} steps, "
+                f"{cast:,} of them because a rank's S × max|g| reached {limit} at the cast (made before the "
+                f"divide by the world size); the fp32 all-reduce skips {int(fp32.skipped_count[0]):,}. Final "
+                f"scale {format_pow2(trace.final_scale[0])}; with fp32 {format_pow2(fp32.final_scale[0])}.")
+
+    @staticmethod
+    def _readout_html(trace, note: str = "") -> str:
         div = trace.first_divergence
         summary = ("The ranks' scales agree at every step." if div is None else
                    f"The ranks' scales differ from step {div:,}.")
@@ -289,4 +400,5 @@ class RanksLab(_Explorer):
                         f"<td>{int(trace.nonfinite_step[r].sum()):,}</td></tr>")
         head = ("<tr><th>rank</th><th>final scale</th><th>own overflows</th><th>skipped steps</th>"
                 "<th>steps on inf/NaN</th></tr>")
-        return f"<div>{html.escape(summary)}</div><table>{head}{''.join(rows)}</table>"
+        extra = f"<div>{html.escape(note)}</div>" if note else ""
+        return f"<div>{html.escape(summary)}</div>{extra}<table>{head}{''.join(rows)}</table>"
