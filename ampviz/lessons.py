@@ -198,11 +198,20 @@ def bits_table(values, fmt, labels=None) -> Table:
     values, labels = _labelled(values, labels)
     rows = []
     for lab, v in zip(labels, values):
-        sign, exp, man = fmt.fields(int(fmt.encode(v)))
+        bits = int(fmt.encode(v))
+        sign, exp, man = fmt.fields(bits)
         e, m = fmt.exponent_bits, fmt.mantissa_bits
+        stored = float(fmt.decode(bits))
+        if fmt.specials == "fnu":  # E8M0: no sign bit, no mantissa; each code a power of two
+            pattern = f"{exp:0{e}b}"
+            meaning = "nan" if math.isnan(stored) else f"2^{exp - fmt.bias}"
+            rows.append((lab, pattern, exp, meaning, number(stored)))
+            continue
         pattern = f"{sign} {exp:0{e}b} {man:0{m}b}"
-        if fmt.specials == "ieee" and exp == (1 << e) - 1:
-            meaning = "inf" if man == 0 else "nan"
+        if math.isinf(stored):
+            meaning = "inf"
+        elif math.isnan(stored):  # ieee's all-ones exponent, fn's S.1111.111, fnuz's 1.0000.000
+            meaning = "nan"
         elif exp == 0:
             meaning = f"0.{man:0{m}b} × 2^{fmt.emin}" + ("" if man else " (zero)")
         else:

@@ -164,8 +164,17 @@ def band_edges(fmt) -> dict:
 
     ``underflow`` is (0, underflow_boundary), ``subnormal`` (underflow_boundary, smallest_normal),
     ``normal`` (smallest_normal, overflow_boundary), ``overflow`` (overflow_boundary, inf).
+    A format without subnormals (E8M0) has an empty subnormal band at ``underflow_boundary``, and
+    its normal band starts there (what lies between rounds to its smallest value, as ``classify`` says).
     """
     fmt = get_format(fmt)
+    if not _has_subnormals(fmt):
+        return {
+            "underflow": (0.0, fmt.underflow_boundary),
+            "subnormal": (fmt.underflow_boundary, fmt.underflow_boundary),
+            "normal": (fmt.underflow_boundary, fmt.overflow_boundary),
+            "overflow": (fmt.overflow_boundary, math.inf),
+        }
     return {
         "underflow": (0.0, fmt.underflow_boundary),
         "subnormal": (fmt.underflow_boundary, fmt.smallest_normal),
@@ -174,10 +183,32 @@ def band_edges(fmt) -> dict:
     }
 
 
+def _has_subnormals(fmt: FloatFormat) -> bool:
+    """Whether the format has subnormals (E8M0, powers of two only, has none)."""
+    return fmt.specials != "fnu"
+
+
+def _past_min(fmt: FloatFormat) -> str:
+    """What a cast does with a value in the underflow band: "becomes 0", or, in a format with no
+    zero (E8M0), "becomes 2^-127" (its smallest value)."""
+    return "becomes 0" if _has_subnormals(fmt) else f"becomes {_pow2_short(fmt.smallest_normal)}"
+
+
 def _band_hover(fmt: FloatFormat, category: str) -> str:
     name = fmt.name
     if category == "underflow":
+        if not _has_subnormals(fmt):
+            return (f"{name} underflow: 0 < |x| ≤ {format_pow2(fmt.underflow_boundary)} becomes its smallest "
+                    f"value {format_pow2(fmt.smallest_normal)} (no zero)")
         return f"{name} underflow: 0 < |x| ≤ {format_pow2(fmt.underflow_boundary)} becomes 0"
+    if category == "subnormal" and not _has_subnormals(fmt):
+        return f"{name} has no subnormals: every value is a power of two"
+    if category == "normal" and not _has_subnormals(fmt):
+        return (
+            f"{name}: {format_pow2(fmt.underflow_boundary)} < |x| < {format_number(fmt.overflow_boundary)} "
+            f"rounds to a power of two<br>{format_pow2(fmt.smallest_normal)} … {format_pow2(fmt.max)}, "
+            f"no sign, no mantissa"
+        )
     if category == "subnormal":
         return (
             f"{name} subnormal: {format_pow2(fmt.underflow_boundary)} < |x| < "
@@ -196,6 +227,16 @@ def _band_hover(fmt: FloatFormat, category: str) -> str:
             f"max = {format_number(fmt.max)} (no inf)<br>in torch's cast and CUDA's saturating one; "
             f"ml_dtypes' cast gives NaN"
         )
+    if fmt.specials == "finite":
+        return (
+            f"{name} overflow: |x| ≥ {format_number(fmt.overflow_boundary)} saturates to "
+            f"max = {format_number(fmt.max)}<br>no inf and no NaN: every pattern is a number"
+        )
+    if fmt.specials in ("fnuz", "fnu"):
+        return (
+            f"{name} overflow: |x| ≥ {format_number(fmt.overflow_boundary)} becomes NaN "
+            f"(no inf)<br>in torch's and ml_dtypes' casts; a saturating cast gives max = {format_number(fmt.max)}"
+        )
     return f"{name} overflow: |x| ≥ {format_number(fmt.overflow_boundary)} becomes inf"
 
 
@@ -205,6 +246,10 @@ def _past_max(fmt: FloatFormat) -> str:
     torch's cast (``FloatFormat.quantize``) first and ml_dtypes' after it."""
     if fmt.specials == "fn":
         return f"saturates to {format_number(fmt.max)} (ml_dtypes: NaN)"
+    if fmt.specials == "finite":
+        return f"saturates to max {format_number(fmt.max)}"
+    if fmt.specials in ("fnuz", "fnu"):
+        return "becomes NaN"
     return "becomes inf"
 
 
@@ -261,9 +306,9 @@ def _band_traces(fmts, x_range, *, showlegend=True, xaxis="x", yaxis="y", y=None
             if cat == "normal":
                 text.append(f"{_pow2_short(f.smallest_normal)} … {format_number(f.max)}")
             elif cat == "subnormal":
-                text.append(f"from {_pow2_short(f.smallest_subnormal)}")
+                text.append(f"from {_pow2_short(f.smallest_subnormal)}" if _has_subnormals(f) else "")
             elif cat == "underflow":
-                text.append("becomes 0")
+                text.append(_past_min(f))
             else:
                 text.append(_past_max(f))
         traces.append({
@@ -275,7 +320,7 @@ def _band_traces(fmts, x_range, *, showlegend=True, xaxis="x", yaxis="y", y=None
             "orientation": "h",
             "marker": {"color": CATEGORY_COLORS[cat], "line": {"width": 0},
                        # hatched: the values past the max of a format without inf saturate
-                       "pattern": {"shape": ["/" if cat == "overflow" and f.specials == "fn" else ""
+                       "pattern": {"shape": ["/" if cat == "overflow" and f.specials in ("fn", "finite") else ""
                                              for f in fmts], "fgcolor": "rgba(255,255,255,0.5)", "solidity": 0.12}},
             "opacity": 0.85,
             "customdata": custom,
@@ -299,8 +344,8 @@ def _landmark_trace(fmts, *, xaxis="x", yaxis="y") -> go.Scatter:
     xs, ys, hover = [], [], []
     for f in fmts:
         for label, v in (
-            ("smallest subnormal", f.smallest_subnormal),
-            ("smallest normal", f.smallest_normal),
+            *((("smallest subnormal", f.smallest_subnormal),) if _has_subnormals(f) else ()),
+            ("smallest normal" if _has_subnormals(f) else "smallest value", f.smallest_normal),
             ("max", f.max),
         ):
             xs.append(math.log2(v))
@@ -1491,3 +1536,168 @@ def plot_ranks(trace, *, title=None) -> go.Figure:
 
 
 __all__ += ["plot_ranks"]
+
+
+# ----- block scaling: MX and NVFP4 -----
+#: Colours of ``plot_blocks``: the original values, the dequantized ones, an element held at its
+#: block's largest value (vermillion, as overflow) and one that became 0 (blue, as underflow).
+BLOCK_COLORS = {"original": "#000000", "dequantized": "#009E73", "saturated": "#D55E00", "flushed": "#0072B2",
+                "range": "#999999"}
+_BLOCK_BAR_TINTS = ("#56B4E9", "#E69F00")  # the error bars alternate by block
+
+
+def _block_element_format(result, codes: np.ndarray, values: np.ndarray, step: np.ndarray):
+    """The element format of an ``MXBlocks`` (it does not store one): the MX format whose decoded
+    codes times the block scales give ``values`` exactly (the first of ``MX_ELEMENT_FORMATS`` when
+    several do, as in a row of zeros, where nothing saturates whichever it is)."""
+    from ampviz.blocks import MX_ELEMENT_FORMATS
+
+    ok = np.isfinite(step) & np.isfinite(values)
+    for f in MX_ELEMENT_FORMATS.values():
+        if codes.size and int(codes.max()) >= 1 << f.bits:
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            got = (np.asarray(f.decode(codes.astype(np.int64))).astype(np.float32) * step).astype(np.float32)
+        if np.array_equal(got[ok], values[ok]):
+            return f
+    raise ValueError("result's codes and values match no MX element format: pass the MXBlocks that "
+                     "mx_quantize returned for x")
+
+
+def plot_blocks(x, result, *, title=None) -> go.Figure:
+    """A row of values ``x`` and its block quantization ``result`` (``ampviz.blocks.mx_quantize``'s
+    ``MXBlocks`` or ``nvfp4_quantize``'s ``NVFP4Blocks`` of the same row), element by element.
+
+    Top panel: each original value (open circle) and its dequantized value (dot), the blocks
+    delimited by dotted lines, each block's range ±(element max × block scale) as a grey step and
+    its scale written above it (2^k for MX's E8M0 scale; the E4M3 block scale × the tensor scale
+    for NVFP4). An element beyond its block's range is held at it (saturated: a triangle); a
+    nonzero element that dequantizes to 0 is flushed (a cross). Bottom panel: each element's
+    relative error |q - x| / |x| (0 where x is 0), one bar per element, coloured by block: one
+    outlier raises its block's scale, and its neighbours' errors rise with it.
+
+    Every trace carries ``meta["kind"]`` (original, dequantized, range, saturated, flushed,
+    error); ``layout.meta`` holds the scheme, element format, block size, each block's scale
+    (its pattern and value), the tensor scale, the counts saturated and flushed and each block's
+    worst relative error.
+    """
+    from ampviz.blocks import MXBlocks, NVFP4Blocks
+    from ampviz.formats import FP4_E2M1, FP8_E4M3
+
+    _title(title)
+    if not isinstance(result, (MXBlocks, NVFP4Blocks)):
+        raise TypeError(f"result must be MXBlocks or NVFP4Blocks (from ampviz.blocks), got {type(result).__name__}")
+    try:
+        xs = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"x must be a row of numbers, got {_shown(x)}") from None
+    with np.errstate(over="ignore"):
+        xs = xs.astype(np.float32)
+    values = np.asarray(result.values, np.float32)
+    codes = np.asarray(result.codes)
+    scales = np.asarray(result.scales)
+    if xs.ndim != 1 or values.shape != xs.shape or scales.ndim != 1 or not scales.size \
+            or xs.size % scales.size:
+        raise ValueError(f"x must be one row and result its quantization: x has shape {xs.shape}, result's "
+                         f"values {values.shape} and scales {scales.shape}")
+    n, blocks = xs.size, scales.size
+    bs = n // blocks
+    nvfp4 = isinstance(result, NVFP4Blocks)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if nvfp4:
+            fmt = FP4_E2M1
+            block_scale = np.asarray(FP8_E4M3.decode(scales.astype(np.int64)), np.float64)
+            ts = None if result.tensor_scale is None else float(result.tensor_scale)
+            step = (block_scale if ts is None else np.float32(ts) * block_scale.astype(np.float32)).astype(np.float32)
+        else:
+            ts = None
+            block_scale = np.where(scales == 255, np.nan, np.ldexp(1.0, scales.astype(np.int64) - 127))
+            step = block_scale.astype(np.float32)
+        elem_step = np.repeat(step, bs)
+        fmt = fmt if nvfp4 else _block_element_format(result, codes, values, elem_step)
+        top = fmt.max * step.astype(np.float64)  # each block's largest value
+        elem_top = np.repeat(top, bs)
+        ax = np.abs(xs.astype(np.float64))
+        saturated = np.isfinite(elem_top) & (ax > elem_top)
+        flushed = (xs != 0) & np.isfinite(xs) & (values == 0)
+        err = np.where(xs != 0, np.abs(values.astype(np.float64) - xs) / ax, np.abs(values.astype(np.float64)))
+    idx = np.arange(n)
+    worst = [float(np.nanmax(err[b * bs:(b + 1) * bs])) if np.isfinite(err[b * bs:(b + 1) * bs]).any() else None
+             for b in range(blocks)]
+
+    def scale_text(b: int) -> str:
+        if not np.isfinite(step[b]):
+            return "NaN"
+        if nvfp4:
+            s = format_number(block_scale[b])
+            return s if ts is None else f"{s}×{format_number(ts)}"
+        return _pow2_short(block_scale[b])
+
+    edges = np.full(3 * blocks, np.nan)
+    edges[0::3], edges[1::3] = idx[::bs] - 0.5, idx[::bs] + bs - 0.5
+    rng_y = np.full(3 * blocks, np.nan)
+    rng_y[0::3] = rng_y[1::3] = top
+    data = [
+        {"type": "scatter", "x": edges, "y": rng_y, "mode": "lines", "name": "block range (± max × scale)",
+         "line": {"color": BLOCK_COLORS["range"], "width": 1.5}, "legendgroup": "range", "hoverinfo": "skip",
+         "meta": {"kind": "range"}},
+        {"type": "scatter", "x": edges, "y": -rng_y, "mode": "lines", "showlegend": False,
+         "line": {"color": BLOCK_COLORS["range"], "width": 1.5}, "legendgroup": "range", "hoverinfo": "skip",
+         "meta": {"kind": "range_low"}},
+        {"type": "scatter", "x": idx, "y": xs, "mode": "markers", "name": "original",
+         "marker": {"symbol": "circle-open", "size": 8, "color": BLOCK_COLORS["original"]},
+         "hovertext": [f"element {i} (block {i // bs}) · x = {format_number(v, 4)}" for i, v in
+                       zip(idx.tolist(), xs.tolist())], "hoverinfo": "text", "meta": {"kind": "original"}},
+        {"type": "scatter", "x": idx, "y": values, "mode": "markers", "name": "dequantized",
+         "marker": {"size": 5, "color": BLOCK_COLORS["dequantized"]},
+         "hovertext": [f"element {i} · q = {format_number(q, 4)} · block scale {scale_text(i // bs)}"
+                       for i, q in zip(idx.tolist(), values.tolist())], "hoverinfo": "text",
+         "meta": {"kind": "dequantized"}},
+    ]
+    for kind, flags, symbol, label in (("saturated", saturated, "triangle-up", "saturated (held at the block's max)"),
+                                       ("flushed", flushed, "x", "flushed to 0")):
+        at = np.flatnonzero(flags)
+        if at.size:
+            data.append({"type": "scatter", "x": at, "y": values[at], "mode": "markers", "name": f"{label}: {at.size}",
+                         "marker": {"symbol": symbol, "size": 11, "color": BLOCK_COLORS[kind],
+                                    "line": {"width": 1.5, "color": BLOCK_COLORS[kind]}},
+                         "hovertext": [f"element {i} {kind}: x = {format_number(xs[i], 4)} → "
+                                       f"{format_number(values[i], 4)}" for i in at.tolist()],
+                         "hoverinfo": "text", "cliponaxis": False,
+                         "meta": {"kind": kind}})
+    data.append({"type": "bar", "x": idx, "y": err, "name": "relative error", "xaxis": "x2", "yaxis": "y2",
+                 "marker": {"color": [_BLOCK_BAR_TINTS[(i // bs) % 2] for i in range(n)]},
+                 "hovertext": [f"element {i} · error {format_share(e) if np.isfinite(e) else 'nan'}"
+                               for i, e in zip(idx.tolist(), err.tolist())], "hoverinfo": "text",
+                 "showlegend": False, "meta": {"kind": "error"}})
+    shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": b * bs - 0.5, "x1": b * bs - 0.5, "y0": 0, "y1": 1,
+               "line": {"color": "#888888", "width": 1, "dash": "dot"}} for b in range(1, blocks)]
+    notes = [{"x": b * bs + (bs - 1) / 2, "xref": "x", "y": 1, "yref": "paper", "yanchor": "bottom",
+              "showarrow": False, "font": {"size": 10, "color": "#555555"}, "textangle": -90 if blocks > 8 else 0,
+              "text": scale_text(b)} for b in range(blocks)]
+    scheme = "NVFP4" if nvfp4 else f"MX {fmt.name}"
+    ts_text = "" if not nvfp4 else (", no tensor scale" if ts is None else f", tensor scale {format_number(ts)}")
+    finite_err = err[np.isfinite(err)]
+    err_top = max(1.05, float(finite_err.max()) * 1.05) if finite_err.size else 1.05
+    layout = {
+        **_WHITE,
+        "title": {"text": title or f"{scheme}: blocks of {bs}{ts_text}", "x": 0.01},
+        "height": 560,
+        "margin": {"l": 80, "r": 20, "t": 110, "b": 60},
+        "legend": {"orientation": "h", "x": 0.01, "y": -0.1, "yanchor": "top"},
+        "xaxis": {**_WHITE_AXIS, "domain": [0, 1], "anchor": "y", "range": [-0.5, n - 0.5], "showticklabels": False},
+        "yaxis": {**_WHITE_AXIS, "domain": [0.4, 1], "title": {"text": "value"}},
+        "xaxis2": {**_WHITE_AXIS, "domain": [0, 1], "anchor": "y2", "matches": "x", "title": {"text": "element"}},
+        "yaxis2": {**_WHITE_AXIS, "domain": [0, 0.3], "anchor": "x2", "range": [0, err_top],
+                   "title": {"text": "relative error"}, "tickformat": ".0%"},
+        "shapes": shapes, "annotations": notes,
+        "meta": {"scheme": "nvfp4" if nvfp4 else "mx", "fmt": fmt.name, "block_size": int(bs),
+                 "scale_codes": scales.astype(int).tolist(),
+                 "scales": [float(v) if np.isfinite(v) else None for v in step.astype(np.float64)],
+                 "tensor_scale": ts, "saturated": int(saturated.sum()), "flushed": int(flushed.sum()),
+                 "block_worst": worst},
+    }
+    return _figure(data, layout)
+
+
+__all__ += ["BLOCK_COLORS", "plot_blocks"]

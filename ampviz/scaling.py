@@ -941,6 +941,10 @@ def _gradients(grad_max) -> np.ndarray:
 
 def _overflow_format(fmt) -> FloatFormat:
     fmt = get_format(fmt)
+    if fmt.specials in ("fnuz", "fnu"):
+        raise ValueError(
+            f"{fmt.name} has no inf: a value past its max {fmt.max:g} becomes NaN instead of inf, so the "
+            "overflow to inf modelled here does not happen there; choose a format with inf such as fp16")
     if fmt.specials != "ieee":
         raise ValueError(
             f"{fmt.name} saturates at {fmt.max:g} instead of overflowing to inf, so a loss scaler "

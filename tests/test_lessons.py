@@ -83,6 +83,22 @@ def test_bits_table():
     assert L.bits_table([448.0], "fp8_e4m3").rows[0][1] == "0 1111 110"
 
 
+def test_bits_table_of_the_new_formats():
+    """E8M0 has no sign bit and no mantissa (a power of two per code, 0xFF NaN); fnuz's NaN is the
+    pattern -0 would have; fp4 saturates; an "fn" NaN reads as nan, not as a number."""
+    e8 = L.bits_table([1.0, 0.25, 0.0, -2.0, float("nan")], "e8m0")
+    assert e8.column("sign exponent mantissa") == ("01111111", "01111101", "00000000", "10000000", "11111111")
+    assert e8.column("means") == ("2^0", "2^-2", "2^-127", "2^1", "nan")
+    assert all(len(p) == 8 and " " not in p for p in e8.column("sign exponent mantissa"))
+    fnuz = L.bits_table([1.0, -0.0, 1e9, float("nan")], "fp8_e4m3fnuz")
+    assert fnuz.column("sign exponent mantissa") == ("0 1000 000", "0 0000 000", "1 0000 000", "1 0000 000")
+    assert fnuz.column("means")[2:] == ("nan", "nan") and fnuz.column("exponent field")[0] == "8"
+    fp4 = L.bits_table([6.0, 100.0, -0.5], "fp4_e2m1")
+    assert fp4.column("sign exponent mantissa") == ("0 11 1", "0 11 1", "1 00 1")
+    assert fp4.column("means") == ("1.1 × 2^2", "1.1 × 2^2", "0.1 × 2^0")
+    assert L.bits_table([float("nan")], "fp8_e4m3").column("means") == ("nan",)
+
+
 # ----- arithmetic in a format, against torch -----
 def _random_values(fmt, n, rng):
     """n random finite values of fmt (decoded from random bit patterns)."""

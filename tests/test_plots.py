@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ampviz.census import census, profile
-from ampviz.formats import CATEGORIES, FORMATS, get_format
+from ampviz.formats import ALL_FORMATS, CATEGORIES, FORMATS, get_format
 from ampviz.plots import (
     BAND_CATEGORIES,
     CATEGORY_COLORS,
@@ -94,7 +94,7 @@ def test_band_edges_are_the_format_constants(name):
 
 
 def _band_cases():
-    for name in FORMATS:
+    for name in ALL_FORMATS:
         for cat in BAND_CATEGORIES:
             yield pytest.param(name, cat, id=f"{name}-{cat}")
 
@@ -102,8 +102,11 @@ def _band_cases():
 @pytest.mark.parametrize("name, cat", _band_cases())
 def test_band_interiors_classify_as_their_category(name, cat):
     """A magnitude inside each drawn band lands in that band's category in the core."""
-    fmt = FORMATS[name]
+    fmt = ALL_FORMATS[name]
     lo, hi = band_edges(fmt)[cat]
+    if lo == hi:  # an empty band: E8M0 has no subnormals
+        assert (name, cat) == ("e8m0", "subnormal")
+        return
     if lo == 0:
         x = 2.0 ** (math.log2(hi) - 0.5)
     elif math.isinf(hi):
@@ -670,8 +673,8 @@ def _assert_as_validated(fig):
     assert _wire_and_json(fig) == _wire_and_json(_validated(fig))
 
 
-@settings(max_examples=60, deadline=None)
-@given(fmt=st.sampled_from(sorted(FORMATS)),
+@settings(max_examples=80, deadline=None)
+@given(fmt=st.sampled_from(sorted(ALL_FORMATS)),
        value=st.floats(allow_nan=True, allow_infinity=True, width=64),
        typed=st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True, width=64)))
 def test_plot_value_holds_what_validation_gives(fmt, value, typed):
@@ -713,3 +716,68 @@ def test_the_comparison_catches_what_validation_would_change():
     typo = go.Figure({"data": [{**raw["data"][0], "hovertxt": ["x"]}], "layout": raw["layout"]}, _validate=False)
     with pytest.raises(ValueError, match="hovertxt"):
         _validated(typo)
+
+
+# ----- the formats beyond the course's six -----
+@pytest.mark.parametrize("name", [n for n in ALL_FORMATS if n not in FORMATS])
+def test_band_edges_of_the_new_formats(name):
+    fmt = ALL_FORMATS[name]
+    edges = band_edges(fmt)
+    assert edges["underflow"] == (0.0, fmt.underflow_boundary)
+    assert edges["overflow"] == (fmt.overflow_boundary, math.inf)
+    if name == "e8m0":  # no subnormals: an empty band, and the normal band from the underflow edge
+        assert edges["subnormal"] == (fmt.underflow_boundary, fmt.underflow_boundary)
+        assert edges["normal"] == (fmt.underflow_boundary, fmt.overflow_boundary)
+    else:
+        assert edges["subnormal"] == (fmt.underflow_boundary, fmt.smallest_normal)
+        assert edges["normal"] == (fmt.smallest_normal, fmt.overflow_boundary)
+        assert fmt.underflow_boundary < fmt.smallest_subnormal < fmt.smallest_normal
+    assert fmt.max < fmt.overflow_boundary
+
+
+def test_new_formats_bands_say_what_their_casts_do():
+    """Past max: fnuz and E8M0 become NaN (both libraries), fp6/fp4 saturate (hatched); below the
+    range, E8M0 (no zero) gives its smallest value; E8M0 draws no subnormal band or tick."""
+    names = [n for n in ALL_FORMATS if n not in FORMATS]
+    fig = plot_format_ranges(names)
+    bands = {t.name: t for t in fig.data if t.name in BAND_CATEGORIES}
+    over = dict(zip(bands["overflow"].y, bands["overflow"].text))
+    hatch = dict(zip(bands["overflow"].y, bands["overflow"].marker.pattern.shape))
+    for name in names:
+        fmt = ALL_FORMATS[name]
+        assert math.isnan(fmt.quantize(fmt.overflow_boundary * 2)) == (over[name] == "becomes NaN")
+        if name.startswith(("fp6", "fp4")):
+            assert over[name] == f"saturates to max {format_number(fmt.max)}" and hatch[name] == "/"
+            assert fmt.quantize(fmt.overflow_boundary * 2) == fmt.max
+        else:
+            assert over[name] == "becomes NaN" and hatch[name] == ""
+    under = dict(zip(bands["underflow"].y, bands["underflow"].text))
+    e8m0 = get_format("e8m0")
+    assert under["e8m0"] == "becomes 2^-127" and e8m0.quantize(e8m0.underflow_boundary) == 2.0**-127
+    assert {under[n] for n in names if n != "e8m0"} == {"becomes 0"}
+    sub = bands["subnormal"]
+    k = list(sub.y).index("e8m0")
+    assert sub.x[k] == 0 and sub.text[k] == "" and "no subnormals" in sub.hovertext[k]
+    assert all(w > 0 for n, w in zip(sub.y, sub.x) if n != "e8m0")
+    marks = [t for t in fig.data if t.type == "scatter"][0]
+    e8m0_marks = [h for h in marks.hovertext if h.startswith("e8m0 ")]
+    assert len(e8m0_marks) == 2 and not any("subnormal" in h for h in e8m0_marks)
+    assert sum(h.startswith("fp4_e2m1 ") for h in marks.hovertext) == 3
+
+
+@pytest.mark.parametrize("name", [n for n in ALL_FORMATS if n not in FORMATS])
+def test_plot_value_marks_every_pattern_of_a_new_format_at_its_value(name):
+    """Every bit pattern's value (at most 256) is marked where it is: log2 |value| on the band row,
+    the value itself on the zoom, nothing on either for NaN."""
+    fmt = ALL_FORMATS[name]
+    for bits in range(1 << fmt.bits):
+        v = float(fmt.decode(bits))
+        fig = plot_value(fmt, v)
+        lo, hi = fig.layout.xaxis.range
+        top = [t for t in fig.data if t.name == "stored" and getattr(t, "xaxis", None) != "x2"]
+        zoom = [t for t in fig.data if t.name == "stored" and getattr(t, "xaxis", None) == "x2"]
+        if math.isnan(v):
+            assert top == [] and zoom == [] and fig.layout.meta["stored"] is None
+            continue
+        assert fig.layout.meta["stored"] == v and zoom[0].x[0] == v
+        assert top[0].x[0] == (lo + 1.0 if v == 0 else math.log2(abs(v)))

@@ -8,18 +8,43 @@ import operator
 
 import ipywidgets as W
 
-from ampviz.formats import CATEGORIES, FORMATS, get_format
+from ampviz.formats import ALL_FORMATS, CATEGORIES, FORMATS, get_format
 
 from ampviz.plots import CATEGORY_COLORS, FIELD_COLORS, format_number, format_pow2, plot_value
 
 from ampviz.widgets.base import _Explorer, _FIELD_TINTS, _parse_bits, _shows_errors, parse_number
 
 
+#: What the dropdown says beside each format beyond the course's six (those show their name alone).
+NEW_FORMAT_LABELS = {
+    "fp8_e4m3fnuz": "new: fp8 fnuz, NaN at 0x80",
+    "fp8_e5m2fnuz": "new: fp8 fnuz, NaN at 0x80",
+    "fp6_e3m2": "new: MX FP6 element",
+    "fp6_e2m3": "new: MX FP6 element",
+    "fp4_e2m1": "new: MX/NVFP4 element",
+    "e8m0": "new: MX block scale, no sign",
+}
+
+
+def format_options() -> list:
+    """The dropdown's (label, name) pairs: the course's formats by name, then the newer ones
+    labelled so that learners see what they are, e.g. "fp4_e2m1 (new: MX/NVFP4 element)"."""
+    return [(name if name in FORMATS else f"{name} ({NEW_FORMAT_LABELS.get(name, 'new')})", name)
+            for name in ALL_FORMATS]
+
+
+def _has_sign(fmt) -> bool:
+    """Whether the format has a sign bit (E8M0, the MX scale format, has none)."""
+    return fmt.specials != "fnu"
+
+
 # ----- formats, bit by bit -----
 class FormatExplorer(_Explorer):
     """One value in one float format, bit by bit.
 
-    Controls: a format dropdown (``format_dropdown``), one button per bit (``bit_buttons``, showing
+    Controls: a format dropdown (``format_dropdown``: every format of ``ALL_FORMATS``, the course's
+    six by name and the newer ones labelled, e.g. "fp4_e2m1 (new: MX/NVFP4 element)"; E8M0 shows
+    no sign bit and no mantissa), one button per bit (``bit_buttons``, showing
     "1" or "0" and coloured by field; a click flips the bit;
     most significant first: ``bit_buttons[j]`` is bit ``fmt.bits - 1 - j``, CSS class
     ``ampviz-bit-<position>``), a decimal box (``decimal_input``: the learner types 0.1, 1e-8, 65519,
@@ -40,7 +65,7 @@ class FormatExplorer(_Explorer):
         self._syncing = False
         self.bit_buttons: list[W.Button] = []
 
-        self.format_dropdown = W.Dropdown(options=list(FORMATS), value=self.fmt.name, description="format")
+        self.format_dropdown = W.Dropdown(options=format_options(), value=self.fmt.name, description="format")
         self.format_dropdown.add_class("ampviz-format-dropdown")
         self.decimal_input = W.Text(
             value="",
@@ -153,7 +178,7 @@ class FormatExplorer(_Explorer):
     # ----- drawing -----
     def _field_of(self, position: int) -> str:
         m = self.fmt.mantissa_bits
-        if position == self.fmt.bits - 1:
+        if position == self.fmt.bits - 1 and _has_sign(self.fmt):
             return "sign"
         return "exponent" if position >= m else "mantissa"
 
@@ -183,11 +208,14 @@ class FormatExplorer(_Explorer):
         self.bit_buttons = buttons
         self.bits_row.children = tuple(buttons)
         f = self.fmt
+        sign = (f'<span style="color:{FIELD_COLORS["sign"]}">■ sign (1 bit)</span>' if _has_sign(f)
+                else '<span style="color:#777">no sign bit</span>')
+        mantissa = (f'<span style="color:{FIELD_COLORS["mantissa"]}">■ mantissa ({f.mantissa_bits} bits)</span>'
+                    if f.mantissa_bits else '<span style="color:#777">no mantissa</span>')
         self.field_legend.value = (
-            f'<span style="color:{FIELD_COLORS["sign"]}">■ sign (1 bit)</span> &nbsp; '
+            f"{sign} &nbsp; "
             f'<span style="color:{FIELD_COLORS["exponent"]}">■ exponent ({f.exponent_bits} bits, '
-            f"bias {f.bias})</span> &nbsp; "
-            f'<span style="color:{FIELD_COLORS["mantissa"]}">■ mantissa ({f.mantissa_bits} bits)</span>'
+            f"bias {f.bias})</span> &nbsp; {mantissa}"
             f" &nbsp; <i>{html.escape(f.description)}</i>"
         )
 
@@ -216,10 +244,11 @@ class FormatExplorer(_Explorer):
     def _bits_html(self) -> str:
         f, bits = self.fmt, self.bits
         text = format(bits, f"0{f.bits}b")
-        parts = (text[:1], text[1 : 1 + f.exponent_bits], text[1 + f.exponent_bits :])
+        s = 1 if _has_sign(f) else 0
+        parts = (text[:s], text[s : s + f.exponent_bits], text[s + f.exponent_bits :])
         spans = [
             f'<span style="color:{FIELD_COLORS[name]}">{part}</span>'
-            for name, part in zip(("sign", "exponent", "mantissa"), parts)
+            for name, part in zip(("sign", "exponent", "mantissa"), parts) if part
         ]
         return f'<code style="font-size:1.1em">{" ".join(spans)}</code> &nbsp; = 0x{bits:0{(f.bits + 3) // 4}X}'
 
@@ -262,11 +291,21 @@ class FormatExplorer(_Explorer):
     def _category_note(self, cat: str, typed, stored: float) -> str:
         f = self.fmt
         if cat == "overflow":
-            if f.specials == "fn":
+            if f.specials in ("fn", "finite"):
                 return f" — beyond max, saturated to {format_number(f.max)} (no inf in {f.name})"
+            if f.specials in ("fnuz", "fnu"):
+                return (f" — at or beyond {format_number(f.overflow_boundary)}, becomes NaN "
+                        f"(no inf in {f.name}; a saturating cast gives max {format_number(f.max)})")
             return f" — at or beyond {format_number(f.overflow_boundary)}, becomes inf"
         if cat == "underflow":
+            if not _has_sign(f):
+                return (f" — at most {format_pow2(f.underflow_boundary)}: {f.name} has no zero, "
+                        f"becomes its smallest value {format_pow2(f.smallest_normal)}")
             return f" — at most {format_pow2(f.underflow_boundary)}, becomes 0"
+        if cat == "zero" and not _has_sign(f):
+            return f" — {f.name} has no zero: torch's cast gives its smallest value {format_pow2(f.smallest_normal)}"
+        if cat == "normal" and not _has_sign(f) and typed is not None and typed < 0:
+            return f" — {f.name} has no sign: torch's cast keeps |x|"
         if cat == "subnormal":
             return f" — below the smallest normal {format_pow2(f.smallest_normal)}: fewer significant bits"
         return ""
@@ -275,9 +314,18 @@ class FormatExplorer(_Explorer):
         f = self.fmt
         m, e = f.mantissa_bits, f.exponent_bits
         top = (1 << e) - 1
-        exp_bits, man_bits = format(exp, f"0{e}b"), format(man, f"0{m}b")
-        parts = [f"sign {sign} ({'−' if sign else '+'})"]
+        exp_bits, man_bits = format(exp, f"0{e}b"), format(man, f"0{m}b") if m else ""
         stored = self.value
+        if not _has_sign(f):  # E8M0: the exponent alone, every code a power of two but the NaN
+            if math.isnan(stored):
+                return f"exponent {exp_bits} = {exp} (all ones): NaN<br>no sign bit, no mantissa"
+            return (f"exponent {exp_bits} = {exp}, {exp} − bias {f.bias} = {exp - f.bias}<br>"
+                    f"no sign bit, no mantissa: value 2^{exp - f.bias} = {stored!r}")
+        parts = [f"sign {sign} ({'−' if sign else '+'})"]
+        if math.isnan(stored) and f.specials == "fnuz":
+            parts.append(f"exponent {exp_bits} and mantissa {man_bits} with sign 1: the pattern −0 would have "
+                         f"is NaN in {f.name} (no −0, no inf)")
+            return "<br>".join(parts)
         if math.isnan(stored):
             parts.append(f"exponent {exp_bits} (all ones) and mantissa {man_bits}: NaN")
             return "<br>".join(parts)
@@ -295,8 +343,10 @@ class FormatExplorer(_Explorer):
             parts.append(f"mantissa {man_bits} = {man} → significand 1 + {man}/2^{m}")
             significand = 1 + man / (1 << m)
         parts.append(f"value (−1)^{sign} × {significand!r} × 2^{power} = {stored!r}")
-        if exp == top:  # only reachable in an "fn" format, where the top exponent holds numbers
+        if exp == top:  # only reachable in a format without inf, where the top exponent holds numbers
             parts.append(f"({f.name} has no inf: the top exponent holds numbers)")
+        if f.specials == "finite" and exp == top and man == (1 << m) - 1:
+            parts.append(f"({f.name} has no NaN either: every pattern is a number)")
         return "<br>".join(parts)
 
 
