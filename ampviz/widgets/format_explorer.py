@@ -65,7 +65,8 @@ class FormatExplorer(_Explorer):
         self._syncing = False
         self.bit_buttons: list[W.Button] = []
 
-        self.format_dropdown = W.Dropdown(options=format_options(), value=self.fmt.name, description="format")
+        self.format_dropdown = W.Dropdown(options=format_options(), value=self.fmt.name, description="format",
+                                          layout=W.Layout(width="400px"))  # the new formats' labels fit
         self.format_dropdown.add_class("ampviz-format-dropdown")
         self.decimal_input = W.Text(
             value="",

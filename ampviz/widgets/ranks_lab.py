@@ -401,4 +401,5 @@ class RanksLab(_Explorer):
         head = ("<tr><th>rank</th><th>final scale</th><th>own overflows</th><th>skipped steps</th>"
                 "<th>steps on inf/NaN</th></tr>")
         extra = f"<div>{html.escape(note)}</div>" if note else ""
-        return f"<div>{html.escape(summary)}</div>{extra}<table>{head}{''.join(rows)}</table>"
+        return (f"<div>{html.escape(summary)}</div>{extra}<style>.ampviz-ranks-table td, .ampviz-ranks-table th "
+                f"{{padding: 0 0.9em 0 0}}</style><table class=\"ampviz-ranks-table\">{head}{''.join(rows)}</table>")
