@@ -40,7 +40,7 @@ def warm():
 @pytest.fixture(autouse=True)
 def no_rank_left():
     """No process this test started is left (processes that earlier tests of the suite keep, such
-    as a browser or a server held for the whole session, are not this test's)."""
+    as a browser or a server kept for the whole test run, are not this test's)."""
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
     deadline = time.monotonic() + 5
