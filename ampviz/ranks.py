@@ -66,6 +66,7 @@ import numpy as np
 import torch
 
 from ampviz.formats import BF16, FP16, FP32, FloatFormat, get_format
+from ampviz.gradscaler import _step_indices
 from ampviz.lessons import Check, Table, _number_text, _said, check, number
 from ampviz.scaling import DynamicScaler, TorchGradScaler, _shown, overflows, simulate
 from ampviz.training import _flag, _real, _whole
@@ -109,9 +110,9 @@ ORDERS = ("gloo", "rank", "tree", "once")
 MODES = ("ddp", "synced", "local", "unscale_first")
 #: The longest stream ``run_scaler_ranks`` runs for real (a few ms a step per rank).
 MAX_REAL_STEPS = 200
-#: The most steps ``simulate_ranks`` takes (times ranks), and the most rows a table shows.
+#: The most steps ``simulate_ranks`` takes (times ranks); a table's rows are chosen as GradScaler's step tables
+#: choose them (``ampviz.gradscaler._step_indices``).
 MAX_SIM_CELLS = 50_000_000
-MAX_TABLE_ROWS = 10_000
 
 
 # ============================================================================================
@@ -646,23 +647,6 @@ class RanksTrace:
                 f"{self.skipped_count.tolist()}, final scales [{final}]"
                 + (f", scales differ from step {div}" if div is not None else "")
                 + (f", poisoned at {list(self.poisoned_at)}" if self.nonfinite_step.any() else "") + ")")
-
-
-def _step_indices(steps, n: int) -> list:
-    if steps is None:
-        return list(range(min(n, 20)))
-    if isinstance(steps, (str, bytes)) or not hasattr(steps, "__iter__"):
-        raise TypeError(f"steps must be step indices, e.g. range(10) or [0, 5], not {_shown(steps)}")
-    idx = []
-    for i in steps:
-        i = _whole("a step index", i, None)
-        if not 0 <= i < n:
-            raise ValueError(f"step {i} is outside the run (0 to {n - 1})" if n else
-                             f"step {i} is outside the run: it has no steps")
-        if len(idx) == MAX_TABLE_ROWS:
-            raise ValueError(f"steps must list at most {MAX_TABLE_ROWS:,} steps")
-        idx.append(i)
-    return idx
 
 
 def _pattern_rows(values):
