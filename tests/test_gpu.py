@@ -267,3 +267,25 @@ def test_gpu_marked_tests_skip_with_the_reason_without_cuda(tmp_path):
     assert re.search(r"^1 skipped in ", out, re.M) and "failed" not in out and "error" not in out.lower(), out
     plain = _pytest(tmp_path, "test_plain.py")
     assert re.search(r"^1 passed in ", plain, re.M), plain
+
+
+# ------------------------------------------------------------------ bench/bench_gpu.py's cases (CPU)
+def test_every_gpu_bench_case_builds_and_steps_on_the_cpu():
+    """Each case of bench/bench_gpu.py makes its model and trains one step on the CPU, so that a case
+    the trainer refuses (a model past its size limit, a setting it rejects) fails here, not first on
+    a GPU. A model past the limit is refused, as the check would show."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_gpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert len(bench.CASES) == 3
+    for label, settings, make_model in bench.CASES:
+        model = make_model() if make_model is not None else None
+        run = L.run_training(L.TrainConfig(mode="fp32", steps=1, census_every=0, device="cpu", **settings), model=model)
+        assert run.error is None and len(run) == 1, (label, run.error)
+    from ampviz.training import MLP
+
+    with pytest.raises(ValueError, match="weights; at most 10,000,000"):
+        MLP(width=4096)  # the width this bench once asked for
