@@ -1710,3 +1710,124 @@ def plot_blocks(x, result, *, title=None) -> go.Figure:
 
 
 __all__ += ["BLOCK_COLORS", "plot_blocks"]
+
+
+# ----- FP8 per-tensor scaling over a stream of tensors -----
+#: Colours of ``plot_fp8_scaling``: the amax, the scale, the largest and smallest magnitudes the
+#: scale keeps, and the shares saturated, underflowed and subnormal (as the census bands).
+FP8_COLORS = {"amax": "#000000", "scale": "#009E73", "ceiling": CATEGORY_COLORS["overflow"],
+              "floor": CATEGORY_COLORS["underflow"], "saturated": CATEGORY_COLORS["overflow"],
+              "underflowed": CATEGORY_COLORS["underflow"], "subnormal": CATEGORY_COLORS["subnormal"],
+              "nonfinite": CATEGORY_COLORS["nan"]}
+
+
+def _fp8_trace(trace):
+    """``trace`` checked to be an ``Fp8ScalingTrace``."""
+    from ampviz.fp8 import Fp8ScalingTrace
+
+    if not isinstance(trace, Fp8ScalingTrace):
+        raise TypeError(f"trace must be an Fp8ScalingTrace (from ampviz.fp8.simulate_fp8_scaling), "
+                        f"got {type(trace).__name__}")
+    return trace
+
+
+def _finite_log2(values) -> np.ndarray:
+    """log2 |values| (float64), with 0, inf and NaN as NaN (a gap in a line)."""
+    a = np.abs(np.asarray(values, np.float64))
+    out = np.full(a.shape, np.nan)
+    ok = np.isfinite(a) & (a > 0)
+    out[ok] = np.log2(a[ok])
+    return out
+
+
+def _percent_or_gap(counts, size: int) -> np.ndarray:
+    """100 · counts / size, with 0 as NaN (the share axis is logarithmic)."""
+    c = np.asarray(counts, np.float64)
+    return np.where(c > 0, 100.0 * c / size, np.nan)
+
+
+def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
+    """An ``Fp8ScalingTrace`` (``ampviz.fp8.simulate_fp8_scaling``) step by step, in three panels.
+
+    Top: log2 of each step's amax, and the window the scale in force keeps: log2(max / scale)
+    (the largest magnitude that fits; above it values saturate) and log2(underflow boundary /
+    scale) (at or below it nonzero values become 0); a step whose amax is inf or NaN is marked
+    at the top of the panel. Middle: log2 of the scale in force (a step line). Bottom: the share
+    of each step's values saturated, underflowed and subnormal, in percent on a log axis (a step
+    with none leaves a gap). Every trace carries ``meta["kind"]``; ``layout.meta`` holds the
+    recipe, its settings, the format, the steps and values per step, the steps that saturate,
+    the worst step and its counts.
+    """
+    trace = _fp8_trace(trace)
+    _title(title)
+    f, n, size = trace.fmt, trace.steps, trace.size
+    steps = np.arange(n)
+    amax = np.asarray(trace.amax, np.float64)
+    scale = np.asarray(trace.scale, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ceiling = _finite_log2(f.max / scale)
+        floor = _finite_log2(f.underflow_boundary / scale)
+    log_amax = _finite_log2(amax)
+    bad = np.flatnonzero(~np.isfinite(amax))
+    finite = np.concatenate([v[np.isfinite(v)] for v in (log_amax, ceiling, floor)]) if n else np.zeros(0)
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    top_range = [lo - 1.0, hi + 2.0]
+    hover_amax = [f"step {i:,} · amax {format_number(a)} · scale {format_number(s)}"
+                  for i, a, s in zip(steps.tolist(), amax.tolist(), scale.tolist())]
+    data = [
+        {"type": "scatter", "x": steps, "y": ceiling, "mode": "lines", "name": "max / scale (above: saturates)",
+         "line": {"color": FP8_COLORS["ceiling"], "width": 1.5, "shape": "hv"}, "hoverinfo": "skip",
+         "meta": {"kind": "ceiling"}},
+        {"type": "scatter", "x": steps, "y": floor, "mode": "lines",
+         "name": "underflow boundary / scale (below: becomes 0)",
+         "line": {"color": FP8_COLORS["floor"], "width": 1.5, "shape": "hv"}, "hoverinfo": "skip",
+         "meta": {"kind": "floor"}},
+        {"type": "scatter", "x": steps, "y": log_amax, "mode": "lines", "name": "amax",
+         "line": {"color": FP8_COLORS["amax"], "width": 1.5}, "hovertext": hover_amax, "hoverinfo": "text",
+         "meta": {"kind": "amax"}},
+    ]
+    if bad.size:
+        data.append({"type": "scatter", "x": bad, "y": np.full(bad.size, top_range[1] - 0.5), "mode": "markers",
+                     "name": f"amax inf or NaN: {bad.size:,}",
+                     "marker": {"symbol": "star", "size": 10, "color": FP8_COLORS["nonfinite"]},
+                     "hovertext": [f"step {i:,} · amax {format_number(amax[i])}" for i in bad.tolist()],
+                     "hoverinfo": "text", "cliponaxis": False, "meta": {"kind": "nonfinite"}})
+    data.append({"type": "scatter", "x": steps, "y": _finite_log2(scale), "mode": "lines", "name": "scale in force",
+                 "xaxis": "x2", "yaxis": "y2", "line": {"color": FP8_COLORS["scale"], "width": 2, "shape": "hv"},
+                 "hovertext": [f"step {i:,} · scale {format_number(s)}" for i, s in zip(steps.tolist(), scale.tolist())],
+                 "hoverinfo": "text", "meta": {"kind": "scale"}})
+    for kind, counts, label in (("saturated", trace.saturated, "saturated (held at ±max)"),
+                                ("underflowed", trace.underflowed, "underflowed (became 0)"),
+                                ("subnormal", trace.subnormal, "subnormal")):
+        c = np.asarray(counts)
+        data.append({"type": "scatter", "x": steps, "y": _percent_or_gap(c, size), "mode": "lines+markers",
+                     "name": f"{label}: {int((c > 0).sum()):,} steps", "xaxis": "x3", "yaxis": "y3",
+                     "line": {"color": FP8_COLORS[kind], "width": 1}, "marker": {"size": 3, "color": FP8_COLORS[kind]},
+                     "hovertext": [f"step {i:,} · {kind} {v:,} of {size:,}" for i, v in zip(steps.tolist(), c.tolist())],
+                     "hoverinfo": "text", "meta": {"kind": kind}})
+    worst = trace.worst_step
+    settings = ", ".join(f"{k} {v}" for k, v in trace.settings.items() if k != "convention")
+    layout = {
+        **_WHITE,
+        "title": {"text": title or f"FP8 {trace.recipe} scaling, {f.name} ({settings})", "x": 0.01},
+        "height": 640,
+        "margin": {"l": 80, "r": 20, "t": 60, "b": 60},
+        "legend": {"orientation": "h", "x": 0.01, "y": -0.08, "yanchor": "top"},
+        "xaxis": {**_WHITE_AXIS, "domain": [0, 1], "anchor": "y", "showticklabels": False},
+        "yaxis": {**_WHITE_AXIS, "domain": [0.55, 1], "range": top_range, "title": {"text": "log2 |x|"},
+                  **_log2_ticks(top_range)},
+        "xaxis2": {**_WHITE_AXIS, "domain": [0, 1], "anchor": "y2", "matches": "x", "showticklabels": False},
+        "yaxis2": {**_WHITE_AXIS, "domain": [0.33, 0.5], "anchor": "x2", "title": {"text": "scale"},
+                   **_log2_ticks(_finite_log2(scale))},
+        "xaxis3": {**_WHITE_AXIS, "domain": [0, 1], "anchor": "y3", "matches": "x", "title": {"text": "step"}},
+        "yaxis3": {**_WHITE_AXIS, "domain": [0, 0.28], "anchor": "x3", "type": "log", "title": {"text": "% of values"},
+                   "range": [math.log10(50.0 / max(size, 1)), 2.05]},
+        "meta": {"recipe": trace.recipe, "settings": dict(trace.settings), "fmt": f.name, "steps": n, "size": size,
+                 "saturated_steps": trace.saturated_steps, "worst_step": worst,
+                 "worst": {k: int(getattr(trace, k)[worst]) if n else 0
+                           for k in ("saturated", "underflowed", "subnormal")}},
+    }
+    return _figure(data, layout)
+
+
+__all__ += ["FP8_COLORS", "plot_fp8_scaling"]

@@ -343,3 +343,34 @@ def torch_accumulate(w0, update, steps: int, dtype) -> np.ndarray:
         w += u
         out[i] = float(w)
     return out
+
+
+def trained_parameter(model: str = "transformer", name: str = "encoder.layers.0.self_attn.in_proj_weight", *,
+                      steps: int = 100, seed: int = 0) -> dict:
+    """One parameter of a course model after ``steps`` float32 training steps:
+    ``{"weight": ..., "gradient": ...}``, float32 numpy arrays of the parameter's shape (copies).
+
+    ``model``: "mlp", "transformer" or "beam", built and trained as ``ampviz.live.train_steps``
+    does (``TrainConfig(model, mode="fp32", steps=steps, seed=seed)``: its seeded initialisation,
+    batches, optimizer and learning rate); ``name``: the parameter, as ``named_parameters()``
+    calls it. The weight is the one after the last step; the gradient is the last step's (the
+    one that step applied), as ``p.grad`` holds it.
+    """
+    from ampviz.live import MODELS, TrainConfig, build_task, train_steps
+
+    if not isinstance(model, str) or model not in MODELS:
+        raise ValueError(f"model must be one of {', '.join(map(repr, MODELS))}, got {_shown(model)}")
+    steps = _whole("steps", steps, 1, 100_000)
+    seed = _whole("seed", seed, 0, 2**31 - 1)
+    net = build_task(model, seed).model
+    params = dict(net.named_parameters())
+    if not isinstance(name, str) or name not in params:
+        raise ValueError(f"name must be one of the model's parameters ({', '.join(params)}), got {_shown(name)}")
+    last = None
+    for last in train_steps(TrainConfig(model=model, mode="fp32", steps=steps, seed=seed, census_every=0),
+                            model=net):
+        pass
+    if last is not None and last.error:
+        raise RuntimeError(f"training {model!r} failed: {last.error}")
+    p = params[name]
+    return {"weight": p.detach().numpy().copy(), "gradient": p.grad.detach().numpy().copy()}

@@ -55,6 +55,8 @@ _ = torch.manual_seed(0)
 # | [09 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad](09_lightning_autocast_cache.ipynb) | cached casts without gradients on older versions and what fixed them; the cached weight copy that still goes stale after an in-place update inside one autocast block, in PyTorch and Fabric, and its fixes |
 # | [10 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation](10_lightning_transformer_eval.ipynb) | `nn.TransformerEncoder` under `bf16-mixed`: the exact conditions of the crash (the fast path with a padding mask), the old and new messages, and fixes checked against fp32 |
 # | [11 · Loss scaling across ranks](11_loss_scaling_across_ranks.ipynb) | real `torch.distributed` ranks (gloo, forked from a cell) with a `GradScaler` each: one rank's overflow under DDP, three ways to make ranks disagree (a scaler per rank on local gradients, `unscale_` before a manual all-reduce, FSDP1 with a plain scaler) and their fixes (`ShardedGradScaler`, FSDP2, Megatron, DeepSpeed); fp32, fp16 and bf16 all-reduce error as the world grows, gloo's summation order, the fp16 compress hook's extra skips; Lightning's `"16-mixed"` on CPU ranks, each real run held to a simulator |
+# | [12 · FP8 per-tensor scaling](12_fp8_scaling.ipynb) | a stream of 2,000 tensors with spikes cast to FP8, value by value: why each tensor needs its own scale, current scaling (torchao) against delayed scaling (Transformer Engine) with `"max"` over a history or `"most_recent"`, what a spike, an inf amax and a margin do to the shares saturated and underflowed, and why HYBRID casts gradients to E5M2; `Fp8ScalingLab` to move every setting |
+# | [13 · MX and NVFP4 block scaling](13_mx_and_nvfp4.ipynb) | one scale per block of 16 or 32 values, exact against torchao's rules: what a 2^10 outlier costs its block and a per-tensor scale, the fp8, fp6 and fp4 element formats under E8M0 scales, floor against round-up scales, NVFP4's E4M3 block scales and fp32 tensor scale, stochastic rounding and the random Hadamard transform, and the error of every format on a real layer's weights and gradient at equal bits; `BlockExplorer` to pick a block and see its values before and after |
 #
 # Work through 01 and 02 in order: 02 uses the vocabulary of 01 (subnormal, underflow, overflow).
 # Some exercises sit in the middle of a lesson: a cell marked **Predict** asks for your answer
@@ -138,7 +140,7 @@ check_cast(answer, 65519, "fp16")
 # %% [markdown]
 # ## Summary
 #
-# - All twelve notebooks, 00 to 11, follow the same layout: a setup cell, short steps, a *Try it*
+# - All fourteen notebooks, 00 to 13, follow the same layout: a setup cell, short steps, a *Try it*
 #   section (an explorer, or a cell to change and re-run), and at the end *Check yourself*,
 #   a summary and open exercises.
 # - Explorers redraw on every change; if one shows an error instead of controls, re-run its cell.

@@ -396,8 +396,9 @@ check_compress_share(answer)
 #   `MixedPrecision("16-mixed", "cpu", scaler=...)` plugin gives fp16 with one, and `global_step`
 #   counts the steps it skips.
 #
-# **Next:** that was the last lesson. The map of the whole course is in
-# [Start here: mixed-precision training, made visible](00_start_here.ipynb).
+# **Next:** [12 · FP8 per-tensor scaling](12_fp8_scaling.ipynb) goes below fp16: a scale for every
+# tensor instead of one for the loss, computed from the tensor's own amax (torchao) or from a
+# history of earlier ones (Transformer Engine), and what spikes and infs do to each.
 #
 # **Open exercises**
 # 1. Run `reduce_errors(world_sizes=(2, 4, 8, 16, 32), real_up_to=0).table()`. How does the error grow

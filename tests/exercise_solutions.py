@@ -93,4 +93,16 @@ SOLUTIONS = {
         "does NOT make every rank skip": ('"min"', '"avg"'),  # wrong: avg gives 0.25, not 0: every rank skips
         "fp16_compress_hook at 8 ranks": ("0.575", "0.1"),  # wrong: one rank's share, not any of 8 ranks'
     },
+    "12_fp8_scaling": {
+        "For how many steps after the spike is the scale 2^8 lower": ("16", "15"),  # wrong: history_len - 1
+        "A tensor's amax is 3.5: what is its scale": ("128", "3.5 / 448"),  # wrong: amax / max, the inverse
+        "What share of the finite values becomes 0": ("1.0", "0"),  # wrong: only the inf is hit (TE's scale 1)
+        "margin=1: the window's amax is 3.5": ("64", "256"),  # wrong: times 2**margin instead of divided
+    },
+    "13_mx_and_nvfp4": {
+        "What does 500 dequantize to": ("448", "512"),  # wrong: the rounded-up (rceil) scale's answer
+        "How many of the 31 ones": ("0", "31"),  # wrong: forgetting that the outlier sets the block's scale
+        "how many bits per element": ("4 + 8 / 16 + 32 / 4096", "4.5"),  # wrong: the tensor scale's 32 bits forgotten
+        "What does 1e-3 dequantize to": ("0", "1e-3"),  # wrong: what the two-level (tensor-scaled) NVFP4 keeps
+    },
 }

@@ -464,3 +464,242 @@ def test_recipe_formats_properties(f):
         assert "\n" not in str(e)
         return
     assert fwd is FP8_E4M3 and bwd in (FP8_E4M3, FP8_E5M2)
+
+
+# ---------------------------------------------------------------- a stream of tensors
+from ampviz.fp8 import Fp8ScalingTrace, TensorStream, simulate_fp8_scaling, tensor_stream  # noqa: E402
+
+SMALLEST_NORMAL = {"fp8_e4m3": 2.0**-6, "fp8_e5m2": 2.0**-14}
+
+
+def ml_cast(y: np.ndarray, name: str) -> np.ndarray:
+    """ml_dtypes' non-saturating cast of float32 values, back to float32: inf or NaN where rounding
+    alone leaves the format's range."""
+    import ml_dtypes
+
+    dt = ml_dtypes.float8_e4m3fn if name == "fp8_e4m3" else ml_dtypes.float8_e5m2
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(y, F32).astype(dt).astype(F32)
+
+
+def torch_counts(x: torch.Tensor, scale, name: str, clamp: bool = True):
+    """(saturated, underflowed, subnormal) of one real tensor, quantized as Transformer Engine and
+    torchao do: ``f32(x * scale)``, clamped to ±max, then torch's float8 cast. Saturated: the cast
+    holds at ±max a value whose rounding alone leaves the range (ml_dtypes' non-saturating cast
+    says which)."""
+    dtype, fmax = FMTS[name]
+    y = x * torch.tensor(scale, dtype=torch.float32)
+    q = (y.clamp(-fmax, fmax) if clamp else y).to(dtype).float()
+    beyond = ~np.isfinite(ml_cast(y.numpy(), name)) & ~torch.isnan(y).numpy()
+    held = torch.from_numpy(beyond) & (q.abs() == fmax)
+    underflowed = (x != 0) & (q == 0)
+    subnormal = (q != 0) & (q.abs() < SMALLEST_NORMAL[name])
+    return int(held.sum()), int(underflowed.sum()), int(subnormal.sum())
+
+
+def quick_stream(seed=0, steps=300, size=1024, **kw):
+    """A stream that changes fast: big drift, frequent spikes, inf and NaN steps."""
+    args = dict(spread=3.0, wander=0.5, spike_log2=9, spike_prob=0.04, inf_prob=0.02, nan_prob=0.02)
+    args.update(kw)
+    return tensor_stream(steps, size, seed=seed, **args)
+
+
+def counts_of(tr: Fp8ScalingTrace) -> np.ndarray:
+    return np.stack([tr.saturated, tr.underflowed, tr.subnormal], axis=1)
+
+
+DELAYED_CASES = [("fp8_e4m3", 0, 16, "max"), ("fp8_e4m3", 0, 4, "most_recent"), ("fp8_e4m3", 2, 1, "max"),
+                 ("fp8_e5m2", 0, 16, "max"), ("fp8_e5m2", 1, 8, "most_recent"), ("fp8_e4m3", -3, 32, "max")]
+
+
+@pytest.mark.parametrize("name,margin,length,algo", DELAYED_CASES)
+def test_delayed_stream_counts_equal_torchs_casts(name, margin, length, algo):
+    """Every step's real tensor, its amax taken by torch, the scale from the ported Transformer
+    Engine update, quantized with torch's float8 cast after the clamp: the counts equal the
+    simulator's, step for step, on streams with spikes, drift, inf and NaN steps."""
+    stream = quick_stream(seed=length + margin, spread=3.0 if name == "fp8_e4m3" else 6.0)  # E5M2 is wider
+    xs = [torch.from_numpy(stream.tensor(t)) for t in range(stream.steps)]
+    amax = np.array([[x.abs().amax().item()] for x in xs], F32)  # torch.amax propagates NaN
+    assert same(amax[:, 0], stream.amax).all()
+    scales, _ = te_delayed(amax, margin, length, algo, FMTS[name][1])
+    tr = simulate_fp8_scaling(stream, "delayed", margin=margin, history_len=length, algo=algo, fmt=name)
+    assert same(tr.scale, scales[:, 0]).all()
+    want = np.array([torch_counts(x, s, name) for x, s in zip(xs, scales[:, 0])])
+    assert np.array_equal(counts_of(tr), want)
+    assert want[:, 0].sum() > 0 and want[:, 1].sum() > 0 and want[:, 2].sum() > 0  # every count is exercised
+
+
+@pytest.mark.parametrize("name", list(FMTS))
+@pytest.mark.parametrize("pow2", [False, True])
+def test_current_stream_counts_equal_torchaos_quantized_tensors(ao, name, pow2):
+    """Current scaling: torchao's own ``hp_tensor_to_float8_dynamic`` quantizes each real tensor
+    (tensorwise); its scale and its FP8 data give the simulator's counts (an inf amax makes the
+    scale 0, so the whole tensor becomes 0 or NaN)."""
+    config, scaling, tensor, _ = ao
+    stream = quick_stream(seed=5, steps=200)
+    tr = simulate_fp8_scaling(stream, "current", fmt=name, round_to_power_of_2=pow2)
+    got = []
+    for t in range(stream.steps):
+        x = torch.from_numpy(stream.tensor(t))
+        f = scaling.hp_tensor_to_float8_dynamic(x, FMTS[name][0], tensor.LinearMMConfig(),
+                                                scaling_granularity=config.ScalingGranularity.TENSORWISE,
+                                                round_scales_to_power_of_2=pow2)
+        assert same(f._scale.item(), tr.scale[t])
+        q = f._data.float()
+        y = (x * f._scale).numpy()
+        beyond = ~np.isfinite(ml_cast(y, name)) & ~np.isnan(y)
+        got.append((int((beyond & (q.abs() == FMTS[name][1]).numpy()).sum()), int(((x != 0) & (q == 0)).sum()),
+                    int(((q != 0) & (q.abs() < SMALLEST_NORMAL[name])).sum())))
+    assert np.array_equal(counts_of(tr), np.array(got))
+    assert (tr.underflowed[stream.nonfinite == 1] == stream.size - 1).all()  # scale 0: all but the inf
+
+
+def test_wrong_variants_of_the_stream_model_fail():
+    """Plausible mistakes give other counts than the real casts: delayed scaling with the step's
+    own amax (current scaling's scale), a cast without the clamp (E5M2 overflows to inf), underflow
+    read as truncation, and saturation read as "past max" (not past the rounding boundary)."""
+    name, length = "fp8_e5m2", 16
+    stream = quick_stream(seed=1)
+    xs = [torch.from_numpy(stream.tensor(t)) for t in range(stream.steps)]
+    tr = simulate_fp8_scaling(stream, "delayed", history_len=length, fmt=name)
+    right = np.array([torch_counts(x, s, name) for x, s in zip(xs, tr.scale)])
+    assert np.array_equal(counts_of(tr), right)
+    # 1. the step's own amax: no spike saturates any more
+    own = current_scale(stream.amax, name, convention="te")
+    assert not np.array_equal(np.array([torch_counts(x, s, name) for x, s in zip(xs, own)]), right)
+    # 2. no clamp: torch's E5M2 cast gives inf, not max, for what the clamp holds
+    unclamped = np.array([torch_counts(x, s, name, clamp=False) for x, s in zip(xs, tr.scale)])
+    assert unclamped[:, 0].sum() == 0 < right[:, 0].sum()
+    # 3. underflow read as "below the smallest subnormal" (truncation), not rounding to nearest
+    trunc = [int(((x != 0) & ((x * float(sc)).abs() < 2.0**-16)).sum()) for x, sc in zip(xs, tr.scale)]
+    assert not np.array_equal(np.array(trunc), right[:, 1])
+    # 4. saturation read as "past max": current scales rounded up put the amax an ulp past max,
+    # where it rounds to max anyway; the torch-held count stays 0
+    cur = simulate_fp8_scaling(stream, "current", fmt="fp8_e4m3")
+    past_max = [int(((x * float(sc)).abs() > 448).sum()) for x, sc in zip(xs, cur.scale)]
+    assert cur.saturated.sum() == 0 < sum(past_max)
+    assert sum(torch_counts(x, sc, "fp8_e4m3")[0] for x, sc in zip(xs, cur.scale)) == 0
+
+
+def test_the_stream_is_what_it_says():
+    s = tensor_stream(400, 512, seed=3, spread=2.0, wander=0.01, spike_log2=6, spike_prob=0.05, inf_prob=0.01,
+                      nan_prob=0.01)
+    assert isinstance(s, TensorStream) and s.steps == 400 and s.size == 512
+    assert not any(a.flags.writeable for a in (s.base, s.magnitude, s.spike, s.nonfinite, s.amax, s.sorted_abs))
+    x = s.tensor(10)
+    assert x.dtype == F32 and x.flags.writeable
+    lg = np.log2(s.magnitude.astype(np.float64)) - 6 * s.spike
+    assert np.abs(np.diff(lg)).max() < 0.06  # a slow walk, apart from the spikes
+    for t in np.flatnonzero(s.nonfinite):
+        x = s.tensor(t)
+        assert np.isnan(x).sum() + np.isinf(x).sum() == 1 and (np.isinf(x).any() == (s.nonfinite[t] == 1))
+    # each setting moves only itself: the spikes stay where they were when their size changes
+    t = tensor_stream(400, 512, seed=3, spread=2.0, wander=0.01, spike_log2=9, spike_prob=0.05, inf_prob=0.01,
+                      nan_prob=0.01)
+    assert np.array_equal(s.spike, t.spike) and np.array_equal(s.base, t.base)
+    assert np.array_equal(s.nonfinite, t.nonfinite)
+
+
+def test_a_spike_under_max_holds_the_scale_down_for_the_window():
+    """One spike of 2^8 at step 100 (no drift): under "max" the steps 101..100+len use a scale 2^8
+    lower (more underflow), under "most_recent" step 101 alone; the spike step saturates under both."""
+    base = tensor_stream(300, 2048, seed=0, wander=0.0, spike_prob=0.0)
+    mag = np.ones(300, F32)
+    mag[100] = 256
+    s = TensorStream(base.base, fp8._readonly(mag), fp8._readonly(mag > 1), base.nonfinite)
+    mx = simulate_fp8_scaling(s, "delayed", history_len=16, algo="max")
+    mr = simulate_fp8_scaling(s, "delayed", history_len=16, algo="most_recent")
+    for tr in (mx, mr):
+        assert tr.saturated[100] > 0 and (tr.saturated[1:100] == 0).all() and (tr.saturated[101:] == 0).all()
+    low = mx.scale[1] / 256
+    assert (mx.scale[101:117] == low).all() and (mx.scale[117:] == mx.scale[1]).all()
+    assert (mr.scale[101] == low) and (mr.scale[102:] == mr.scale[1]).all()
+    assert (mx.underflowed[101:117] > mx.underflowed[99]).all() and mx.underflowed[117] == mx.underflowed[99]
+
+
+def test_the_lab_sized_stream_is_fast():
+    """2,000 steps of 4,096 values, both recipes: milliseconds (a slider's budget is ~100 ms)."""
+    s = tensor_stream(2000, 4096, seed=0, inf_prob=0.001)
+    simulate_fp8_scaling(s)
+    start = time.perf_counter()
+    for recipe in ("delayed", "current"):
+        simulate_fp8_scaling(s, recipe)
+    assert time.perf_counter() - start < 0.5  # loose: shared machines; typically ~6 ms
+
+
+@pytest.mark.parametrize("call,exc", [
+    (lambda: tensor_stream(0), ValueError),
+    (lambda: tensor_stream(10, 1.5), TypeError),
+    (lambda: tensor_stream(10, spread=-1), ValueError),
+    (lambda: tensor_stream(10, spike_log2=2.5), TypeError),
+    (lambda: tensor_stream(10, spike_prob="x"), TypeError),
+    (lambda: tensor_stream(10, inf_prob=0.7, nan_prob=0.7), ValueError),
+    (lambda: tensor_stream(10, seed=-1), ValueError),
+    (lambda: tensor_stream(10).tensor(10), ValueError),
+    (lambda: simulate_fp8_scaling([1.0, 2.0]), TypeError),
+    (lambda: simulate_fp8_scaling(tensor_stream(10), "dynamic"), ValueError),
+    (lambda: simulate_fp8_scaling(tensor_stream(10), fmt="fp16"), ValueError),
+    (lambda: simulate_fp8_scaling(tensor_stream(10), history_len=0), ValueError),
+    (lambda: simulate_fp8_scaling(tensor_stream(10), algo="mean"), ValueError),
+    (lambda: simulate_fp8_scaling(tensor_stream(10), round_to_power_of_2=True), ValueError),
+    (lambda: simulate_fp8_scaling(tensor_stream(10), "current", round_to_power_of_2=1), TypeError),
+    (lambda: simulate_fp8_scaling(tensor_stream(10), "current", convention="python"), ValueError),
+])
+def test_stream_bad_input_is_one_clear_line(call, exc):
+    with pytest.raises(exc) as info:
+        call()
+    assert "\n" not in str(info.value) and len(str(info.value)) < 200
+
+
+def brute_counts(stream: TensorStream, scale: np.ndarray, fmt) -> np.ndarray:
+    """The counts from every value of every tensor, with ampviz.formats' rounding (no search)."""
+    out = []
+    for t in range(stream.steps):
+        x = stream.tensor(t)
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = (x * scale[t]).astype(F32)
+            q = np.asarray(fmt.quantize(np.clip(y, -fmt.max, fmt.max)), F32)
+            a = np.abs(y)
+            beyond = (a > fmt.overflow_boundary) if fmt.specials == "fn" else (a >= fmt.overflow_boundary)
+        out.append((int(beyond.sum()), int(((x != 0) & (q == 0)).sum()),
+                    int(((q != 0) & (np.abs(q) < fmt.smallest_normal)).sum())))
+    return np.array(out).reshape(-1, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.integers(1, 40), size=st.integers(1, 64), seed=st.integers(0, 2**32), spread=st.floats(0, 8),
+       wander=st.floats(0, 1), spike_log2=st.integers(0, 40), spike_prob=st.floats(0, 1),
+       bad=st.tuples(st.floats(0, 0.5), st.floats(0, 0.5)), recipe=st.sampled_from(["delayed", "current"]),
+       margin=st.integers(-20, 20), length=st.integers(1, 40), algo=st.sampled_from(["max", "most_recent"]),
+       name=st.sampled_from(list(FMTS)), pow2=st.booleans(), conv=st.booleans())
+def test_simulate_fp8_scaling_equals_counting_every_value(steps, size, seed, spread, wander, spike_log2, spike_prob,
+                                                          bad, recipe, margin, length, algo, name, pow2, conv):
+    s = tensor_stream(steps, size, seed=seed, spread=spread, wander=wander, spike_log2=spike_log2,
+                      spike_prob=spike_prob, inf_prob=bad[0], nan_prob=bad[1])
+    if recipe == "delayed":
+        tr = simulate_fp8_scaling(s, recipe, margin=margin, history_len=length, algo=algo, fmt=name,
+                                  convention="cuda" if conv else None)
+        want_scale = simulate_delayed(s.amax, margin, length, algo, name, convention="cuda" if conv else "python").scale
+    else:
+        tr = simulate_fp8_scaling(s, recipe, fmt=name, round_to_power_of_2=pow2, convention="te" if conv else None)
+        want_scale = current_scale(s.amax, name, pow2, "te" if conv else "torchao")
+    assert same(tr.scale, want_scale).all() and tr.steps == steps and tr.size == size
+    assert not any(a.flags.writeable for a in (tr.amax, tr.scale, tr.saturated, tr.underflowed, tr.subnormal))
+    assert np.array_equal(counts_of(tr), brute_counts(s, tr.scale, tr.fmt))
+    assert ((tr.saturated + tr.underflowed + tr.subnormal) <= size).all()
+    assert 0 <= tr.worst_step < steps and repr(tr).startswith("Fp8ScalingTrace(")
+
+
+@settings(max_examples=60, deadline=None)
+@given(kwargs=st.dictionaries(st.sampled_from(["steps", "size", "seed", "spread", "wander", "spike_log2",
+                                               "spike_prob", "inf_prob", "nan_prob"]), junk, max_size=3),
+       sim=st.dictionaries(st.sampled_from(["recipe", "margin", "history_len", "algo", "fmt", "round_to_power_of_2",
+                                            "convention"]), junk, max_size=2))
+def test_stream_arguments_are_valid_or_one_line(kwargs, sim):
+    kwargs = {"steps": 5, "size": 8, **kwargs}
+    try:
+        s = tensor_stream(**kwargs)
+        recipe = sim.pop("recipe", "delayed")
+        simulate_fp8_scaling(s, recipe, **sim)
+    except (TypeError, ValueError) as e:
+        assert "\n" not in str(e) and str(e)

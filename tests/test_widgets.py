@@ -464,17 +464,19 @@ def test_scaler_lab_says_why_a_run_ended():
 def test_the_view_is_a_package_one_module_per_explorer():
     import importlib
 
-    from ampviz.widgets import ExplorerApp, FormatExplorer, LiveTrainer, RangeExplorer, RanksLab, ScalerLab
+    from ampviz.widgets import (BlockExplorer, ExplorerApp, FormatExplorer, Fp8ScalingLab, LiveTrainer, RangeExplorer,
+                                RanksLab, ScalerLab)
     from ampviz.widgets.base import _Explorer
 
-    explorers = (FormatExplorer, LiveTrainer, RangeExplorer, RanksLab, ScalerLab)
+    explorers = (BlockExplorer, FormatExplorer, Fp8ScalingLab, LiveTrainer, RangeExplorer, RanksLab, ScalerLab)
     modules = {cls.__module__ for cls in (ExplorerApp, *explorers)}
-    assert modules == {"ampviz.widgets.app", "ampviz.widgets.format_explorer", "ampviz.widgets.live_trainer",
-                       "ampviz.widgets.range_explorer", "ampviz.widgets.ranks_lab", "ampviz.widgets.scaler_lab"}
+    assert modules == {"ampviz.widgets.app", "ampviz.widgets.block_explorer", "ampviz.widgets.format_explorer",
+                       "ampviz.widgets.fp8_lab", "ampviz.widgets.live_trainer", "ampviz.widgets.range_explorer",
+                       "ampviz.widgets.ranks_lab", "ampviz.widgets.scaler_lab"}
     assert all(issubclass(cls, _Explorer) for cls in explorers)
     assert importlib.import_module("ampviz.widgets").__all__ == [
-        "ExplorerApp", "FormatExplorer", "LiveTrainer", "RangeExplorer", "RanksLab", "ScalerLab", "parse_number",
-        "running_trainers"]
+        "BlockExplorer", "ExplorerApp", "FormatExplorer", "Fp8ScalingLab", "LiveTrainer", "RangeExplorer", "RanksLab",
+        "ScalerLab", "parse_number", "running_trainers"]
 
 
 def test_compare_with_fits_its_names_and_says_how_to_pick_several():

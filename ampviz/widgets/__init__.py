@@ -2,7 +2,8 @@
 
 Each explorer keeps its state on the instance (so a notebook or a test can read it), builds its
 controls once, and answers every change with a three-step adapter: read the controls, ask the
-core (``ampviz.formats``, ``ampviz.census``, ``ampviz.scaling``, ``ampviz.ranks``), redraw (a figure
+core (``ampviz.formats``, ``ampviz.census``, ``ampviz.scaling``, ``ampviz.ranks``, ``ampviz.blocks``,
+``ampviz.fp8``), redraw (a figure
 from ``ampviz.plots``, sent to the explorer's ``FigureView`` in place). The last figure is also kept as
 ``.figure``.
 
@@ -17,11 +18,13 @@ module gathers them, so ``from ampviz.widgets import ScalerLab`` works as before
 
 from ampviz.widgets.app import ExplorerApp
 from ampviz.widgets.base import parse_number
+from ampviz.widgets.block_explorer import BlockExplorer
 from ampviz.widgets.format_explorer import FormatExplorer
+from ampviz.widgets.fp8_lab import Fp8ScalingLab
 from ampviz.widgets.live_trainer import LiveTrainer, running_trainers
 from ampviz.widgets.range_explorer import RangeExplorer
 from ampviz.widgets.ranks_lab import RanksLab
 from ampviz.widgets.scaler_lab import ScalerLab
 
-__all__ = ["ExplorerApp", "FormatExplorer", "LiveTrainer", "RangeExplorer", "RanksLab", "ScalerLab", "parse_number",
-           "running_trainers"]
+__all__ = ["BlockExplorer", "ExplorerApp", "FormatExplorer", "Fp8ScalingLab", "LiveTrainer", "RangeExplorer", "RanksLab",
+           "ScalerLab", "parse_number", "running_trainers"]

@@ -1,0 +1,182 @@
+"""Fp8ScalingLab: FP8 per-tensor scaling, delayed or current, over a stream of tensors with spikes."""
+
+from __future__ import annotations
+
+import html
+from collections import OrderedDict
+
+import numpy as np
+
+import ipywidgets as W
+
+from ampviz.figureview import FigureView
+from ampviz.fp8 import ALGOS, simulate_fp8_scaling, tensor_stream
+from ampviz.plots import format_share, plot_fp8_scaling
+
+from ampviz.widgets.base import _Explorer, _shown, _whole
+
+#: The recipes: (what the learner reads, the value).
+RECIPES = (("delayed (Transformer Engine)", "delayed"), ("current (torchao)", "current"))
+#: The formats: (what the learner reads, the value).
+FORMATS = (("E4M3 (max 448)", "fp8_e4m3"), ("E5M2 (max 57344)", "fp8_e5m2"))
+#: Non-finite steps in the stream: (what the learner reads, the value).
+NONFINITE = (("none", "none"), ("rare inf steps", "inf"), ("rare NaN steps", "nan"))
+#: The history lengths offered (Transformer Engine's default is 1024).
+HISTORY_LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def lab_stream(seed: int, spike_log2: int, nonfinite: str, steps: int = 2000, size: int = 4096):
+    """The lab's stream: ``tensor_stream(steps, size, seed=seed, spike_log2=spike_log2)``, with
+    ``Fp8ScalingLab.NONFINITE_PROB`` of inf steps (``"inf"``) or NaN steps (``"nan"``)."""
+    p = Fp8ScalingLab.NONFINITE_PROB
+    return tensor_stream(steps, size, seed=seed, spike_log2=spike_log2,
+                         inf_prob=p if nonfinite == "inf" else 0.0, nan_prob=p if nonfinite == "nan" else 0.0)
+
+
+class Fp8ScalingLab(_Explorer):
+    """A stream of tensors (``ampviz.fp8.tensor_stream``: a slow drift, spikes of 2^k, optionally
+    rare inf or NaN steps) quantized to FP8 with delayed or current scaling
+    (``ampviz.fp8.simulate_fp8_scaling``), drawn by ``plot_fp8_scaling``.
+
+    Controls: ``recipe_buttons`` (delayed, as Transformer Engine's ``DelayedScaling``, or current,
+    as torchao's), ``history_slider`` (``amax_history_len``), ``algo_dropdown`` (``"max"`` or
+    ``"most_recent"``), ``margin_slider`` (the scale is divided by 2**margin), ``fmt_dropdown``
+    (E4M3 or E5M2), ``spike_slider`` (log2 of the spikes), ``nonfinite_dropdown`` and
+    ``seed_input``. The history, algo and margin apply to delayed scaling only and are disabled
+    for current scaling.
+
+    State: ``stream``, ``trace`` (the ``Fp8ScalingTrace``), ``figure``, ``error``. The readout
+    counts the steps that saturate, the steps that lose at least 1% of their values to underflow,
+    the mean share underflowed, and the worst step.
+    """
+
+    RECIPES = RECIPES
+    FORMATS = FORMATS
+    NONFINITE = NONFINITE
+    HISTORY_LENGTHS = HISTORY_LENGTHS
+    MARGIN_RANGE = (-4, 8)
+    SPIKE_RANGE = (0, 16)
+    MAX_SEED = 2**32 - 1
+    STEPS = 2000
+    SIZE = 4096
+    #: The chance of a non-finite step when the stream has them.
+    NONFINITE_PROB = 0.002
+    #: How many drawn settings are kept for reuse.
+    KEPT_DRAWN = 8
+
+    def __init__(self, recipe="delayed", *, history_len=1024, algo="max", margin=0, fmt="fp8_e4m3", spike_log2=8,
+                 nonfinite="none", seed=0):
+        self._init_common()
+        for name, value, options in (("recipe", recipe, RECIPES), ("fmt", fmt, FORMATS),
+                                     ("nonfinite", nonfinite, NONFINITE)):
+            allowed = [v for _, v in options]
+            if not isinstance(value, str) or value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {_shown(value)}")
+        if not isinstance(algo, str) or algo not in ALGOS:
+            raise ValueError(f"algo must be one of {', '.join(map(repr, ALGOS))}, got {_shown(algo)}")
+        history_len = _whole("history_len", history_len, 1, HISTORY_LENGTHS[-1])
+        if history_len not in HISTORY_LENGTHS:
+            raise ValueError(f"history_len must be a power of two from 1 to 1,024, got {history_len:,}")
+        margin = _whole("margin", margin, *self.MARGIN_RANGE)
+        spike_log2 = _whole("spike_log2", spike_log2, *self.SPIKE_RANGE)
+        seed = _whole("seed", seed, 0, self.MAX_SEED)
+
+        self.stream = self.trace = None
+        self._drawn_states: OrderedDict = OrderedDict()
+        style = {"description_width": "110px"}
+        wide = W.Layout(width="360px")
+        # buttons wide enough for "delayed (Transformer Engine)" (the default width cuts it off)
+        self.recipe_buttons = W.ToggleButtons(options=list(RECIPES), value=recipe, description="recipe",
+                                              style={**style, "button_width": "220px"})
+        self.history_slider = W.SelectionSlider(options=list(HISTORY_LENGTHS), value=history_len,
+                                                description="history length", style=style, layout=wide)
+        self.algo_dropdown = W.Dropdown(options=list(ALGOS), value=algo, description="amax algo", style=style)
+        self.margin_slider = W.IntSlider(value=margin, min=self.MARGIN_RANGE[0], max=self.MARGIN_RANGE[1],
+                                         description="margin", style=style, layout=wide)
+        self.fmt_dropdown = W.Dropdown(options=list(FORMATS), value=fmt, description="format", style=style)
+        self.spike_slider = W.IntSlider(value=spike_log2, min=self.SPIKE_RANGE[0], max=self.SPIKE_RANGE[1],
+                                        description="log2 spike", style=style, layout=wide)
+        self.nonfinite_dropdown = W.Dropdown(options=list(NONFINITE), value=nonfinite, description="non-finite",
+                                             style=style)
+        self.seed_input = W.BoundedIntText(value=seed, min=0, max=self.MAX_SEED, description="stream seed",
+                                           style=style)
+        for w, cls in ((self.recipe_buttons, "recipe"), (self.history_slider, "history"),
+                       (self.algo_dropdown, "algo"), (self.margin_slider, "margin"), (self.fmt_dropdown, "fmt"),
+                       (self.spike_slider, "spike"), (self.nonfinite_dropdown, "nonfinite"),
+                       (self.seed_input, "seed")):
+            w.add_class(f"ampviz-fp8-{cls}")
+            w.observe(self._on_change, names="value")
+        self.readout = W.HTML()
+        self.readout.add_class("ampviz-fp8-readout")
+        self.view.add_class("ampviz-fp8-figure")
+        self.ui = W.VBox([
+            self.recipe_buttons,
+            W.HBox([W.VBox([self.history_slider, self.algo_dropdown, self.margin_slider]),
+                    W.VBox([self.fmt_dropdown, self.spike_slider, self.nonfinite_dropdown, self.seed_input])],
+                   layout=W.Layout(flex_flow="row wrap")),
+            self.message, self.readout, self.view,
+        ])
+        self.ui.add_class("ampviz-fp8-lab")
+        self._enable()
+        self.update()
+
+    # ----- read the controls -----
+    def settings(self) -> dict:
+        """The controls' settings as ``simulate_fp8_scaling``'s and ``lab_stream``'s arguments."""
+        s = {"recipe": self.recipe_buttons.value, "fmt": self.fmt_dropdown.value,
+             "spike_log2": int(self.spike_slider.value), "nonfinite": self.nonfinite_dropdown.value,
+             "seed": int(self.seed_input.value)}
+        if s["recipe"] == "delayed":  # what does not act is left out: the same drawing
+            s.update(history_len=int(self.history_slider.value), algo=self.algo_dropdown.value,
+                     margin=int(self.margin_slider.value))
+        return s
+
+    def simulate(self):
+        """(stream, trace) for the controls' settings."""
+        s = self.settings()
+        stream = lab_stream(s["seed"], s["spike_log2"], s["nonfinite"], self.STEPS, self.SIZE)
+        kw = {k: s[k] for k in ("history_len", "algo", "margin") if k in s}
+        return stream, simulate_fp8_scaling(stream, s["recipe"], fmt=s["fmt"], **kw)
+
+    # ----- react -----
+    def _enable(self) -> None:
+        current = self.recipe_buttons.value == "current"
+        self.history_slider.disabled = self.algo_dropdown.disabled = self.margin_slider.disabled = current
+
+    def _on_change(self, change) -> None:
+        self._enable()
+        self._request_update(change)  # at once from Python; coalesced from the browser
+
+    def _drawn(self) -> tuple:
+        key = tuple(sorted(self.settings().items()))
+        if key in self._drawn_states:
+            self._drawn_states.move_to_end(key)
+            return self._drawn_states[key]
+        stream, trace = self.simulate()
+        fig = plot_fp8_scaling(trace)
+        state = (stream, trace, self._readout_html(trace), fig, FigureView.prepare(fig))
+        self._drawn_states[key] = state
+        while len(self._drawn_states) > self.KEPT_DRAWN:
+            self._drawn_states.popitem(last=False)
+        return state
+
+    def update(self) -> None:
+        """Simulate with the controls' settings and redraw."""
+        self.stream, self.trace, readout, fig, prepared = self._drawn()
+        self.readout.value = readout
+        self._clear_error()
+        self._draw(fig, prepared)
+
+    # ----- the readout -----
+    @staticmethod
+    def _readout_html(trace) -> str:
+        n = trace.steps
+        lossy = int((trace.underflowed_share >= 0.01).sum())
+        w = trace.worst_step
+        line = (f"steps that saturate: {trace.saturated_steps:,} of {n:,} · "
+                f"steps that lose ≥ 1% to underflow: {lossy:,} · "
+                f"mean underflowed {format_share(float(np.mean(trace.underflowed_share)))}")
+        worst = (f"worst step {w:,}: {int(trace.saturated[w]):,} saturated, {int(trace.underflowed[w]):,} "
+                 f"underflowed ({format_share(trace.underflowed_share[w])}) of {trace.size:,} values, "
+                 f"amax {float(trace.amax[w]):.3g}, scale {float(trace.scale[w]):.3g}")
+        return f"<div>{html.escape(line)}</div><div>{html.escape(worst)}</div>"

@@ -1,0 +1,293 @@
+"""Fp8ScalingLab and plot_fp8_scaling, headless: the figure and the readout follow
+``ampviz.fp8.simulate_fp8_scaling`` exactly for every control; moves from the browser are
+coalesced; every bad input is a one-line message."""
+
+import html
+import json
+import re
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ampviz.fp8 import simulate_fp8_scaling, tensor_stream
+from ampviz.plots import plot_fp8_scaling
+from ampviz.widgets.fp8_lab import HISTORY_LENGTHS, Fp8ScalingLab, lab_stream
+
+FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ANYTHING = st.one_of(
+    st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20), st.lists(st.integers(), max_size=3), st.just(object()), st.just(np.float32(2.0)),
+)
+
+
+def one_line(message) -> bool:
+    return isinstance(message, str) and message.strip() != "" and "\n" not in message \
+        and "internal error" not in message and "Traceback" not in message
+
+
+def text(widget) -> str:
+    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", widget.value)).strip())
+
+
+def expected(recipe="delayed", history_len=1024, algo="max", margin=0, fmt="fp8_e4m3", spike_log2=8,
+             nonfinite="none", seed=0):
+    """The trace the core gives for these settings, built here without the lab."""
+    p = Fp8ScalingLab.NONFINITE_PROB
+    stream = tensor_stream(2000, 4096, seed=seed, spike_log2=spike_log2, inf_prob=p if nonfinite == "inf" else 0.0,
+                           nan_prob=p if nonfinite == "nan" else 0.0)
+    kw = dict(history_len=history_len, algo=algo, margin=margin) if recipe == "delayed" else {}
+    return simulate_fp8_scaling(stream, recipe, fmt=fmt, **kw)
+
+
+def traces(fig):
+    return {t.meta["kind"]: t for t in fig.data}
+
+
+def log2_or_nan(v):
+    a = np.abs(np.asarray(v, np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(np.isfinite(a) & (a > 0), np.log2(np.where(a > 0, a, 1)), np.nan)
+
+
+def assert_figure_follows(fig, tr):
+    """Every trace of the figure holds what the core says, value for value."""
+    t = traces(fig)
+    steps = np.arange(tr.steps)
+    eq = lambda a, b: np.array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64), equal_nan=True)  # noqa: E731
+    assert eq(t["amax"].x, steps) and eq(t["amax"].y, log2_or_nan(tr.amax))
+    assert eq(t["scale"].y, log2_or_nan(tr.scale))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        assert eq(t["ceiling"].y, log2_or_nan(tr.fmt.max / tr.scale.astype(np.float64)))
+        assert eq(t["floor"].y, log2_or_nan(tr.fmt.underflow_boundary / tr.scale.astype(np.float64)))
+    for kind in ("saturated", "underflowed", "subnormal"):
+        c = getattr(tr, kind)
+        assert eq(t[kind].y, np.where(c > 0, 100.0 * c / tr.size, np.nan)), kind
+    bad = np.flatnonzero(~np.isfinite(tr.amax))
+    assert ("nonfinite" in t) == bool(bad.size) and (not bad.size or eq(t["nonfinite"].x, bad))
+    meta = fig.layout.meta
+    assert meta["saturated_steps"] == tr.saturated_steps and meta["worst_step"] == tr.worst_step
+    assert meta["recipe"] == tr.recipe and meta["fmt"] == tr.fmt.name
+
+
+def assert_lab_follows(lab, **kw):
+    tr = expected(**kw)
+    for name in ("amax", "scale", "saturated", "underflowed", "subnormal", "frozen"):
+        assert np.array_equal(getattr(lab.trace, name), getattr(tr, name), equal_nan=True), name
+    assert_figure_follows(lab.figure, tr)
+    assert f"steps that saturate: {tr.saturated_steps:,} of 2,000" in text(lab.readout)
+    assert f"worst step {tr.worst_step:,}:" in text(lab.readout) and lab.error is None
+
+
+# ----- the lab follows the core -----
+def test_the_lab_starts_at_transformer_engines_defaults():
+    lab = Fp8ScalingLab()
+    assert lab.trace.settings == {"margin": 0, "history_len": 1024, "algo": "max", "convention": "python"}
+    assert_lab_follows(lab)
+
+
+@pytest.mark.parametrize("control,value,kw", [
+    ("recipe_buttons", "current", {"recipe": "current"}),
+    ("history_slider", 16, {"history_len": 16}),
+    ("algo_dropdown", "most_recent", {"algo": "most_recent"}),
+    ("margin_slider", 3, {"margin": 3}),
+    ("margin_slider", -4, {"margin": -4}),
+    ("fmt_dropdown", "fp8_e5m2", {"fmt": "fp8_e5m2"}),
+    ("spike_slider", 14, {"spike_log2": 14}),
+    ("nonfinite_dropdown", "inf", {"nonfinite": "inf"}),
+    ("nonfinite_dropdown", "nan", {"nonfinite": "nan"}),
+    ("seed_input", 7, {"seed": 7}),
+])
+def test_every_control_follows_the_core(control, value, kw):
+    lab = Fp8ScalingLab()
+    getattr(lab, control).value = value
+    assert_lab_follows(lab, **kw)
+
+
+def test_a_wiring_that_ignored_a_control_would_fail():
+    """The settings each control moves change the figure: a lab that ignored one would fail."""
+    base = expected()
+    for kw in ({"history_len": 16}, {"algo": "most_recent"}, {"margin": 3}, {"fmt": "fp8_e5m2"},
+               {"spike_log2": 14}, {"nonfinite": "inf"}, {"seed": 7}, {"recipe": "current"}):
+        with pytest.raises(AssertionError):
+            assert_figure_follows(plot_fp8_scaling(expected(**kw)), base)
+
+
+def test_current_scaling_disables_the_delayed_controls_and_ignores_them():
+    lab = Fp8ScalingLab("current", history_len=4, algo="most_recent", margin=2)
+    assert lab.history_slider.disabled and lab.algo_dropdown.disabled and lab.margin_slider.disabled
+    assert_lab_follows(lab, recipe="current")
+    key = len(lab._drawn_states)
+    lab.margin_slider.value = 5  # no new drawing: the same settings
+    assert len(lab._drawn_states) == key
+    lab.recipe_buttons.value = "delayed"
+    assert not lab.history_slider.disabled
+    assert_lab_follows(lab, history_len=4, algo="most_recent", margin=5)
+
+
+def test_the_readout_reads_a_spike_held_in_the_window():
+    """History 1024, "max": the first spike holds the scale down for the rest of the run, so most
+    steps lose values to underflow; history 1 loses them at a handful of steps only."""
+    lab = Fp8ScalingLab()
+    long = int((lab.trace.underflowed_share >= 0.01).sum())
+    lab.history_slider.value = 1
+    short = int((lab.trace.underflowed_share >= 0.01).sum())
+    assert long > 1000 > 20 > short > 0
+    assert f"steps that lose ≥ 1% to underflow: {short:,}" in text(lab.readout)
+
+
+@FUZZ
+@given(recipe=st.sampled_from(["delayed", "current"]), history_len=st.sampled_from(HISTORY_LENGTHS),
+       algo=st.sampled_from(["max", "most_recent"]), margin=st.integers(-4, 8),
+       fmt=st.sampled_from(["fp8_e4m3", "fp8_e5m2"]), spike_log2=st.integers(0, 16),
+       nonfinite=st.sampled_from(["none", "inf", "nan"]), seed=st.integers(0, 2**32 - 1))
+def test_every_control_position_follows_the_core(recipe, history_len, algo, margin, fmt, spike_log2, nonfinite, seed):
+    lab = Fp8ScalingLab()
+    lab.seed_input.value = seed
+    lab.nonfinite_dropdown.value = nonfinite
+    lab.spike_slider.value = spike_log2
+    lab.fmt_dropdown.value = fmt
+    lab.margin_slider.value = margin
+    lab.algo_dropdown.value = algo
+    lab.history_slider.value = history_len
+    lab.recipe_buttons.value = recipe
+    kw = dict(history_len=history_len, algo=algo, margin=margin) if recipe == "delayed" else {}
+    assert_lab_follows(lab, recipe=recipe, fmt=fmt, spike_log2=spike_log2, nonfinite=nonfinite, seed=seed, **kw)
+
+
+# ----- bad input: one line -----
+@pytest.mark.parametrize("kwargs,message", [
+    ({"recipe": "dynamic"}, "recipe must be one of 'delayed', 'current'"),
+    ({"history_len": 3}, "history_len must be a power of two"),
+    ({"history_len": 2048}, "history_len must be between 1 and 1,024"),
+    ({"history_len": 1.5}, "history_len must be a whole number"),
+    ({"algo": "mean"}, "algo must be one of 'max', 'most_recent'"),
+    ({"margin": 9}, "margin must be between -4 and 8"),
+    ({"fmt": "fp16"}, "fmt must be one of 'fp8_e4m3', 'fp8_e5m2'"),
+    ({"spike_log2": -1}, "spike_log2 must be between 0 and 16"),
+    ({"nonfinite": True}, "nonfinite must be one of"),
+    ({"seed": "x"}, "seed must be a whole number"),
+])
+def test_the_constructor_says_what_is_wrong(kwargs, message):
+    with pytest.raises((ValueError, TypeError)) as info:
+        Fp8ScalingLab(**kwargs)
+    assert message in str(info.value) and one_line(str(info.value))
+
+
+@settings(max_examples=40, deadline=None)
+@given(kwargs=st.dictionaries(st.sampled_from(["recipe", "history_len", "algo", "margin", "fmt", "spike_log2",
+                                               "nonfinite", "seed"]), ANYTHING, max_size=2))
+def test_every_constructor_argument_is_valid_or_a_one_line_message(kwargs):
+    try:
+        lab = Fp8ScalingLab(**kwargs)
+    except (ValueError, TypeError) as e:
+        assert one_line(str(e)), str(e)
+        return
+    assert lab.error is None and lab.trace is not None
+
+
+def test_an_error_in_a_redraw_is_shown_on_one_line(monkeypatch):
+    lab = Fp8ScalingLab()
+
+    def broken(*a, **k):
+        raise ValueError("history_len must be a whole number from 1 to 16777216")
+
+    monkeypatch.setattr("ampviz.widgets.fp8_lab.simulate_fp8_scaling", broken)
+    lab.spike_slider.value = 3
+    assert lab.error == "history_len must be a whole number from 1 to 16777216" and "⚠" in lab.message.value
+    monkeypatch.undo()
+    lab.spike_slider.value = 4
+    assert lab.error is None and lab.message.value == ""
+
+
+# ----- one view, updated in place; moves from the browser coalesced -----
+def _sent(view):
+    from ampviz.figureview import _to_json
+
+    return json.dumps([_to_json(view.data, view), _to_json(view.layout, view)], sort_keys=True)
+
+
+def test_the_figure_is_updated_in_place_and_classes_are_stable():
+    from ampviz.figureview import FigureView
+
+    lab = Fp8ScalingLab()
+    view = lab.view
+    assert isinstance(view, FigureView) and view in lab.ui.children
+    lab.history_slider.value = 16
+    assert lab.view is view and _sent(view) == _sent(Fp8ScalingLab(history_len=16).view)
+    classes = {c for w in (lab.recipe_buttons, lab.history_slider, lab.algo_dropdown, lab.margin_slider,
+                           lab.fmt_dropdown, lab.spike_slider, lab.nonfinite_dropdown, lab.seed_input, lab.readout,
+                           lab.view, lab.ui, lab.message) for c in w._dom_classes}
+    assert {"ampviz-fp8-recipe", "ampviz-fp8-history", "ampviz-fp8-algo", "ampviz-fp8-margin", "ampviz-fp8-fmt",
+            "ampviz-fp8-spike", "ampviz-fp8-nonfinite", "ampviz-fp8-seed", "ampviz-fp8-readout",
+            "ampviz-fp8-figure", "ampviz-fp8-lab", "ampviz-message"} <= classes
+
+
+def test_browser_moves_are_coalesced_and_the_last_position_wins(monkeypatch):
+    lab = Fp8ScalingLab()
+    calls = []
+    original = type(lab).update
+
+    def slow_update(self):
+        calls.append(self.spike_slider.value)
+        time.sleep(0.05)
+        original(self)
+
+    monkeypatch.setattr(lab, "update", slow_update.__get__(lab))
+    values = list(range(1, 12))
+    for v in values:
+        lab.spike_slider.set_state({"value": v})
+    assert lab.settle(30)
+    assert 1 <= len(calls) <= 3 and calls[-1] == values[-1]
+    fresh = Fp8ScalingLab(spike_log2=values[-1])
+    assert _sent(lab.view) == _sent(fresh.view) and lab.readout.value == fresh.readout.value
+    assert_lab_follows(lab, spike_log2=values[-1])
+
+
+def test_a_move_made_in_python_redraws_before_it_returns():
+    lab = Fp8ScalingLab()
+    lab.spike_slider.value = 12
+    assert lab._worker is None and lab.settle(0)
+    assert_lab_follows(lab, spike_log2=12)
+
+
+def test_the_lab_stream_is_the_core_stream():
+    s = lab_stream(3, 5, "nan")
+    t = tensor_stream(2000, 4096, seed=3, spike_log2=5, nan_prob=Fp8ScalingLab.NONFINITE_PROB)
+    assert np.array_equal(s.magnitude, t.magnitude) and np.array_equal(s.nonfinite, t.nonfinite)
+
+
+# ----- plot_fp8_scaling -----
+def _wire_and_json(fig):
+    import plotly.io as pio
+
+    from ampviz.figureview import pack
+
+    return json.dumps(pack(fig.to_plotly_json()), sort_keys=True), json.loads(pio.to_json(fig))
+
+
+@settings(max_examples=25, deadline=None)
+@given(recipe=st.sampled_from(["delayed", "current"]), steps=st.integers(1, 60), size=st.integers(1, 40),
+       seed=st.integers(0, 100), spike=st.integers(0, 40), bad=st.floats(0, 0.3),
+       fmt=st.sampled_from(["fp8_e4m3", "fp8_e5m2"]), margin=st.integers(-30, 30))
+def test_plot_fp8_scaling_holds_the_trace_and_what_validation_gives(recipe, steps, size, seed, spike, bad, fmt, margin):
+    import plotly.graph_objects as go
+
+    s = tensor_stream(steps, size, seed=seed, spike_log2=spike, spike_prob=0.2, inf_prob=bad, nan_prob=bad / 2)
+    tr = simulate_fp8_scaling(s, recipe, fmt=fmt, **({"margin": margin, "history_len": 4} if recipe == "delayed"
+                                                       else {}))
+    fig = plot_fp8_scaling(tr)
+    assert _wire_and_json(fig) == _wire_and_json(go.Figure(fig.to_plotly_json()))
+    assert_figure_follows(fig, tr)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (None, "trace must be an Fp8ScalingTrace"),
+    ([1, 2], "trace must be an Fp8ScalingTrace"),
+])
+def test_plot_fp8_scaling_refuses_what_is_not_a_trace(bad, message):
+    with pytest.raises(TypeError) as info:
+        plot_fp8_scaling(bad)
+    assert message in str(info.value) and one_line(str(info.value))
