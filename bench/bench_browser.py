@@ -10,7 +10,11 @@ interleaved with the floor's so that a busy machine slows both alike:
 - ``RangeExplorer`` over the beam model's 84,608 gradients (notebook 02's): the scale slider;
 - ``FormatExplorer``: a mantissa bit's button pressed with the keyboard (focus, then Enter: the
   same click event as the mouse's; Playwright's ``click`` first waits for the button to stand still
-  over two animation frames, which would add ~30 ms that no learner's click has).
+  over two animation frames, which would add ~30 ms that no learner's click has);
+- ``BlockExplorer`` (MXFP4): the outlier's log2 slider, from 0 up (24 positions);
+- ``Fp8ScalingLab`` (delayed scaling, 2,000 tensors of 4,096 values): the spike size's slider, from
+  2^0 up (16 positions: at most 15 moves after the warm-up one), and a new stream seed typed into
+  its box and Enter (every seed a new stream, drawn from scratch).
 
 A move counts as repainted when the explorer's figure in the page has drawn the new state
 (``FigureView`` marks each drawn revision; the floor's trace holds its new point). Measured in
@@ -54,6 +58,8 @@ EXPLORER_CELLS = [
     "ScalerLab(steps=1_000_000, scenario='spikes', strength=0.5, gradients=grads)",
     "RangeExplorer(grads, log2_scale=0, log2_scale_range=(-16, 36))",
     "FormatExplorer('fp16', 0.1)",
+    "from ampviz.widgets import BlockExplorer, Fp8ScalingLab\nBlockExplorer('fp4_e2m1', log2_outlier=0)",
+    "Fp8ScalingLab(history_len=16, spike_log2=0)",
 ]
 APP_CELL = "from ampviz.widgets import ExplorerApp\nExplorerApp()"
 
@@ -67,6 +73,10 @@ EXPLORERS = {
     "ScalerLab, 1,000,000 steps (backoff slider)": (".ampviz-scaler-lab", ("slider", "ampviz-scaler-backoff")),
     "RangeExplorer, 84,608 gradients (scale slider)": (".ampviz-range-explorer", ("slider", "ampviz-scale-slider")),
     "FormatExplorer (a bit pressed)": (".ampviz-format-explorer", ("key", ".ampviz-bit-0")),
+    "BlockExplorer, MXFP4 (outlier slider)": (".ampviz-block-explorer", ("slider", "ampviz-blocks-outlier")),
+    "Fp8ScalingLab, 2,000 tensors of 4,096 values (spike slider)": (".ampviz-fp8-lab",
+                                                                    ("slider", "ampviz-fp8-spike", 15)),
+    "Fp8ScalingLab (a new stream seed typed)": (".ampviz-fp8-lab", ("type", ".ampviz-fp8-seed input")),
 }
 
 
@@ -75,11 +85,15 @@ class Mover:
 
     def __init__(self, page, name, root, action):
         self.page, self.name, self.root = page, name, root
-        kind, target = action
+        kind, target = action[:2]
+        self.limit = action[2] if len(action) > 2 else None  # new positions the control has
         scope = page.locator(root).first if root else page
         if kind == "slider":
             self.handle = scope.locator(f".{target} .noUi-handle").first
             self.press = lambda: (self.handle.focus(), self.handle.press("ArrowRight"))
+        elif kind == "type":  # a new number each time, then Enter (a text box takes its value on Enter)
+            box, typed = scope.locator(target).first, iter(range(1, 1_000_000))
+            self.press = lambda: (box.fill(str(next(typed))), box.press("Enter"))
         else:
             button = scope.locator(target).first
             self.press = lambda: (button.focus(), button.press("Enter"))
@@ -110,9 +124,10 @@ def run_page(page, explorers: dict, moves: int) -> tuple[list, list]:
     for m in [floor, *others]:  # one warm-up move each (plotly's first restyle, caches of the page)
         m.move()
         m.times.clear()
-    for _ in range(moves):  # interleaved: a busy moment slows every control alike
+    for k in range(moves):  # interleaved: a busy moment slows every control alike
         for m in [floor, *others]:
-            m.move()
+            if m.limit is None or k < m.limit - 1:
+                m.move()
     return floor.times, others
 
 
@@ -127,7 +142,8 @@ def report(where: str, floor: list, others: list) -> list:
         p50 = statistics.median(t)
         ratio = p50 / f50
         ratios.append(ratio)
-        print(f"  {m.name}: p50 {p50:.0f} ms, p90 {t[int(0.9 * (len(t) - 1))]:.0f} ms, "
+        fewer = f" ({len(t)} moves)" if len(t) != len(floor) else ""
+        print(f"  {m.name}{fewer}: p50 {p50:.0f} ms, p90 {t[int(0.9 * (len(t) - 1))]:.0f} ms, "
               f"ratio to the floor {ratio:.2f} ({'within' if ratio <= TARGET else 'ABOVE'} {TARGET}x)")
     return ratios
 
