@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ampviz.figureview import FigureView
 from ampviz.fp8 import simulate_fp8_scaling, tensor_stream
 from ampviz.plots import plot_fp8_scaling
 from ampviz.widgets.fp8_lab import HISTORY_LENGTHS, Fp8ScalingLab, lab_stream
@@ -291,3 +292,28 @@ def test_plot_fp8_scaling_refuses_what_is_not_a_trace(bad, message):
     with pytest.raises(TypeError) as info:
         plot_fp8_scaling(bad)
     assert message in str(info.value) and one_line(str(info.value))
+
+
+def test_the_figure_sends_numbers_not_texts_and_marks_the_lone_steps():
+    """Hover texts are templates over the numbers (no string per step), and a step with some
+    saturated, underflowed or subnormal values between two steps with none (which a line cannot
+    show) gets a marker: exactly those steps, found here by walking the counts."""
+    tr = expected(history_len=16)
+    fig = plot_fp8_scaling(tr)
+    assert all(t.hovertext is None for t in fig.data)
+    t = traces(fig)
+    assert np.array_equal(t["amax"].customdata, tr.amax) and np.array_equal(t["scale"].customdata, tr.scale)
+    wire = FigureView.prepare(fig)
+    sent = len(json.dumps(wire.data)) + len(json.dumps(wire.layout))
+    assert sent < 300_000, sent  # with a text and a marker per step: 0.6 MB in plotly's JSON
+    some_runs = 0
+    for kind in ("saturated", "underflowed", "subnormal"):
+        c = getattr(tr, kind)
+        lone = [i for i in range(tr.steps) if c[i] > 0 and (i == 0 or c[i - 1] == 0)
+                and (i == tr.steps - 1 or c[i + 1] == 0)]
+        marks = t[f"{kind} alone"]
+        assert list(np.asarray(marks.x, int)) == lone and marks.mode == "markers", kind
+        assert np.array_equal(marks.y, 100.0 * c[lone] / tr.size) and np.array_equal(marks.customdata, c[lone])
+        assert t[kind].mode == "lines" and np.array_equal(t[kind].customdata, c)
+        some_runs += len(lone) < int((c > 0).sum())  # steps in runs are drawn by the line, not marked
+    assert len(t["saturated alone"].x) > 0 and some_runs >= 1  # the spikes saturate alone

@@ -493,10 +493,13 @@ def _trace_ys(fig):
 
 
 def _view_y(view, i: int = 0) -> np.ndarray:
-    """Trace ``i``'s y as the view holds it (plotly's base64 typed-array form or a list)."""
+    """Trace ``i``'s y as the view holds it (packed as FigureView sends it, plotly's base64
+    typed-array form, or a list)."""
     import base64
 
     y = view.data[i]["y"]
+    if isinstance(y, dict) and "ampviz_nd" in y:
+        return np.frombuffer(base64.b64decode(y["b64"]), dtype="<" + y["ampviz_nd"]).astype(float)
     if isinstance(y, dict):
         return np.frombuffer(base64.b64decode(y["bdata"]), dtype=y["dtype"]).astype(float)
     return np.asarray(y, dtype=float)
