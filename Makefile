@@ -75,6 +75,7 @@ test: $(VENV)/.test-installed $(VENV)/$(VOILA_TEMPLATE)/.installed browser-deps
 bench: $(VENV)/.test-installed $(VENV)/$(VOILA_TEMPLATE)/.installed
 	$(BIN)/python bench/bench_census.py
 	$(BIN)/python bench/bench_scaling.py
+	$(BIN)/python bench/bench_blocks.py
 	$(BIN)/python bench/bench_scaler_lab.py
 	$(BIN)/python bench/bench_live.py
 	$(BIN)/python bench/bench_browser.py

@@ -49,11 +49,19 @@ gradients) and ``random_hadamard_transform`` (the NVFP4 recipe's 16-point transf
 Inputs are numbers, lists, numpy arrays or torch tensors (read as in ``ampviz.formats``), rounded
 to float32 first. Results are immutable: NamedTuples of read-only numpy arrays. This module needs
 numpy only.
+
+Speed: without ``rng``, both quantizers round the elements through a lookup table per element
+format (built on first use from the exact encoder), in cache-sized chunks, and on large inputs
+in one thread per processor (``bench/bench_blocks.py`` times them). Blocks holding NaN or inf, and
+stochastic rounding, take the straightforward path (``_mx_reference``, ``_nvfp4_reference``),
+which the fast one equals bit for bit (``tests/test_blocks_fast.py``).
 """
 
 from __future__ import annotations
 
 import numbers
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
@@ -121,8 +129,8 @@ class NVFP4Blocks(NamedTuple):
 
 
 # ---------------------------------------------------------------- argument checks
-def _frozen(arr: np.ndarray) -> np.ndarray:
-    arr = np.array(arr)  # an owned copy
+def _sealed(arr: np.ndarray) -> np.ndarray:
+    """A freshly made array (owned by no one else), made read-only without a copy."""
     arr.setflags(write=False)
     return arr
 
@@ -137,7 +145,7 @@ def _float32_blocks(x, block: int, fn: str) -> np.ndarray:
         raise ValueError(f"{fn}: the last axis ({n} values) must be a multiple of the block size {block}; "
                          f"pad it or pass block_size dividing {n}")
     with np.errstate(over="ignore", invalid="ignore"):
-        x32 = arr.astype(np.float32)
+        x32 = arr.astype(np.float32, copy=False)  # read only, so float32 input is not copied
     return x32.reshape(*arr.shape[:-1], n // block, block)
 
 
@@ -212,6 +220,227 @@ def _e4m3_scale_values(codes: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(v), nan_bits.view(np.float32), v)
 
 
+# ---------------------------------------------------------------- fast paths
+# A block quantizer divides each element by its block's scale and rounds the quotient v into the
+# element format (saturating, ties to even). The fast paths below do the rounding with a lookup
+# table instead of arithmetic: an element format has at most 3 mantissa bits, so the pattern of v
+# depends only on v's sign, exponent and top 7 mantissa bits (the top 16 bits of its float32
+# pattern) and on whether any of its 16 lower bits is set (which decides ties). That is 2**17
+# cases, and the table holds the pattern and the value for each, computed once per format by the
+# exact encoder above on one float32 value of each case. (Rounding to m <= 6 mantissa bits,
+# ties to even, needs the m kept bits, the next one and whether anything below it is set; the
+# comparison with max, which has m bits too, needs no more.) Large inputs go through in chunks of
+# ``_CHUNK`` elements, so that each chunk's temporaries stay in the processor's cache, and in
+# pieces shared among threads (``_in_parallel``).
+
+_CHUNK = 1 << 16  # elements per chunk: with its temporaries about 1.6 MB, within a core's L2 cache
+_ABS_BITS = np.uint32(0x7FFFFFFF)  # float32 pattern without its sign
+_INF_BITS = 0x7F800000  # float32 +inf; any pattern above it (without sign) is a NaN
+_TABLES: dict = {}
+
+
+class _ElementTable(NamedTuple):
+    """An element format's rounding as two tables indexed by ``_table_index`` (2**17 entries)."""
+
+    codes: np.ndarray  #: uint8 element patterns
+    values: np.ndarray  #: float32 values of those patterns
+
+
+def _table_representatives() -> np.ndarray:
+    """One float32 value per table index i: the top 16 bits i >> 1, and lowest bit i & 1 (the
+    "some lower bit set" flag), so that ``_table_index`` of it is i."""
+    i = np.arange(1 << 17, dtype=np.uint32)
+    return ((i >> 1) << 16 | (i & 1)).view(np.float32)
+
+
+def _element_table(fmt: FloatFormat, convention: str = "torchao") -> _ElementTable:
+    """The table of ``fmt`` (built on first use): entry i holds what the exact path gives for
+    every float32 v with ``_table_index(v) == i`` and v not NaN: the pattern of clamp(v, ±max) as
+    ``_element_codes`` writes it (with Transformer Engine's -0 -> 0 for ``convention="te"``)."""
+    key = (fmt.name, convention)
+    table = _TABLES.get(key)
+    if table is None:
+        v = _table_representatives()
+        top = _F32(fmt.max)
+        with np.errstate(invalid="ignore"):
+            v = np.clip(v, -top, top)
+            codes = _element_codes(fmt, v)
+            if convention == "te":  # as in nvfp4_quantize below
+                codes = np.where((codes == 0x8) & (v == 0) | np.isnan(v), 0, codes).astype(np.uint8)
+            values = _element_values(fmt, codes)
+        table = _TABLES[key] = _ElementTable(_sealed(codes), _sealed(values))
+    return table
+
+
+def _table_index(v: np.ndarray, scratch: np.ndarray, out: np.ndarray) -> None:
+    """out = the table index of each float32 v: (top 16 bits << 1) | (any of the low 16 bits set).
+
+    ``scratch``: a uint32 array of v's size. The low 15 bits plus 0x7FFF carry into bit 15 exactly
+    when one of them is set; or-ed with v's own bit 15, bit 15 then says "some low bit set", and a
+    shift by 15 gives the index."""
+    u = v.view(np.uint32)
+    np.bitwise_and(u, 0x7FFF, out=scratch)
+    np.add(scratch, 0x7FFF, out=scratch)
+    np.bitwise_or(scratch, u, out=scratch)
+    np.right_shift(scratch, 15, out=out)
+
+
+def _abs_max_bits(x2: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The float32 pattern of each row's largest magnitude, as uint32 (rows of a C-contiguous
+    float32 array x2): without the sign, float32 patterns order as their magnitudes, and every
+    NaN pattern lies above +inf's, so a row holding a NaN gives a pattern above ``_INF_BITS``.
+
+    While the rows have an even length, neighbours are paired (one pass over a chunk, not one
+    short loop per row), between two buffers (an output overlapping its inputs would make numpy
+    copy them first); what is left is reduced per row. ``out``: where to write (n uint32)."""
+    n, block = x2.shape
+    rows = max(1, _CHUNK // block)
+    out = np.empty(n, np.uint32) if out is None else out
+    u = x2.view(np.uint32)
+    size = min(rows, n) * block
+    scratch, other = np.empty(size, np.uint32), np.empty(size // 2, np.uint32)
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        part, spare = scratch[: (r1 - r0) * block], other
+        np.bitwise_and(u[r0:r1].reshape(-1), _ABS_BITS, out=part)
+        width = block
+        while width % 2 == 0:
+            half = spare[: part.size // 2]
+            np.maximum(part[0::2], part[1::2], out=half)
+            part, spare, width = half, part, width // 2
+        if width == 1:
+            out[r0:r1] = part
+        else:
+            np.max(part.reshape(-1, width), axis=1, out=out[r0:r1])
+    return out
+
+
+def _scaled_elements(x2: np.ndarray, mult: np.ndarray, dscale: np.ndarray, table: _ElementTable,
+                     codes: np.ndarray, values: np.ndarray) -> None:
+    """Write the patterns and values of the rows of a C-contiguous float32 array x2, each row
+    multiplied by its ``mult`` (float32, one per row) and rounded by ``table``, into ``codes``
+    (uint8) and ``values`` (float32, table value * ``dscale``, one float32 per row), both shaped
+    as x2. Each product is rounded once to float32, as the exact path computes it. No product
+    x * mult may be NaN (the table's NaN entries mean nothing)."""
+    n, block = x2.shape
+    rows = max(1, _CHUNK // block)
+    size = min(rows, n) * block
+    v = np.empty(size, np.float32)
+    scratch = np.empty(size, np.uint32)
+    index = np.empty(size, np.intp)
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        k = (r1 - r0) * block
+        vk, ik = v[:k], index[:k]
+        np.multiply(x2[r0:r1], mult[r0:r1, None], out=vk.reshape(-1, block))
+        _table_index(vk, scratch[:k], ik)
+        np.take(table.codes, ik, out=codes[r0:r1].reshape(-1), mode="wrap")
+        out = values[r0:r1]
+        np.take(table.values, ik, out=out.reshape(-1), mode="wrap")
+        np.multiply(out, dscale[r0:r1, None], out=out)
+
+
+_PARALLEL_MIN = 1 << 20  # elements: below this, one thread
+_PIECE = 1 << 20  # elements per task when threaded
+
+
+def _in_parallel(work, n: int, block: int) -> None:
+    """Call work(r0, r1) on consecutive row ranges covering range(n): in threads (one per processor
+    this process may use, at most 8) when the input is large, else at once. numpy releases the
+    interpreter lock inside its loops, so the threads run together; each call writes its own rows
+    only. The ranges are small and taken in turn, so a thread slowed by other work on the machine
+    takes fewer of them."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 1
+    workers = min(cpus, 8, n * block // (_PARALLEL_MIN // 2))
+    if workers < 2:
+        work(0, n)
+        return
+    rows = max(1, _PIECE // block)
+    with ThreadPoolExecutor(workers) as pool:
+        for job in [pool.submit(work, r0, min(r0 + rows, n)) for r0 in range(0, n, rows)]:
+            job.result()  # re-raises an error of the worker
+
+
+def _mx_scale_index(abits: np.ndarray, fmt: FloatFormat, rounding: str) -> np.ndarray:
+    """An index (0..256) per block, from the patterns ``_abs_max_bits`` gives, that decides the
+    block's scale: the biased exponent e of amax, plus one where the rounding moves amax up a
+    binade.
+
+    For a normal amax with mantissa field m, floor(log2 amax) + 127 = e. ceil adds one when
+    m > 0; even when m rounds up past the element's mantissa bits (ties to even: m >= 2**23 -
+    2**(22 - mantissa bits)); rceil when m exceeds the mantissa field of ``fmt.max`` (max * 2**k
+    then falls short of amax). Adding 2**23 - 1, 2**(22 - mantissa bits) or 2**23 - 1 - (max's
+    mantissa field) to the pattern carries into the exponent exactly then."""
+    if rounding == "floor":
+        add = 0
+    elif rounding == "ceil":
+        add = (1 << 23) - 1
+    elif rounding == "even":
+        add = 1 << (22 - fmt.mantissa_bits)
+    else:
+        add = (1 << 23) - 1 - (int(np.float32(fmt.max).view(np.uint32)) & 0x7FFFFF)
+    index = np.empty(abits.shape, np.intp)
+    np.right_shift(abits + np.uint32(add), 23, out=index)
+    return index
+
+
+def _mx_scale_tables(fmt: FloatFormat, rounding: str) -> tuple:
+    """(patterns, multipliers, scales), indexed by ``_mx_scale_index`` of a finite amax: the E8M0
+    pattern clamp(index - emax, 0, 254) (uint8; the exponent of ``fmt.max`` in place of emax under
+    rceil), 2**(127 - pattern) to divide by the scale and 2**(pattern - 127) to dequantize
+    (float32). A zero or float32-subnormal amax (index 0 or 1: k far below -127) gets pattern 0.
+    An inf or NaN amax is not looked up here (see ``_mx_scale_codes``)."""
+    key = ("scales", fmt.name, rounding)
+    tables = _TABLES.get(key)
+    if tables is None:
+        shift = fmt.emax if rounding != "rceil" else int(np.floor(np.log2(fmt.max)))
+        codes = np.clip(np.arange(257) - shift, 0, 254)
+        mult = np.ldexp(_F32(1.0), (127 - codes).astype(np.int32)).astype(np.float32)
+        scale = np.ldexp(_F32(1.0), (codes - 127).astype(np.int32)).astype(np.float32)
+        tables = _TABLES[key] = tuple(_sealed(t) for t in (codes.astype(np.uint8), mult, scale))
+    return tables
+
+
+def _mx_scale_codes(abits: np.ndarray, fmt: FloatFormat, rounding: str) -> np.ndarray:
+    """The E8M0 scale patterns (uint8) of blocks from their ``_abs_max_bits``, by the rule of
+    ``_mx_exponents``: an inf amax gives 255 (254 under rceil), a NaN 255."""
+    codes = _mx_scale_tables(fmt, rounding)[0].take(_mx_scale_index(abits, fmt, rounding))
+    codes[abits == _INF_BITS] = 254 if rounding == "rceil" else 255
+    codes[abits > _INF_BITS] = 255
+    return codes
+
+
+def _mx_fast(x2: np.ndarray, fmt: FloatFormat, rounding: str, table: _ElementTable | None = None):
+    """``_mx_reference`` of the rows (blocks) of x2, through the element table: (scales, codes,
+    values). Blocks holding an inf or a NaN go through the exact path (their scale is 255, or 254
+    for an inf under rceil); in the others no quotient is NaN. ``table``: the element table
+    (tests pass a wrong one to show it is caught)."""
+    x2 = np.ascontiguousarray(x2)
+    n, block = x2.shape
+    table = _element_table(fmt) if table is None else table
+    scale_codes, scale_mult, scale_value = _mx_scale_tables(fmt, rounding)
+    abits = np.empty(n, np.uint32)
+    scales = np.empty(n, np.uint8)
+    codes = np.empty((n, block), np.uint8)
+    values = np.empty((n, block), np.float32)
+
+    def work(r0, r1):
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # per thread
+            i = _mx_scale_index(_abs_max_bits(x2[r0:r1], abits[r0:r1]), fmt, rounding)
+            scale_codes.take(i, out=scales[r0:r1])
+            _scaled_elements(x2[r0:r1], scale_mult.take(i), scale_value.take(i), table, codes[r0:r1],
+                             values[r0:r1])
+
+    _in_parallel(work, n, block)
+    exact = np.flatnonzero(abits >= _INF_BITS)
+    if exact.size:
+        scales[exact], codes[exact], values[exact] = _mx_reference(x2[exact], fmt, rounding)
+    return scales, codes, values
+
+
 # ---------------------------------------------------------------- MX
 def _mx_exponents(amax: np.ndarray, fmt: FloatFormat, rounding: str) -> np.ndarray:
     """The block scale patterns (int64) from float32 block maxima, by the exact rule."""
@@ -258,6 +487,24 @@ def mx_quantize(x, fmt, block_size=32, rounding="floor", *, rng=None) -> MXBlock
     rounding = _choice(rounding, "rounding", MX_ROUNDING)
     rng = _generator(rng, "mx_quantize")
     xb = _float32_blocks(x, block, "mx_quantize")
+    if rng is None and xb.size:
+        scales, codes, values = _mx_fast(xb.reshape(-1, block), fmt, rounding)
+    else:
+        scales, codes, values = _mx_reference(xb, fmt, rounding, rng)
+    return MXBlocks(_sealed(scales.reshape(xb.shape[:-1])), _sealed(codes.reshape(_x_shape(xb))),
+                    _sealed(values.reshape(_x_shape(xb))))
+
+
+def _x_shape(xb: np.ndarray) -> tuple:
+    """The shape of the array that was cut into the blocks xb (..., blocks, block)."""
+    return xb.shape[:-2] + (xb.shape[-2] * xb.shape[-1],)
+
+
+def _mx_reference(xb: np.ndarray, fmt: FloatFormat, rounding: str, rng=None):
+    """MX block scaling of float32 blocks xb (..., blocks, block), straight from the rule, one
+    numpy operation over all elements at a time: (scales, codes, values), new writable arrays
+    shaped (..., blocks), (..., blocks, block) and (..., blocks, block). ``mx_quantize`` uses it
+    for stochastic rounding and for blocks whose scale is NaN; the fast path must equal it."""
     with np.errstate(invalid="ignore"):
         amax = np.max(np.abs(xb), axis=-1, initial=_F32(0.0)) if xb.size else np.zeros(xb.shape[:-1], np.float32)
         amax = np.where(np.isnan(xb).any(axis=-1), np.nan, amax).astype(np.float32)
@@ -274,9 +521,7 @@ def mx_quantize(x, fmt, block_size=32, rounding="floor", *, rng=None) -> MXBlock
         codes = _element_codes(fmt, v, rng)
         values = _element_values(fmt, codes) * _pow2(np.minimum(s, 254) - 127)
     values = np.where(s == 255, np.float32(np.nan), values).astype(np.float32)
-    shape = xb.shape[:-2] + (xb.shape[-2] * block,)
-    return MXBlocks(_frozen(scales.astype(np.uint8)), _frozen(codes.reshape(shape)),
-                    _frozen(values.reshape(shape)))
+    return scales.astype(np.uint8), codes.reshape(xb.shape), values.reshape(xb.shape)
 
 
 # ---------------------------------------------------------------- NVFP4
@@ -342,6 +587,16 @@ def nvfp4_quantize(x, per_tensor_scale=True, *, convention="torchao", rng=None) 
     convention = _choice(convention, "convention", NVFP4_CONVENTIONS)
     rng = _generator(rng, "nvfp4_quantize")
     xb = _float32_blocks(x, _NVFP4_BLOCK, "nvfp4_quantize")
+    fast = _nvfp4_fast(xb, per_tensor_scale, convention) if rng is None and xb.size else None
+    pts, scales, codes, values = fast or _nvfp4_reference(xb, per_tensor_scale, convention, rng)
+    return NVFP4Blocks(None if pts is None else _F32(pts), _sealed(scales.reshape(xb.shape[:-1])),
+                       _sealed(codes.reshape(_x_shape(xb))), _sealed(values.reshape(_x_shape(xb))))
+
+
+def _nvfp4_reference(xb: np.ndarray, per_tensor_scale, convention: str, rng=None):
+    """NVFP4 quantization of float32 blocks xb (..., blocks, 16), one numpy operation over all
+    elements at a time: (tensor scale or None, scales, codes, values), new arrays. ``nvfp4_quantize``
+    uses it for stochastic rounding and for inputs the fast path leaves (NaN, inf, a zero scale)."""
     with np.errstate(invalid="ignore"):
         anynan = np.isnan(xb).any(axis=-1)
         bmax = np.max(np.abs(xb), axis=-1, initial=_F32(0.0)) if xb.size else np.zeros(xb.shape[:-1], np.float32)
@@ -372,9 +627,71 @@ def nvfp4_quantize(x, per_tensor_scale=True, *, convention="torchao", rng=None) 
             codes = np.where((codes == 0x8) & (v == 0) | np.isnan(v), 0, codes).astype(np.uint8)
         dscale = sf if pts is None else (pts * sf).astype(np.float32)
         values = (_element_values(FP4_E2M1, codes) * dscale[..., None]).astype(np.float32)
-    shape = xb.shape[:-2] + (xb.shape[-2] * _NVFP4_BLOCK,)
-    return NVFP4Blocks(None if pts is None else _F32(pts), _frozen(scales), _frozen(codes.reshape(shape)),
-                       _frozen(values.reshape(shape)))
+    return pts, scales, codes.reshape(xb.shape), values.reshape(xb.shape)
+
+
+def _e4m3_lookup(s: np.ndarray) -> np.ndarray:
+    """``_e4m3_codes`` of float32 values s in [-448, 448] (no NaN), through the E4M3 table."""
+    scratch = np.empty(s.shape, np.uint32)
+    index = np.empty(s.shape, np.intp)
+    _table_index(np.ascontiguousarray(s, np.float32), scratch, index)
+    return _element_table(FP8_E4M3).codes.take(index, mode="wrap")
+
+
+def _e4m3_scale_table() -> np.ndarray:
+    """``_e4m3_scale_values`` of all 256 patterns (made on first use), to look patterns up in."""
+    table = _TABLES.get("e4m3 scale values")
+    if table is None:
+        table = _TABLES["e4m3 scale values"] = _sealed(_e4m3_scale_values(np.arange(256, dtype=np.uint8)))
+    return table
+
+
+def _nvfp4_fast(xb: np.ndarray, per_tensor_scale, convention: str):
+    """``_nvfp4_reference`` of xb (no stochastic rounding) with the scales computed by the same
+    float32 operations (one per block) and the elements through the E2M1 table; None where the
+    input needs the exact path: a NaN or inf in x, or a scale that makes an element's quotient
+    NaN (a zero tensor, a tensor scale whose reciprocal overflows)."""
+    x2 = np.ascontiguousarray(xb).reshape(-1, _NVFP4_BLOCK)
+    abits = np.empty(x2.shape[0], np.uint32)
+    _in_parallel(lambda r0, r1: _abs_max_bits(x2[r0:r1], abits[r0:r1]), *x2.shape)
+    if abits.max() >= _INF_BITS:
+        return None
+    bmax = abits.view(np.float32)
+    amax_t = _F32(bmax.max())
+    pts = _tensor_scale(per_tensor_scale, amax_t, convention)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        if convention == "te":  # the same operations as _nvfp4_reference; amax_t is finite here
+            s_enc = _F32(_F32(448.0 * 6.0) / amax_t)
+            s_enc = _F32(1.0) if s_enc == 0 else min(s_enc, _F32_MAX)
+            pts = _F32(_F32(1.0) / s_enc)
+            mult = _F32(s_enc * np.reciprocal(_FP4_MAX))
+            dec = np.minimum((bmax * mult).astype(np.float32), _F32_MAX)
+            scales = _e4m3_lookup(np.clip(dec, -_E4M3_MAX, _E4M3_MAX))
+            sf = _e4m3_scale_table().take(scales)
+            enc = np.minimum((_F32(1.0) / (sf * pts)).astype(np.float32), _F32_MAX)
+        else:
+            if pts is not None and not pts > 0:  # a zero tensor: 0/0 scales
+                return None
+            bscale = (bmax / _FP4_MAX).astype(np.float32)
+            if pts is not None:
+                bscale = (bscale / pts).astype(np.float32)
+            scales = _e4m3_lookup(np.clip(bscale, _E4M3_TINY, _E4M3_MAX))
+            sf = _e4m3_scale_table().take(scales)
+            one = _F32(1.0) if pts is None else _F32(_F32(1.0) / pts)
+            enc = (one / sf).astype(np.float32)
+        if not np.isfinite(enc).all():  # 0 * inf would be NaN
+            return None
+        dscale = sf if pts is None else (pts * sf).astype(np.float32)
+    table = _element_table(FP4_E2M1, convention)
+    codes = np.empty(x2.shape, np.uint8)
+    values = np.empty(x2.shape, np.float32)
+
+    def work(r0, r1):
+        with np.errstate(over="ignore", under="ignore"):  # per thread
+            _scaled_elements(x2[r0:r1], enc[r0:r1], dscale[r0:r1], table, codes[r0:r1], values[r0:r1])
+
+    _in_parallel(work, *x2.shape)
+    return pts, scales, codes, values
 
 
 # ---------------------------------------------------------------- stochastic rounding
