@@ -77,6 +77,7 @@ EXPLORERS = {
     "Fp8ScalingLab, 2,000 tensors of 4,096 values (spike slider)": (".ampviz-fp8-lab",
                                                                     ("slider", "ampviz-fp8-spike", 15)),
     "Fp8ScalingLab (a new stream seed typed)": (".ampviz-fp8-lab", ("type", ".ampviz-fp8-seed input")),
+    "BlockExplorer (a new seed typed)": (".ampviz-block-explorer", ("type", ".ampviz-blocks-seed input")),
 }
 
 
@@ -235,7 +236,11 @@ def main():
                 page = open_voila(browser, url)
                 tabs = {"Formats": "FormatExplorer (a bit pressed)",
                         "Ranges": "RangeExplorer, 84,608 gradients (scale slider)",
-                        "Loss scaling": "ScalerLab, 1,000,000 steps (backoff slider)"}
+                        "Loss scaling": "ScalerLab, 1,000,000 steps (backoff slider)",
+                        # these two tabs' sliders start mid-way: a new seed typed gives a new
+                        # position every move
+                        "FP8 scaling": "Fp8ScalingLab (a new stream seed typed)",
+                        "Block scaling": "BlockExplorer (a new seed typed)"}
                 for tab, name in tabs.items():  # each tab against the floor measured beside it
                     page.get_by_role("tab", name=tab).click()
                     all_ratios += report(f"the explorer app (Voila), {tab} tab",

@@ -63,8 +63,8 @@ _ = torch.manual_seed(0)
 # before the next cell shows it (answer first, then run on). The rest are at its end: **Check
 # yourself** (questions a cell checks for you; in 03, a stochastic rounding you write; in 04 and 05, a
 # training step you write), then the summary and **open exercises** to explore on your own.
-# The four explorers (formats, ranges, scaling lab, live trainer) also share one page: the
-# explorer app (`explorer.ipynb`; `make explorer` serves it as a page with Voila).
+# Six explorers (formats, ranges, the scaling lab, FP8 scaling, block scaling, the live trainer) also
+# share one page: the explorer app (`explorer.ipynb`; `make explorer` serves it as a page with Voila).
 
 # %% [markdown]
 # ## Using the notebooks in JupyterLab

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 import ampviz.widgets.app as app_module
 from ampviz import scaling
-from ampviz.widgets import ExplorerApp, FormatExplorer, LiveTrainer, RangeExplorer, ScalerLab
+from ampviz.widgets import (BlockExplorer, ExplorerApp, FormatExplorer, Fp8ScalingLab, LiveTrainer, RangeExplorer,
+                            ScalerLab)
 
 ANYTHING = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
@@ -56,9 +57,11 @@ class _Gate:
 
 def test_tabs_hold_the_explorers_in_order(small_app):
     app = small_app
-    assert [type(e) for e in app.explorers] == [FormatExplorer, RangeExplorer, ScalerLab]
-    assert app.tabs.titles == ("Formats", "Ranges", "Loss scaling")
-    assert [tab_content(app, i) for i in range(3)] == [e.ui for e in app.explorers]
+    assert [type(e) for e in app.explorers] == [FormatExplorer, RangeExplorer, ScalerLab, Fp8ScalingLab, BlockExplorer]
+    assert app.tabs.titles == ("Formats", "Ranges", "Loss scaling", "FP8 scaling", "Block scaling")
+    assert [tab_content(app, i) for i in range(5)] == [e.ui for e in app.explorers]
+    assert (app.fp8.history_slider.value, app.fp8.recipe_buttons.value) == (16, "delayed")
+    assert app.blocks.scheme_dropdown.value == "fp4_e2m1"
     assert "ampviz-explorer-app" in app.ui._dom_classes and "ampviz-explorer-tabs" in app.tabs._dom_classes
     assert app.training is None and app.ready and app.errors == {}
 
@@ -96,7 +99,8 @@ def test_the_first_tab_is_ready_before_the_others(gradients, monkeypatch):
     finally:
         gate.open.set()
     app.wait_ready(timeout=120)
-    assert [tab_content(app, i) for i in range(3)] == [app.formats.ui, app.ranges.ui, app.scaling.ui]
+    assert [tab_content(app, i) for i in range(5)] == [app.formats.ui, app.ranges.ui, app.scaling.ui, app.fp8.ui,
+                                                      app.blocks.ui]
     assert app.ready and app.errors == {}
 
 
@@ -163,7 +167,8 @@ def test_failing_gradients_are_shown_in_every_tab_that_needs_them(monkeypatch):
 @pytest.mark.parametrize("kwargs, error, words", [
     ({"steps": 0}, ValueError, "steps must be between 1 and 100,000,000, got 0"),
     ({"steps": "many"}, TypeError, "steps must be a whole number"),
-    ({"seed": -1}, ValueError, "seed must be at least 0"),
+    ({"seed": -1}, ValueError, "seed must be between 0 and 4,294,967,295, got -1"),
+    ({"seed": 2**32}, ValueError, "seed must be between 0 and 4,294,967,295, got 4,294,967,296"),
     ({"live": "yes"}, TypeError, "live must be True"),
     ({"overlay": ["nonsense"]}, ValueError, "cannot compare with 'nonsense'; choose from"),
     ({"overlay": ["torch"]}, ValueError, "cannot compare with 'torch'"),
@@ -189,7 +194,7 @@ def test_any_setting_is_taken_or_refused_in_one_line(name, value, monkeypatch):
         valid = isinstance(names, (list, tuple)) and all(
             isinstance(n, str) and n in scaling.PRESETS and n != "torch" for n in names)
     else:
-        valid = {"steps": _whole_in(value, 1, 10**8), "seed": _whole_in(value, 0),
+        valid = {"steps": _whole_in(value, 1, 10**8), "seed": _whole_in(value, 0, 2**32 - 1),
                  "live": isinstance(value, bool)}[name]
     try:
         app = ExplorerApp(gradients=np.ones(10, np.float32), **{"live": False, name: value})
@@ -201,7 +206,7 @@ def test_any_setting_is_taken_or_refused_in_one_line(name, value, monkeypatch):
     if name in ("steps", "seed"):
         assert getattr(app, name) == int(value)
     elif name == "live":
-        assert app.live is value and len(app.tabs.titles) == (4 if value else 3)
+        assert app.live is value and len(app.tabs.titles) == (6 if value else 5)
     else:
         assert app._overlay == tuple(names)
 
@@ -231,7 +236,7 @@ def test_the_app_without_live_training_never_imports_torch():
     code = ("import sys, numpy as np\n"
             "from ampviz.widgets import ExplorerApp\n"
             "app = ExplorerApp(gradients=np.exp2(-np.arange(40.0)), steps=1_000, live=False).wait_ready(120)\n"
-            "assert app.ready and len(app.explorers) == 3\n"
+            "assert app.ready and len(app.explorers) == 5\n"
             "print('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -243,9 +248,11 @@ def test_the_default_app_uses_the_course_model_and_a_million_steps():
 
     app = ExplorerApp().wait_ready(timeout=300)
     try:
-        assert app.tabs.titles == ("Formats", "Ranges", "Loss scaling", "Live training")
-        assert [type(e) for e in app.explorers] == [FormatExplorer, RangeExplorer, ScalerLab, LiveTrainer]
-        assert tab_content(app, 3) is app.training.ui
+        assert app.tabs.titles == ("Formats", "Ranges", "Loss scaling", "FP8 scaling", "Block scaling",
+                                   "Live training")
+        assert [type(e) for e in app.explorers] == [FormatExplorer, RangeExplorer, ScalerLab, Fp8ScalingLab,
+                                                    BlockExplorer, LiveTrainer]
+        assert tab_content(app, 5) is app.training.ui
         assert isinstance(app.training, LiveTrainer) and not app.training.running
         assert app.training.model_dropdown.value == "beam" and app.training.lr_input.value == 1e-3
         import threading

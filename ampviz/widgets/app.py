@@ -11,7 +11,9 @@ import ipywidgets as W
 
 from ampviz import scaling
 from ampviz.widgets.base import _ERROR_STYLE, _real, _shown, _whole
+from ampviz.widgets.block_explorer import BlockExplorer
 from ampviz.widgets.format_explorer import FormatExplorer
+from ampviz.widgets.fp8_lab import Fp8ScalingLab
 from ampviz.widgets.live_trainer import LiveTrainer
 from ampviz.widgets.range_explorer import RangeExplorer
 from ampviz.widgets.scaler_lab import ScalerLab
@@ -46,14 +48,15 @@ def _reason(exc: BaseException) -> str:
 
 # ----- the explorer app: every explorer on one page -----
 class ExplorerApp:
-    """The four explorers on one page, a tab each: the explorer app (``notebooks/explorer.ipynb``,
+    """The explorers on one page, a tab each: the explorer app (``notebooks/explorer.ipynb``,
     served as a page by Voila with ``make explorer``).
 
     Tabs: ``formats`` (a ``FormatExplorer``), ``ranges`` (a ``RangeExplorer`` over ``gradients``),
     ``scaling`` (a ``ScalerLab`` of ``steps`` steps, its lost share measured on the same
     ``gradients``; ``overlay`` names other frameworks' scalers to draw from the start, none by
-    default, since each one adds tens of milliseconds to every slider move at a million steps) and
-    ``training`` (a ``LiveTrainer``; ``live=False`` leaves it out). ``gradients`` default to the
+    default, since each one adds tens of milliseconds to every slider move at a million steps),
+    ``fp8`` (an ``Fp8ScalingLab``: delayed scaling over 16 steps), ``blocks`` (a ``BlockExplorer``:
+    MXFP4 with an outlier) and ``training`` (a ``LiveTrainer``; ``live=False`` leaves it out). ``gradients`` default to the
     weight gradients of the course's seeded model (``ampviz.beam.gradients(seed)``, as in notebook
     02). With either of those, the app sets torch to one intra-op thread, as the notebooks' setup
     cells do.
@@ -66,25 +69,29 @@ class ExplorerApp:
     ``BUILD_AFTER`` seconds after the constructor (for a front end that does not count views).
     Until its explorer is ready a tab shows a "Preparing ..." line; a tab selected early shows its
     explorer as soon as it is built. A tab whose explorer cannot be built shows why in one line,
-    and ``errors`` maps its title to that line. Until then ``ranges``, ``scaling``, ``training``
+    and ``errors`` maps its title to that line. Until then ``ranges``, ``scaling``, ``fp8``, ``blocks``, ``training``
     (and ``gradients``, when computed here) are None; ``wait_ready()`` waits until every tab is
     built. ``explorers`` lists the explorers built so far, in tab order; ``tabs`` is the
     ``ipywidgets.Tab``, ``ui`` the whole app.
     """
 
-    TITLES = ("Formats", "Ranges", "Loss scaling", "Live training")
+    TITLES = ("Formats", "Ranges", "Loss scaling", "FP8 scaling", "Block scaling", "Live training")
     INTRO = ("<i>Formats</i>: click bits or type a number and see what fp16, bf16, fp8 or tf32 store. "
              "<i>Ranges</i>: slide the loss scale and watch real gradients leave the underflow band. "
              "<i>Loss scaling</i>: a dynamic loss scaler on a million steps; compare it with other frameworks'. "
+             "<i>FP8 scaling</i>: a scale per tensor, from its own amax or a history of them. "
+             "<i>Block scaling</i>: MX and NVFP4, a scale per block of 16 or 32 values. "
              "<i>Live training</i>: train a small model in several precisions at once and steer its scaler.")
 
+    #: The largest seed (the FP8 and block explorers' streams take 32-bit seeds).
+    MAX_SEED = 2**32 - 1
     #: Seconds after which the other tabs are built even if no view of the app was counted.
     BUILD_AFTER = 10.0
 
     def __init__(self, *, gradients=None, steps=1_000_000, live=True, seed=0, overlay=()):
         # every setting is checked now, not later in the background where its tab is built
         self.steps = _whole("steps", steps, 1, 10**8)
-        self.seed = _whole("seed", seed, 0)
+        self.seed = _whole("seed", seed, 0, self.MAX_SEED)
         if not isinstance(live, bool):
             raise TypeError(f"live must be True (with the Live training tab) or False, got {_shown(live)}")
         self.live = live
@@ -105,10 +112,12 @@ class ExplorerApp:
         self.formats = FormatExplorer("fp16", value=0.1)
         self.ranges: RangeExplorer | None = None
         self.scaling: ScalerLab | None = None
+        self.fp8: Fp8ScalingLab | None = None
+        self.blocks: BlockExplorer | None = None
         self.training: LiveTrainer | None = None
         self.explorers: list = [self.formats]
         self.errors: dict[str, str] = {}
-        titles = self.TITLES if live else self.TITLES[:3]
+        titles = self.TITLES if live else self.TITLES[:-1]
         # a tab's box holds its "Preparing ..." line until its explorer is built, then the explorer
         self._status = {}
         self._boxes = {}
@@ -168,6 +177,9 @@ class ExplorerApp:
             self._build("Loss scaling", "scaling", gradients_error, lambda: ScalerLab(
                 steps=self.steps, scenario="spikes", strength=0.5, gradients=self.gradients, seed=self.seed,
                 overlay=self._overlay))
+            # numpy only: built whatever happened to torch or the gradients
+            self._build("FP8 scaling", "fp8", None, lambda: Fp8ScalingLab(history_len=16, seed=self.seed))
+            self._build("Block scaling", "blocks", None, lambda: BlockExplorer("fp4_e2m1", seed=self.seed))
             if self.live:
                 torch_error = None
                 try:
@@ -194,7 +206,8 @@ class ExplorerApp:
             self._fail(title, exc)
             return
         setattr(self, name, explorer)
-        self.explorers = [e for e in (self.formats, self.ranges, self.scaling, self.training) if e is not None]
+        self.explorers = [e for e in (self.formats, self.ranges, self.scaling, self.fp8, self.blocks, self.training)
+                          if e is not None]
         self._boxes[title].children = (explorer.ui,)
 
     def _fail(self, title: str, exc: BaseException) -> None:

@@ -35,7 +35,8 @@ def _tab(page, name):
 
 
 def test_the_page_shows_the_app_and_no_code(page):
-    assert page.get_by_role("tab").all_inner_texts() == ["Formats", "Ranges", "Loss scaling", "Live training"]
+    assert page.get_by_role("tab").all_inner_texts() == ["Formats", "Ranges", "Loss scaling", "FP8 scaling",
+                                                         "Block scaling", "Live training"]
     assert page.locator(".jp-CodeCell .jp-InputArea, .jp-CodeMirrorEditor, .cm-editor").count() == 0
     text = page.locator("body").inner_text()
     assert "ampviz explorer" in text and "ExplorerApp" not in text and "import" not in text
@@ -95,6 +96,23 @@ def test_scaling_tab_sliders_change_the_scale_curve(page):
         assert lab.locator(".ampviz-message").inner_text().strip() == ""
 
 
+def test_fp8_and_block_tabs_answer_their_sliders(page):
+    """The two tabs show their explorers, and a slider move in each repaints its figure (the
+    figure's data after a move is checked value for value in test_voila_beyond.py)."""
+    for tab, root, slider in (("FP8 scaling", ".ampviz-fp8-lab", "ampviz-fp8-margin"),
+                              ("Block scaling", ".ampviz-block-explorer", "ampviz-blocks-outlier")):
+        _tab(page, tab)
+        explorer = page.locator(root)
+        explorer.locator(".js-plotly-plot").wait_for(timeout=60_000)
+        revision = f"() => document.querySelector('{root} .js-plotly-plot').dataset.revision || null"
+        page.wait_for_function(f"() => ({revision})() !== null", timeout=60_000)
+        before = page.evaluate(revision)
+        press_slider(explorer, slider, 1)
+        page.wait_for_function(f"(prev) => ({revision})() !== prev", arg=before, timeout=30_000)
+        assert explorer.locator(".ampviz-message").inner_text().strip() == ""
+        explorer.screenshot(path=str(OUTPUT / f"voila_{tab.split()[0].lower()}_tab.png"))
+
+
 def test_live_tab_trains_and_draws(page):
     _tab(page, "Live training")
     trainer = page.locator(".ampviz-live-trainer")
@@ -123,7 +141,8 @@ def test_the_app_also_renders_inside_jupyter_server(browser, lab):
     p = browser.new_page(viewport={"width": 1300, "height": 1000})
     p.goto(f"{lab}/voila/render/explorer.ipynb?token={TOKEN}", timeout=VOILA_LOAD_MS)
     p.locator(".ampviz-explorer-app .ampviz-format-explorer .js-plotly-plot").wait_for(timeout=120_000)
-    assert p.get_by_role("tab").all_inner_texts() == ["Formats", "Ranges", "Loss scaling", "Live training"]
+    assert p.get_by_role("tab").all_inner_texts() == ["Formats", "Ranges", "Loss scaling", "FP8 scaling",
+                                                      "Block scaling", "Live training"]
     assert outputs_without_tracebacks(p) == []
     p.close()
 
