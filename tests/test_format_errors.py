@@ -318,3 +318,22 @@ def test_trained_parameter_is_the_live_loops_last_step():
         trained_parameter("transformer", "fc1.weight")
     with pytest.raises(ValueError, match="model must be one of"):
         trained_parameter("resnet")
+
+
+def test_trained_parameter_default_is_the_mlp_layer_on_any_thread_count():
+    """The default layer (lesson 13's) is the MLP's fc4 after 100 steps, the same bits on 1 and 2 threads."""
+    from ampviz.live import TrainConfig, train_steps
+    from ampviz.training import trained_parameter
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = trained_parameter(steps=100)
+        torch.set_num_threads(2)
+        two = trained_parameter("mlp", "fc4.weight", steps=100, seed=0)
+    finally:
+        torch.set_num_threads(before)
+    assert one["weight"].shape == one["gradient"].shape == (64, 64)
+    assert all(one[k].tobytes() == two[k].tobytes() for k in one)
+    records = list(train_steps(TrainConfig(model="mlp", steps=3, census_every=2, keep_grads=True)))
+    assert np.array_equal(records[2].grads["fc4.weight"], trained_parameter(steps=3)["gradient"].ravel())

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_NOTEBOOKS = ["02_loss_scaling", "03_autocast", "04_gradscaler_internals", "05_gradscaler_in_a_real_loop",
                    "07_live_training", "08_lightning_manual_backward", "09_lightning_autocast_cache",
-                   "10_lightning_transformer_eval"]
+                   "10_lightning_transformer_eval", "13_mx_and_nvfp4"]
 
 # Imported by every Python process started with this folder on PYTHONPATH (the kernels): torch on
 # the number of threads the variant asks for, whatever the notebook's setup cell sets.
