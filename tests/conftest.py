@@ -5,6 +5,9 @@ it is skipped with ``GPU_SKIP_REASON``. torch is imported only when a collected 
 marker, so test files that do not need torch never load it.
 """
 
+import importlib
+import os
+
 import pytest
 
 GPU_SKIP_REASON = "needs a CUDA device (torch.cuda.is_available() is False)"
@@ -60,3 +63,24 @@ def fused_calls(monkeypatch):
 
         monkeypatch.setattr(torch, name, counted)
     return counts
+
+
+def _torchao_modules(*names):
+    """The torchao modules ``names`` (dotted), imported; the test is skipped without torchao, and
+    fails under CI=true, where every reference must run."""
+    os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # its CUDA kernels: not needed
+    try:
+        return [importlib.import_module(name) for name in names]
+    except ImportError as exc:
+        why = f"torchao is not installed or does not import ({exc}); pip install torchao==0.18.0"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"torchao tests cannot run under CI: {why}")
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def torchao_modules():
+    """``torchao_modules("torchao.float8.config", ...)``: torchao's modules by name, the reference
+    that ampviz.blocks, ampviz.fp8 and the fp6/fp4 formats are tested against (see
+    ``_torchao_modules``)."""
+    return _torchao_modules

@@ -5,7 +5,6 @@ with each place where torchao departs from the rule shown, and a wrong variant o
 The torchao tests skip without torchao, except under CI=true, where they fail."""
 
 import math
-import os
 from fractions import Fraction
 
 import numpy as np
@@ -28,16 +27,11 @@ F32 = np.float32
 
 # ---------------------------------------------------------------- references
 @pytest.fixture(scope="module")
-def ao():
+def ao(torchao_modules):
     """torchao's MX and NVFP4 functions; skipped without torchao, a failure under CI=true."""
-    os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # its CUDA kernels: not needed
-    try:
-        from torchao.prototype.mx_formats import config, kernels, mx_tensor, nvfp4_tensor
-    except ImportError as exc:
-        why = f"torchao is not installed or does not import ({exc}); pip install torchao==0.18.0"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"torchao tests cannot run under CI: {why}")
-        pytest.skip(why)
+    config, kernels, mx_tensor, nvfp4_tensor = torchao_modules(
+        "torchao.prototype.mx_formats.config", "torchao.prototype.mx_formats.kernels",
+        "torchao.prototype.mx_formats.mx_tensor", "torchao.prototype.mx_formats.nvfp4_tensor")
     dtypes = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2, "fp6_e3m2": "fp6_e3m2",
               "fp6_e2m3": "fp6_e2m3", "fp4_e2m1": torch.float4_e2m1fn_x2}
 

@@ -7,7 +7,6 @@ error taken before dequantizing, saturation counted by the clamp alone) are show
 
 The torchao tests skip without torchao, except under CI=true, where they fail."""
 
-import os
 
 import numpy as np
 import pytest
@@ -29,18 +28,12 @@ CASTS = {"bf16": (torch.bfloat16, 2.0**128 * (1 - 2.0**-9)), "fp16": (torch.floa
 
 
 @pytest.fixture(scope="module")
-def ao():
+def ao(torchao_modules):
     """torchao's MX, NVFP4 and float8 quantizers; skipped without torchao, a failure under CI=true."""
-    os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # its CUDA kernels: not needed
-    try:
-        from torchao.float8 import config as f8config
-        from torchao.float8 import float8_scaling_utils, float8_training_tensor
-        from torchao.prototype.mx_formats import config, kernels, mx_tensor, nvfp4_tensor
-    except ImportError as exc:
-        why = f"torchao is not installed or does not import ({exc}); pip install torchao==0.18.0"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"torchao tests cannot run under CI: {why}")
-        pytest.skip(why)
+    f8config, float8_scaling_utils, float8_training_tensor, config, kernels, mx_tensor, nvfp4_tensor = torchao_modules(
+        "torchao.float8.config", "torchao.float8.float8_scaling_utils", "torchao.float8.float8_training_tensor",
+        "torchao.prototype.mx_formats.config", "torchao.prototype.mx_formats.kernels",
+        "torchao.prototype.mx_formats.mx_tensor", "torchao.prototype.mx_formats.nvfp4_tensor")
 
     def reference(x: np.ndarray, scheme: str, rounding: str = "floor"):
         """(dequantized values, bits stored per element, the magnitude past which each element is

@@ -2,7 +2,6 @@
 every bit pattern, every rounding boundary, each library's overflow/NaN convention, and a plausible
 wrong variant of each caught."""
 
-import os
 
 import ml_dtypes
 import numpy as np
@@ -80,17 +79,11 @@ def seeded_float32(n: int, seed: int) -> np.ndarray:
     return np.concatenate([raw, window])
 
 
-def torchao_or_skip():
-    """torchao's fp6/fp4 cast; skipped without torchao, except under CI=true (a failure)."""
-    os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
-    try:
-        from torchao.prototype.custom_fp_utils import _f32_to_floatx_unpacked
-    except ImportError as exc:
-        why = f"torchao is not installed or does not import ({exc}); pip install torchao==0.18.0"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"torchao tests cannot run under CI: {why}")
-        pytest.skip(why)
-    return _f32_to_floatx_unpacked
+@pytest.fixture(scope="module")
+def torchao_cast(torchao_modules):
+    """torchao's fp6/fp4 cast; skipped without torchao, a failure under CI=true."""
+    (custom_fp_utils,) = torchao_modules("torchao.prototype.custom_fp_utils")
+    return custom_fp_utils._f32_to_floatx_unpacked
 
 
 # ---------------------------------------------------------------- registry and constants
@@ -237,10 +230,10 @@ def test_finite_formats_saturate_and_their_nan_is_a_convention():
 
 
 @pytest.mark.parametrize("fmt", [FP6_E3M2, FP6_E2M3, FP4_E2M1], ids=lambda f: f.name)
-def test_torchao_nan_convention_is_its_bit_arithmetic(fmt):
+def test_torchao_nan_convention_is_its_bit_arithmetic(fmt, torchao_cast):
     """nan="torchao" reproduces torchao's f32_to_f*_unpacked on every NaN payload (and on numbers,
     where it agrees with ml_dtypes)."""
-    cast = torchao_or_skip()
+    cast = torchao_cast
     rng = np.random.default_rng(5)
     payload = rng.integers(1, 1 << 23, 20_000, dtype=np.uint32)
     nans = ((np.uint32(0xFF) << 23) | payload | (rng.integers(0, 2, 20_000, dtype=np.uint32) << 31)).view(np.float32)

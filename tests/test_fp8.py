@@ -7,7 +7,6 @@ wrong variant of its rule.
 The torchao tests skip without torchao, except under CI=true, where they fail."""
 
 import math
-import os
 import time
 import zlib
 from fractions import Fraction
@@ -247,17 +246,10 @@ def test_recipe_formats():
 
 # ---------------------------------------------------------------- torchao
 @pytest.fixture(scope="module")
-def ao():
+def ao(torchao_modules):
     """torchao's float8 utilities; skipped without torchao, a failure under CI=true."""
-    os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # its CUDA kernels: not needed
-    try:
-        from torchao.float8 import config, float8_scaling_utils, float8_training_tensor, float8_utils
-    except ImportError as exc:
-        why = f"torchao is not installed or does not import ({exc}); pip install torchao==0.18.0"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"torchao tests cannot run under CI: {why}")
-        pytest.skip(why)
-    return config, float8_scaling_utils, float8_training_tensor, float8_utils
+    return torchao_modules("torchao.float8.config", "torchao.float8.float8_scaling_utils",
+                           "torchao.float8.float8_training_tensor", "torchao.float8.float8_utils")
 
 
 def scale_edges() -> np.ndarray:
