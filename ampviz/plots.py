@@ -403,6 +403,9 @@ def plot_format_ranges(formats=None) -> go.Figure:
 #: draw: about a fifth of a slider move's drawing time in the browser). The explorers' figures
 #: leave room for their labels, so none is cut.
 _LABELS_AS_THEY_ARE = {"ticklabeloverflow": "allow"}
+#: An axis of numbers, said so: left unsaid, plotly reads up to 1,000 values of every trace on it
+#: at every draw to guess whether they are dates or categories (several ms a slider move).
+_LINEAR = {"type": "linear"}
 
 
 def census_x_range(fmt, log2_lo=None, log2_hi=None) -> tuple[int, int]:
@@ -620,11 +623,11 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None) -> go.Fig
             "shares": shares,
         },
         "xaxis": {"range": [lo_x, hi_x], "title": {"text": "|value × scale| on a log2 axis"}, "tickprefix": "2^",
-                  "zeroline": False, **_LABELS_AS_THEY_ARE},
+                  "zeroline": False, **_LABELS_AS_THEY_ARE, **_LINEAR},
         # counts as a learner writes them (2,000, not 2k), whole numbers only, and headroom above the
         # tallest bar for the labels at the top (the bars never hide behind them)
         "yaxis": {"title": {"text": "values per binade"}, "range": [0, _HEADROOM * max(tallest, 1)], "tickformat": ",",
-                  **({"dtick": 1} if tallest <= 5 else {}), **_LABELS_AS_THEY_ARE},
+                  **({"dtick": 1} if tallest <= 5 else {}), **_LABELS_AS_THEY_ARE, **_LINEAR},
     }
     return _figure([bars, few], layout)
 
@@ -739,11 +742,11 @@ def plot_value(fmt, value, typed=None) -> go.Figure:
         "uniformtext": {"minsize": 9, "mode": "hide"},
         "title": {"text": f"{f.name}: {format_pow2(stored, digits=6)}", "x": 0.01, "font": {"size": 13}},
         "xaxis": {"range": list(x_range), "tickprefix": "2^", "zeroline": False, "domain": [0, 1],
-                  **_LABELS_AS_THEY_ARE},
+                  **_LABELS_AS_THEY_ARE, **_LINEAR},
         "yaxis": {"domain": [0.6, 1.0], "range": [-0.3, 0.65], "tickvals": [0], "ticktext": [f.name],
-                  "showgrid": False, "zeroline": False, "fixedrange": True, **_LABELS_AS_THEY_ARE},
-        "xaxis2": {"anchor": "y2", "domain": [0, 1], "zeroline": False, **_LABELS_AS_THEY_ARE},
-        "yaxis2": {"domain": [0.0, 0.4], "visible": False, "range": [-1, 1.2]},
+                  "showgrid": False, "zeroline": False, "fixedrange": True, **_LABELS_AS_THEY_ARE, **_LINEAR},
+        "xaxis2": {"anchor": "y2", "domain": [0, 1], "zeroline": False, **_LABELS_AS_THEY_ARE, **_LINEAR},
+        "yaxis2": {"domain": [0.0, 0.4], "visible": False, "range": [-1, 1.2], **_LINEAR},
         "meta": {"fmt": f.name, "stored": stored if math.isfinite(stored) else None},
     }
     if zoom:
@@ -944,16 +947,16 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60) ->
         "margin": {"l": 70, "r": 20, "t": top, "b": bottom},
         "legend": {"orientation": "h", "x": 0.01, "y": -0.15 if rows == 1 else -0.12, "yanchor": "top"},
         # the step axis under the lowest panel (its ticks and title never run into the panel below)
-        "xaxis": {**_WHITE_AXIS, "title": {"text": "step"}, "range": [0, max(n - 1, 1)], "tickformat": "~s",
+        "xaxis": {**_WHITE_AXIS, **_LINEAR, "title": {"text": "step"}, "range": [0, max(n - 1, 1)], "tickformat": "~s",
                   "anchor": "y2" if rows == 2 else "y"},
-        "yaxis": {**_WHITE_AXIS, "title": {"text": "loss scale (log2 axis)"}, "domain": scale_domain,
+        "yaxis": {**_WHITE_AXIS, **_LINEAR, "title": {"text": "loss scale (log2 axis)"}, "domain": scale_domain,
                   **_log2_ticks(np.concatenate(ys))},
-        "yaxis3": {"domain": lane_domain, "range": [len(traces) - 0.5, -0.5], "visible": False,
+        "yaxis3": {**_LINEAR, "domain": lane_domain, "range": [len(traces) - 0.5, -0.5], "visible": False,
                    "fixedrange": True, "anchor": "x"},
         "shapes": shapes, "annotations": notes,
     }
     if rows == 2:
-        layout["yaxis2"] = {**_WHITE_AXIS, "title": {"text": "% of gradients lost"}, "domain": [0, 0.24],
+        layout["yaxis2"] = {**_WHITE_AXIS, **_LINEAR, "title": {"text": "% of gradients lost"}, "domain": [0, 0.24],
                             "rangemode": "tozero", "anchor": "x"}
     return _figure(data, layout)
 
@@ -1694,10 +1697,12 @@ def plot_blocks(x, result, *, title=None) -> go.Figure:
         "height": 560,
         "margin": {"l": 80, "r": 20, "t": 110, "b": 60},
         "legend": {"orientation": "h", "x": 0.01, "y": -0.1, "yanchor": "top"},
-        "xaxis": {**_WHITE_AXIS, "domain": [0, 1], "anchor": "y", "range": [-0.5, n - 0.5], "showticklabels": False},
-        "yaxis": {**_WHITE_AXIS, "domain": [0.4, 1], "title": {"text": "value"}},
-        "xaxis2": {**_WHITE_AXIS, "domain": [0, 1], "anchor": "y2", "matches": "x", "title": {"text": "element"}},
-        "yaxis2": {**_WHITE_AXIS, "domain": [0, 0.3], "anchor": "x2", "range": [0, err_top],
+        "xaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y", "range": [-0.5, n - 0.5],
+                  "showticklabels": False},
+        "yaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0.4, 1], "title": {"text": "value"}},
+        "xaxis2": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y2", "matches": "x",
+                   "title": {"text": "element"}},
+        "yaxis2": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 0.3], "anchor": "x2", "range": [0, err_top],
                    "title": {"text": "relative error"}, "tickformat": ".0%"},
         "shapes": shapes, "annotations": notes,
         "meta": {"scheme": "nvfp4" if nvfp4 else "mx", "fmt": fmt.name, "block_size": int(bs),
@@ -1826,13 +1831,14 @@ def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
         "height": 640,
         "margin": {"l": 80, "r": 20, "t": 60, "b": 60},
         "legend": {"orientation": "h", "x": 0.01, "y": -0.08, "yanchor": "top"},
-        "xaxis": {**_WHITE_AXIS, "domain": [0, 1], "anchor": "y", "showticklabels": False},
-        "yaxis": {**_WHITE_AXIS, "domain": [0.55, 1], "range": top_range, "title": {"text": "log2 |x|"},
+        "xaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y", "showticklabels": False},
+        "yaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0.55, 1], "range": top_range, "title": {"text": "log2 |x|"},
                   **_log2_ticks(top_range)},
-        "xaxis2": {**_WHITE_AXIS, "domain": [0, 1], "anchor": "y2", "matches": "x", "showticklabels": False},
-        "yaxis2": {**_WHITE_AXIS, "domain": [0.33, 0.5], "anchor": "x2", "title": {"text": "scale"},
+        "xaxis2": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y2", "matches": "x", "showticklabels": False},
+        "yaxis2": {**_WHITE_AXIS, **_LINEAR, "domain": [0.33, 0.5], "anchor": "x2", "title": {"text": "scale"},
                    **_log2_ticks(_finite_log2(scale))},
-        "xaxis3": {**_WHITE_AXIS, "domain": [0, 1], "anchor": "y3", "matches": "x", "title": {"text": "step"}},
+        "xaxis3": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y3", "matches": "x",
+                   "title": {"text": "step"}},
         "yaxis3": {**_WHITE_AXIS, "domain": [0, 0.28], "anchor": "x3", "type": "log", "title": {"text": "% of values"},
                    "range": [math.log10(50.0 / max(size, 1)), 2.05]},
         "meta": {"recipe": trace.recipe, "settings": dict(trace.settings), "fmt": f.name, "steps": n, "size": size,

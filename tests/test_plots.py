@@ -1,6 +1,7 @@
 """Figure builders: band edges, bars and printed shares come from the core's own numbers."""
 
 import math
+import re
 import subprocess
 import sys
 
@@ -781,3 +782,27 @@ def test_plot_value_marks_every_pattern_of_a_new_format_at_its_value(name):
             continue
         assert fig.layout.meta["stored"] == v and zoom[0].x[0] == v
         assert top[0].x[0] == (lo + 1.0 if v == 0 else math.log2(abs(v)))
+
+
+def test_the_explorers_figures_say_their_axis_types_and_draw_labels_as_they_are():
+    """Every axis of the figures the explorers redraw on each move has its type written out (plotly
+    otherwise guesses it from the data at every draw), every linear axis carries numbers only (a
+    category or date axis named linear would draw nothing), and tick labels are drawn without
+    being measured to hide those past the axis."""
+    from ampviz.widgets import BlockExplorer, FormatExplorer, Fp8ScalingLab, RangeExplorer, ScalerLab
+
+    figures = {"FormatExplorer": FormatExplorer("fp16", 0.1).figure,
+               "RangeExplorer": RangeExplorer(np.float32([1e-8, 1e-3, 1.0])).figure,
+               "ScalerLab": ScalerLab(steps=2000).figure, "BlockExplorer": BlockExplorer().figure,
+               "Fp8ScalingLab": Fp8ScalingLab().figure}
+    for name, fig in figures.items():
+        layout = fig.layout.to_plotly_json()
+        axes = {k: v for k, v in layout.items() if re.fullmatch(r"[xy]axis\d*", k)}
+        assert axes and all(a.get("type") in ("linear", "log") for a in axes.values()), (name, axes)
+        assert all(a.get("ticklabeloverflow") == "allow" for a in axes.values() if a.get("visible", True)), name
+        for t in fig.data:
+            for letter in "xy":
+                ref = getattr(t, f"{letter}axis") or letter
+                values = getattr(t, letter)
+                if values is not None and axes[f"{letter}axis{ref[1:]}"]["type"] == "linear":
+                    assert np.asarray(values).dtype.kind in "iuf", (name, t.meta, letter)
