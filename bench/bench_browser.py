@@ -11,10 +11,11 @@ interleaved with the floor's so that a busy machine slows both alike:
 - ``FormatExplorer``: a mantissa bit's button pressed with the keyboard (focus, then Enter: the
   same click event as the mouse's; Playwright's ``click`` first waits for the button to stand still
   over two animation frames, which would add ~30 ms that no learner's click has);
-- ``BlockExplorer`` (MXFP4): the outlier's log2 slider, from 0 up (24 positions);
+- ``BlockExplorer`` (MXFP4): the outlier's log2 slider, from 0 up (24 new positions; in the explorer
+  app, which starts at 2^8, 16: at most 15 moves);
 - ``Fp8ScalingLab`` (delayed scaling, 2,000 tensors of 4,096 values): the spike size's slider, from
-  2^0 up (16 positions: at most 15 moves after the warm-up one), and a new stream seed typed into
-  its box and Enter (every seed a new stream, drawn from scratch).
+  2^0 up (16 new positions: at most 15 moves after the warm-up one; in the explorer app, whose lab
+  starts at 2^8, at most 7).
 
 A move counts as repainted when the explorer's figure in the page has drawn the new state
 (``FigureView`` marks each drawn revision; the floor's trace holds its new point). Measured in
@@ -75,9 +76,11 @@ EXPLORERS = {
     "FormatExplorer (a bit pressed)": (".ampviz-format-explorer", ("key", ".ampviz-bit-0")),
     "BlockExplorer, MXFP4 (outlier slider)": (".ampviz-block-explorer", ("slider", "ampviz-blocks-outlier")),
     "Fp8ScalingLab, 2,000 tensors of 4,096 values (spike slider)": (".ampviz-fp8-lab",
-                                                                    ("slider", "ampviz-fp8-spike", 15)),
-    "Fp8ScalingLab (a new stream seed typed)": (".ampviz-fp8-lab", ("type", ".ampviz-fp8-seed input")),
-    "BlockExplorer (a new seed typed)": (".ampviz-block-explorer", ("type", ".ampviz-blocks-seed input")),
+                                                                    ("slider", "ampviz-fp8-spike", 16)),
+    # the app's two labs start mid-way along these sliders: fewer new positions
+    "Fp8ScalingLab in the app (spike slider from 2^8)": (".ampviz-fp8-lab", ("slider", "ampviz-fp8-spike", 8)),
+    "BlockExplorer in the app (outlier slider from 2^8)": (".ampviz-block-explorer",
+                                                           ("slider", "ampviz-blocks-outlier", 16)),
 }
 
 
@@ -87,14 +90,11 @@ class Mover:
     def __init__(self, page, name, root, action):
         self.page, self.name, self.root = page, name, root
         kind, target = action[:2]
-        self.limit = action[2] if len(action) > 2 else None  # new positions the control has
+        self.limit = action[2] if len(action) > 2 else None  # new positions the slider has
         scope = page.locator(root).first if root else page
         if kind == "slider":
             self.handle = scope.locator(f".{target} .noUi-handle").first
             self.press = lambda: (self.handle.focus(), self.handle.press("ArrowRight"))
-        elif kind == "type":  # a new number each time, then Enter (a text box takes its value on Enter)
-            box, typed = scope.locator(target).first, iter(range(1, 1_000_000))
-            self.press = lambda: (box.fill(str(next(typed))), box.press("Enter"))
         else:
             button = scope.locator(target).first
             self.press = lambda: (button.focus(), button.press("Enter"))
@@ -127,7 +127,7 @@ def run_page(page, explorers: dict, moves: int) -> tuple[list, list]:
         m.times.clear()
     for k in range(moves):  # interleaved: a busy moment slows every control alike
         for m in [floor, *others]:
-            if m.limit is None or k < m.limit - 1:
+            if m.limit is None or k < m.limit - 1:  # the warm-up move took the first
                 m.move()
     return floor.times, others
 
@@ -237,10 +237,8 @@ def main():
                 tabs = {"Formats": "FormatExplorer (a bit pressed)",
                         "Ranges": "RangeExplorer, 84,608 gradients (scale slider)",
                         "Loss scaling": "ScalerLab, 1,000,000 steps (backoff slider)",
-                        # these two tabs' sliders start mid-way: a new seed typed gives a new
-                        # position every move
-                        "FP8 scaling": "Fp8ScalingLab (a new stream seed typed)",
-                        "Block scaling": "BlockExplorer (a new seed typed)"}
+                        "FP8 scaling": "Fp8ScalingLab in the app (spike slider from 2^8)",
+                        "Block scaling": "BlockExplorer in the app (outlier slider from 2^8)"}
                 for tab, name in tabs.items():  # each tab against the floor measured beside it
                     page.get_by_role("tab", name=tab).click()
                     all_ratios += report(f"the explorer app (Voila), {tab} tab",
