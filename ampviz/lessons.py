@@ -704,11 +704,12 @@ def relative_error(x, q) -> float:
     computed in float64): the error of a quantization as a share of the tensor's size."""
     from ampviz.formats import _real_array
 
-    x64 = _real_array(x, "x").astype(np.float32).astype(np.float64)
-    q64 = _real_array(q, "q").astype(np.float32).astype(np.float64)
-    if x64.shape != q64.shape:
-        raise ValueError(f"x and q must have one shape (q: x dequantized), got {x64.shape} and {q64.shape}")
+    x, q = _real_array(x, "x"), _real_array(q, "q")
+    if x.shape != q.shape:
+        raise ValueError(f"x and q must have one shape (q: x dequantized), got {x.shape} and {q.shape}")
+    # a number past float32's range reads as inf (and the error as inf or NaN), as a cast gives it
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        x64, q64 = x.astype(np.float32).astype(np.float64), q.astype(np.float32).astype(np.float64)
         return math.sqrt(np.sum((q64 - x64) ** 2) / np.sum(x64 ** 2))
 
 

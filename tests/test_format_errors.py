@@ -8,6 +8,8 @@ error taken before dequantizing, saturation counted by the clamp alone) are show
 The torchao tests skip without torchao, except under CI=true, where they fail."""
 
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -330,3 +332,16 @@ def test_trained_parameter_default_is_the_mlp_layer_on_any_thread_count():
     assert all(one[k].tobytes() == two[k].tobytes() for k in one)
     records = list(train_steps(TrainConfig(model="mlp", steps=3, census_every=2, keep_grads=True)))
     assert np.array_equal(records[2].grads["fc4.weight"], trained_parameter(steps=3)["gradient"].ravel())
+
+
+def test_relative_error_reads_numbers_past_float32_as_inf_without_a_warning():
+    """3.4028235677973366e38 is past float32's largest value: read as inf, as a cast gives it, with no
+    overflow warning escaping (the suite turns warnings into errors); the error is then NaN or inf."""
+    from ampviz.lessons import relative_error
+
+    past = 3.4028235677973366e38
+    assert float(np.finfo(np.float32).max) < past
+    assert math.isnan(relative_error(past, past))  # inf - inf
+    assert math.isnan(relative_error([past, 1.0], [1.0, 1.0]))  # inf / inf
+    assert relative_error([1.0, 1.0], [past, 1.0]) == math.inf  # inf / 2
+    assert relative_error([3.0, 4.0], [3.0, 4.0]) == 0.0 and relative_error([3.0, 4.0], [0.0, 0.0]) == 1.0
