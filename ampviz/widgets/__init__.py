@@ -26,5 +26,5 @@ from ampviz.widgets.range_explorer import RangeExplorer
 from ampviz.widgets.ranks_lab import RanksLab
 from ampviz.widgets.scaler_lab import ScalerLab
 
-__all__ = ["BlockExplorer", "ExplorerApp", "FormatExplorer", "Fp8ScalingLab", "LiveTrainer", "RangeExplorer", "RanksLab",
-           "ScalerLab", "parse_number", "running_trainers"]
+__all__ = ["BlockExplorer", "ExplorerApp", "FormatExplorer", "Fp8ScalingLab", "LiveTrainer", "RangeExplorer",
+           "RanksLab", "ScalerLab", "parse_number", "running_trainers"]

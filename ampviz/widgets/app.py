@@ -56,10 +56,10 @@ class ExplorerApp:
     ``gradients``; ``overlay`` names other frameworks' scalers to draw from the start, none by
     default, since each one adds tens of milliseconds to every slider move at a million steps),
     ``fp8`` (an ``Fp8ScalingLab``: delayed scaling over 16 steps), ``blocks`` (a ``BlockExplorer``:
-    MXFP4 with an outlier) and ``training`` (a ``LiveTrainer``; ``live=False`` leaves it out). ``gradients`` default to the
-    weight gradients of the course's seeded model (``ampviz.beam.gradients(seed)``, as in notebook
-    02). With either of those, the app sets torch to one intra-op thread, as the notebooks' setup
-    cells do.
+    MXFP4 with an outlier) and ``training`` (a ``LiveTrainer``; ``live=False`` leaves it out).
+    ``gradients`` default to the weight gradients of the course's seeded model
+    (``ampviz.beam.gradients(seed)``, as in notebook 02). With either of those, the app sets torch
+    to one intra-op thread, as the notebooks' setup cells do.
 
     The page comes up at once: the Formats tab (no torch) is built before the constructor returns,
     and the other tabs after it, in a background thread, in tab order (torch's import, the
@@ -69,8 +69,8 @@ class ExplorerApp:
     ``BUILD_AFTER`` seconds after the constructor (for a front end that does not count views).
     Until its explorer is ready a tab shows a "Preparing ..." line; a tab selected early shows its
     explorer as soon as it is built. A tab whose explorer cannot be built shows why in one line,
-    and ``errors`` maps its title to that line. Until then ``ranges``, ``scaling``, ``fp8``, ``blocks``, ``training``
-    (and ``gradients``, when computed here) are None; ``wait_ready()`` waits until every tab is
+    and ``errors`` maps its title to that line. Until then ``ranges``, ``scaling``, ``fp8``,
+    ``blocks``, ``training`` (and ``gradients``, when computed here) are None; ``wait_ready()`` waits until every tab is
     built. ``explorers`` lists the explorers built so far, in tab order; ``tabs`` is the
     ``ipywidgets.Tab``, ``ui`` the whole app.
     """
