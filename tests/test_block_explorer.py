@@ -17,6 +17,7 @@ from ampviz.blocks import MX_ROUNDING, mx_quantize, nvfp4_quantize, random_hadam
 from ampviz.formats import FP4_E2M1, FP8_E4M3, get_format
 from ampviz.plots import plot_blocks
 from ampviz.widgets.block_explorer import BlockExplorer
+from widget_checks import one_line, refused, text  # tests/, on the path as pytest runs
 
 MX = ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1"]
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -27,23 +28,7 @@ ANYTHING = st.one_of(
 )
 
 
-def one_line(message) -> bool:
-    return isinstance(message, str) and message.strip() != "" and "\n" not in message \
-        and "internal error" not in message and "Traceback" not in message
 
-
-def refused(call):
-    """None when ``call()`` succeeds, else its one-line ValueError/TypeError message (anything else fails)."""
-    try:
-        call()
-    except (ValueError, TypeError) as e:
-        assert one_line(str(e)), repr(str(e))
-        return str(e)
-    return None
-
-
-def text(widget) -> str:
-    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", widget.value)).strip())
 
 
 # ----- the model, computed here without the explorer -----

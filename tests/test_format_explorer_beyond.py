@@ -6,7 +6,6 @@ what ``ampviz.formats`` decodes. The layout is checked against one written out h
 explorer that draws E8M0 with a sign bit (or fp4 with fp8's fields) fails.
 """
 
-import html
 import math
 import re
 
@@ -16,6 +15,7 @@ import ampviz.widgets.format_explorer as fe
 from ampviz import scaling
 from ampviz.formats import ALL_FORMATS, FORMATS, get_format
 from ampviz.widgets import FormatExplorer
+from widget_checks import text  # tests/, on the path as pytest runs
 
 NEW = [name for name in ALL_FORMATS if name not in FORMATS]
 
@@ -29,9 +29,6 @@ LAYOUTS = {
     "e8m0": (False, 8, 0),
 }
 
-
-def text(widget) -> str:
-    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", widget.value)).split())
 
 
 def css(widget):

@@ -2,9 +2,7 @@
 ``ampviz.fp8.simulate_fp8_scaling`` exactly for every control; moves from the browser are
 coalesced; every bad input is a one-line message."""
 
-import html
 import json
-import re
 import time
 
 import numpy as np
@@ -16,6 +14,7 @@ from ampviz.figureview import FigureView
 from ampviz.fp8 import simulate_fp8_scaling, tensor_stream
 from ampviz.plots import plot_fp8_scaling
 from ampviz.widgets.fp8_lab import HISTORY_LENGTHS, Fp8ScalingLab, lab_stream
+from widget_checks import one_line, text  # tests/, on the path as pytest runs
 
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ANYTHING = st.one_of(
@@ -24,13 +23,6 @@ ANYTHING = st.one_of(
 )
 
 
-def one_line(message) -> bool:
-    return isinstance(message, str) and message.strip() != "" and "\n" not in message \
-        and "internal error" not in message and "Traceback" not in message
-
-
-def text(widget) -> str:
-    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", widget.value)).strip())
 
 
 def expected(recipe="delayed", history_len=1024, algo="max", margin=0, fmt="fp8_e4m3", spike_log2=8,

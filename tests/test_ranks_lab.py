@@ -18,6 +18,7 @@ from ampviz.ranks import MODES, RanksTrace, same_trace, simulate_ranks
 from ampviz.scaling import TorchGradScaler
 from ampviz.widgets import RanksLab
 from ampviz.widgets.ranks_lab import parse_overflow_steps
+from widget_checks import one_line, refused, text  # tests/, on the path as pytest runs
 
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                       HealthCheck.too_slow])
@@ -28,24 +29,7 @@ ANYTHING = st.one_of(
 )
 
 
-def one_line(message) -> bool:
-    return isinstance(message, str) and message.strip() != "" and "\n" not in message \
-        and "internal error" not in message and "Traceback" not in message
 
-
-def refused(call):
-    """None when ``call()`` succeeds, else its one-line ValueError/TypeError message (anything else fails)."""
-    try:
-        call()
-    except (ValueError, TypeError) as e:
-        assert one_line(str(e)), repr(str(e))
-        return str(e)
-    return None
-
-
-def text(widget) -> str:
-    s = re.sub(r"<[^>]+>", " ", widget.value)
-    return re.sub(r"\s+", " ", s.replace("&nbsp;", " ").replace("&#x27;", "'")).strip()
 
 
 def flags(ranks, rank, steps, at) -> np.ndarray:

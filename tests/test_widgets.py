@@ -11,17 +11,13 @@ from ampviz.census import census, profile
 from ampviz.formats import CATEGORIES, FORMATS, get_format
 from ampviz.plots import BAND_CATEGORIES, format_share
 from ampviz.widgets import FormatExplorer, RangeExplorer, parse_number
+from widget_checks import text  # tests/, on the path as pytest runs
 
 GRADS = (np.random.default_rng(0).lognormal(-16.0, 3.0, 2000) * np.where(np.arange(2000) % 2, 1, -1)).astype(
     np.float32
 )
 GRADS[:5] = 0.0
 
-
-def text(widget) -> str:
-    """The visible text of an HTML widget (tags and entities removed)."""
-    s = re.sub(r"<[^>]+>", " ", widget.value)
-    return re.sub(r"\s+", " ", s.replace("&nbsp;", " ").replace("&#x27;", "'")).strip()
 
 
 def zoom_points(fig):

@@ -14,6 +14,7 @@ from ampviz import scaling, synth
 from ampviz.census import census, profile
 from ampviz.formats import FORMATS, get_format
 from ampviz.widgets import FormatExplorer, LiveTrainer, RangeExplorer, ScalerLab, parse_number, running_trainers
+from widget_checks import one_line, refused  # tests/, on the path as pytest runs
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                        HealthCheck.too_slow])
@@ -32,19 +33,6 @@ NUMBERISH = st.one_of(
 )
 
 
-def one_line(message) -> bool:
-    return isinstance(message, str) and message.strip() != "" and "\n" not in message \
-        and "internal error" not in message and "Traceback" not in message
-
-
-def refused(call) -> str | None:
-    """None when ``call()`` succeeds, else its one-line ValueError/TypeError message (anything else fails)."""
-    try:
-        call()
-    except (ValueError, TypeError) as e:
-        assert one_line(str(e)), repr(str(e))
-        return str(e)
-    return None
 
 
 # ----- FormatExplorer -----
