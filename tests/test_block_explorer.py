@@ -6,7 +6,6 @@ message."""
 import html
 import json
 import re
-import time
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from ampviz.blocks import MX_ROUNDING, mx_quantize, nvfp4_quantize, random_hadam
 from ampviz.formats import FP4_E2M1, FP8_E4M3, get_format
 from ampviz.plots import plot_blocks
 from ampviz.widgets.block_explorer import BlockExplorer
-from widget_checks import one_line, refused, text  # tests/, on the path as pytest runs
+from widget_checks import move_quickly, one_line, refused, text  # tests/, on the path as pytest runs
 
 MX = ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1"]
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -314,20 +313,8 @@ def test_the_figure_is_updated_in_place_and_classes_are_stable():
 
 def test_browser_moves_are_coalesced_and_the_last_position_wins(monkeypatch):
     ex = BlockExplorer("fp4_e2m1")
-    calls = []
-    original = type(ex).update
-
-    def slow_update(self):
-        calls.append(self.outlier_slider.value)
-        time.sleep(0.05)
-        original(self)
-
-    monkeypatch.setattr(ex, "update", slow_update.__get__(ex))
     values = list(range(9, 19))
-    for v in values:
-        ex.outlier_slider.set_state({"value": v})
-    assert ex.settle(30)
-    assert 1 <= len(calls) <= 3 and calls[-1] == values[-1]
+    move_quickly(ex, "outlier_slider", values, monkeypatch)
     fresh = BlockExplorer("fp4_e2m1", log2_outlier=values[-1])
     assert _sent(ex.view) == _sent(fresh.view) and ex.readout.value == fresh.readout.value
     assert _sent(ex.view) != _sent(BlockExplorer("fp4_e2m1", log2_outlier=values[-2]).view)

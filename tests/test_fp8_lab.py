@@ -3,7 +3,6 @@
 coalesced; every bad input is a one-line message."""
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from ampviz.figureview import FigureView
 from ampviz.fp8 import simulate_fp8_scaling, tensor_stream
 from ampviz.plots import plot_fp8_scaling
 from ampviz.widgets.fp8_lab import HISTORY_LENGTHS, Fp8ScalingLab, lab_stream
-from widget_checks import one_line, text  # tests/, on the path as pytest runs
+from widget_checks import move_quickly, one_line, text  # tests/, on the path as pytest runs
 
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ANYTHING = st.one_of(
@@ -220,20 +219,8 @@ def test_the_figure_is_updated_in_place_and_classes_are_stable():
 
 def test_browser_moves_are_coalesced_and_the_last_position_wins(monkeypatch):
     lab = Fp8ScalingLab()
-    calls = []
-    original = type(lab).update
-
-    def slow_update(self):
-        calls.append(self.spike_slider.value)
-        time.sleep(0.05)
-        original(self)
-
-    monkeypatch.setattr(lab, "update", slow_update.__get__(lab))
     values = list(range(1, 12))
-    for v in values:
-        lab.spike_slider.set_state({"value": v})
-    assert lab.settle(30)
-    assert 1 <= len(calls) <= 3 and calls[-1] == values[-1]
+    move_quickly(lab, "spike_slider", values, monkeypatch)
     fresh = Fp8ScalingLab(spike_log2=values[-1])
     assert _sent(lab.view) == _sent(fresh.view) and lab.readout.value == fresh.readout.value
     assert_lab_follows(lab, spike_log2=values[-1])

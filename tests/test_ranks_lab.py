@@ -6,7 +6,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from ampviz.ranks import MODES, RanksTrace, same_trace, simulate_ranks
 from ampviz.scaling import TorchGradScaler
 from ampviz.widgets import RanksLab
 from ampviz.widgets.ranks_lab import parse_overflow_steps
-from widget_checks import one_line, refused, text  # tests/, on the path as pytest runs
+from widget_checks import move_quickly, one_line, refused, text  # tests/, on the path as pytest runs
 
 FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                       HealthCheck.too_slow])
@@ -332,19 +331,7 @@ def test_browser_moves_are_coalesced_and_the_last_position_wins(slider, values, 
     computes: the intermediate positions are dropped; the figure, the table and the state end at
     the final position's, equal to a fresh lab's there and not to the one before it."""
     lab = RanksLab(2, mode="local")
-    calls = []
-    original = type(lab).update
-
-    def slow_update(self):
-        calls.append(getattr(self, slider).value)
-        time.sleep(0.05)
-        original(self)
-
-    monkeypatch.setattr(lab, "update", slow_update.__get__(lab))
-    for v in values:
-        getattr(lab, slider).set_state({"value": v})
-    assert lab.settle(30)
-    assert 1 <= len(calls) <= 3 and calls[-1] == values[-1]  # not ten redraws
+    move_quickly(lab, slider, values, monkeypatch)
     kw = {"init_scale": 2.0 ** values[-1]} if slider == "init_slider" else {"ranks": values[-1]}
     before = {"init_scale": 2.0 ** values[-2]} if slider == "init_slider" else {"ranks": values[-2]}
     fresh = RanksLab(**({"ranks": 2} | kw), mode="local")

@@ -11,7 +11,7 @@ from ampviz.census import census, profile
 from ampviz.formats import CATEGORIES, FORMATS, get_format
 from ampviz.plots import BAND_CATEGORIES, format_share
 from ampviz.widgets import FormatExplorer, RangeExplorer, parse_number
-from widget_checks import text  # tests/, on the path as pytest runs
+from widget_checks import move_quickly, text  # tests/, on the path as pytest runs
 
 GRADS = (np.random.default_rng(0).lognormal(-16.0, 3.0, 2000) * np.where(np.arange(2000) % 2, 1, -1)).astype(
     np.float32
@@ -531,25 +531,11 @@ def test_browser_moves_are_coalesced_and_the_last_position_wins(which, monkeypat
     """Ten slider moves from the browser (``set_state``, as the front end sends them) while the
     explorer computes: the intermediate positions are dropped, and the figure and readout end at
     the final position's, equal to a fresh explorer's at that position."""
-    import time
-
     if which == "scaler":
         ex, slider, values = _lab(), "backoff_slider", [round(0.3 + 0.02 * k, 3) for k in range(10)]
     else:
         ex, slider, values = RangeExplorer(GRADS), "scale_slider", list(range(1, 11))
-    calls = []
-    original = type(ex).update
-
-    def slow_update(self):
-        calls.append(getattr(self, slider).value)
-        time.sleep(0.05)
-        original(self)
-
-    monkeypatch.setattr(ex, "update", slow_update.__get__(ex))
-    for v in values:
-        getattr(ex, slider).set_state({"value": v})
-    assert ex.settle(30)
-    assert 1 <= len(calls) <= 3 and calls[-1] == values[-1]  # not ten redraws
+    move_quickly(ex, slider, values, monkeypatch)
     if which == "scaler":
         fresh = _lab(backoff_factor=values[-1])
         assert ex.readout.value == fresh.readout.value

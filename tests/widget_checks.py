@@ -25,3 +25,26 @@ def refused(call) -> str | None:
 def text(widget) -> str:
     """The visible text of an HTML widget: tags removed, entities read, spaces collapsed."""
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", widget.value)).split())
+
+
+def move_quickly(explorer, slider: str, values, monkeypatch) -> list:
+    """Moves ``explorer``'s control ``slider`` (an attribute name) through ``values`` as the browser
+    sends them, faster than the explorer redraws (each redraw made 50 ms slower), and waits until it
+    settles. Checks that the moves were coalesced (at most three redraws, not one a move) and that
+    the last one was drawn last; returns the positions drawn."""
+    import time
+
+    calls = []
+    original = type(explorer).update
+
+    def slow_update(self):
+        calls.append(getattr(self, slider).value)
+        time.sleep(0.05)
+        original(self)
+
+    monkeypatch.setattr(explorer, "update", slow_update.__get__(explorer))
+    for v in values:
+        getattr(explorer, slider).set_state({"value": v})
+    assert explorer.settle(30)
+    assert 1 <= len(calls) <= 3 and calls[-1] == values[-1], calls  # not a redraw a move
+    return calls
