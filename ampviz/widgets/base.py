@@ -7,6 +7,7 @@ import html
 import math
 import re
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
@@ -124,6 +125,23 @@ class _Explorer:
         self._queue_lock = threading.Lock()
         self._pending = False
         self._worker: threading.Thread | None = None
+        self._drawn_states: OrderedDict = OrderedDict()  # settings -> what a redraw there shows
+
+    def _kept_state(self, key):
+        """What a redraw at settings ``key`` shows, if it was drawn before and is still kept (it
+        becomes the most recent), else None."""
+        state = self._drawn_states.get(key)
+        if state is not None:
+            self._drawn_states.move_to_end(key)
+        return state
+
+    def _keep_state(self, key, state: tuple, most: int) -> tuple:
+        """Keeps ``state`` as what a redraw at settings ``key`` shows (the slider's next positions,
+        drawn ahead, and recent ones); only the ``most`` most recent are kept. Returns ``state``."""
+        self._drawn_states[key] = state
+        while len(self._drawn_states) > most:
+            self._drawn_states.popitem(last=False)
+        return state
 
     def _show_error(self, exc: BaseException) -> None:
         if isinstance(exc, (ValueError, TypeError, OverflowError)):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-from collections import OrderedDict
 
 import numpy as np
 
@@ -98,7 +97,6 @@ class BlockExplorer(_Explorer):
         self.n = n
 
         self.x = self.data = self.result = None
-        self._drawn_states: OrderedDict = OrderedDict()  # settings -> what a redraw shows
         self._way = 1  # the way the browser last moved the outlier slider
         style = {"description_width": "110px"}
         wide = W.Layout(width="360px")
@@ -183,9 +181,8 @@ class BlockExplorer(_Explorer):
     def _drawn(self, **changed) -> tuple:
         """(data, x, result, readout, figure, prepared figure) for the settings, kept for reuse."""
         key = self._settings(**changed)
-        if key in self._drawn_states:
-            self._drawn_states.move_to_end(key)
-            return self._drawn_states[key]
+        if (state := self._kept_state(key)) is not None:
+            return state
         data, x, result = self.quantize(**changed)
         s = dict(key)
         what = dict((v, k) for k, v in SCHEMES)[s["scheme"]]
@@ -195,12 +192,8 @@ class BlockExplorer(_Explorer):
         if s["hadamard"]:
             title += ", after the Hadamard transform"
         fig = plot_blocks(x, result, title=title)
-        state = (data, x, result, self._readout_html(data, x, result, fig, s["hadamard"]), fig,
-                 FigureView.prepare(fig))
-        self._drawn_states[key] = state
-        while len(self._drawn_states) > self.KEPT_DRAWN:
-            self._drawn_states.popitem(last=False)
-        return state
+        state = (data, x, result, self._readout_html(data, x, result, fig, s["hadamard"]), fig, FigureView.prepare(fig))
+        return self._keep_state(key, state, self.KEPT_DRAWN)
 
     def update(self) -> None:
         """Quantize with the controls' settings and redraw."""

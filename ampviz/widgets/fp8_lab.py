@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-from collections import OrderedDict
 
 import numpy as np
 
@@ -82,7 +81,6 @@ class Fp8ScalingLab(_Explorer):
         seed = _whole("seed", seed, 0, self.MAX_SEED)
 
         self.stream = self.trace = None
-        self._drawn_states: OrderedDict = OrderedDict()
         style = {"description_width": "110px"}
         wide = W.Layout(width="360px")
         # buttons wide enough for "delayed (Transformer Engine)" (the default width cuts it off)
@@ -149,16 +147,12 @@ class Fp8ScalingLab(_Explorer):
 
     def _drawn(self) -> tuple:
         key = tuple(sorted(self.settings().items()))
-        if key in self._drawn_states:
-            self._drawn_states.move_to_end(key)
-            return self._drawn_states[key]
+        if (state := self._kept_state(key)) is not None:
+            return state
         stream, trace = self.simulate()
         fig = plot_fp8_scaling(trace)
         state = (stream, trace, self._readout_html(trace), fig, FigureView.prepare(fig))
-        self._drawn_states[key] = state
-        while len(self._drawn_states) > self.KEPT_DRAWN:
-            self._drawn_states.popitem(last=False)
-        return state
+        return self._keep_state(key, state, self.KEPT_DRAWN)
 
     def update(self) -> None:
         """Simulate with the controls' settings and redraw."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-from collections import OrderedDict
 
 import ipywidgets as W
 
@@ -40,7 +39,6 @@ class RangeExplorer(_Explorer):
 
     def __init__(self, values, fmt="fp16", log2_scale=0, log2_scale_range=(-16, 32)):
         self._init_common()
-        self._drawn_states: OrderedDict = OrderedDict()  # (log2 scale, format, x range) -> drawn state
         self._way = 1  # the way the browser last moved the slider
         name = get_format(fmt).name
         if name not in self.FORMAT_CHOICES:
@@ -119,18 +117,14 @@ class RangeExplorer(_Explorer):
         """(census, scale label, readout, figure, prepared figure) at a slider position and format,
         kept for reuse."""
         key = (int(log2_scale), name, self.x_range())
-        if key in self._drawn_states:
-            self._drawn_states.move_to_end(key)
-            return self._drawn_states[key]
+        if (state := self._kept_state(key)) is not None:
+            return state
         scale = 2.0 ** int(log2_scale)
         result = census(self.profile, name, scale)
         fig = plot_census(result, x_range=key[2])
         state = (result, f"scale = {html.escape(format_pow2(scale))}", self._readout_html(result), fig,
                  FigureView.prepare(fig))
-        self._drawn_states[key] = state
-        while len(self._drawn_states) > self.KEPT_DRAWN:
-            self._drawn_states.popitem(last=False)
-        return state
+        return self._keep_state(key, state, self.KEPT_DRAWN)
 
     def _after_browser_update(self) -> None:
         """The slider's next positions (the way it last moved first), drawn ahead unless another

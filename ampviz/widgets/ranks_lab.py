@@ -5,7 +5,6 @@ from __future__ import annotations
 import html
 import math
 import re
-from collections import OrderedDict
 
 import numpy as np
 
@@ -188,7 +187,6 @@ class RanksLab(_Explorer):
 
         self.trace = None
         self.found_inf = None
-        self._drawn_states: OrderedDict = OrderedDict()  # settings -> what a redraw shows
         self._nudged = None  # (slider, +1 or -1): the slider the browser moved last, and which way
         self._syncing = False  # the rank dropdown's options are being rebuilt
         style = {"description_width": "130px"}
@@ -320,9 +318,8 @@ class RanksLab(_Explorer):
         """(trace, own overflows, readout, figure, prepared figure) for the controls' settings with
         ``changed`` applied, kept for reuse. ValueError for text that cannot be read."""
         key = self._settings(**changed)
-        if key in self._drawn_states:
-            self._drawn_states.move_to_end(key)
-            return self._drawn_states[key]
+        if (state := self._kept_state(key)) is not None:
+            return state
         s = dict(key)
         flags = self._flags_of(s["ranks"], s["rank"], s["text"], s["steps"])
         policy = self._policy_of(s["log2_init"], s["interval"])
@@ -340,10 +337,7 @@ class RanksLab(_Explorer):
                     f"this mode keeps fp32 gradients.")
         fig = plot_ranks(trace, title=title)
         state = (trace, flags, self._readout_html(trace, note), fig, FigureView.prepare(fig))
-        self._drawn_states[key] = state
-        while len(self._drawn_states) > self.KEPT_DRAWN:
-            self._drawn_states.popitem(last=False)
-        return state
+        return self._keep_state(key, state, self.KEPT_DRAWN)
 
     def update(self) -> None:
         """Simulate the ranks with the controls' settings and redraw (the last good figure and

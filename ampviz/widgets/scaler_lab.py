@@ -51,7 +51,6 @@ class ScalerLab(_Explorer):
         self._streams: dict = {}
         self._lost_cache: dict = {}
         self._runs: OrderedDict = OrderedDict()  # settings -> ScalerTrace: recent runs, reused
-        self._drawn_states: OrderedDict = OrderedDict()  # (settings, overlay) -> what a redraw shows
         self._nudged = None  # (slider, +1 or -1): the slider the browser moved last, and which way
         self.traces: list = []
         self.lost = None
@@ -266,9 +265,8 @@ class ScalerLab(_Explorer):
         settings = self._settings(**changed)
         overlay = tuple(self.overlay.value)
         key = (settings, overlay)
-        if key in self._drawn_states:
-            self._drawn_states.move_to_end(key)
-            return self._drawn_states[key]
+        if (state := self._kept_state(key)) is not None:
+            return state
         s = dict(settings)
         mine = self._policy_of(s["init_slider"], s["growth_slider"], s["backoff_slider"], s["interval_input"])
         scenario, strength, loss = s["scenario_dropdown"], s["strength_slider"], s["loss_dropdown"]
@@ -281,10 +279,7 @@ class ScalerLab(_Explorer):
                                title=f"{scenario} gradients (strength {strength:g}), {self.steps:,} steps, "
                                      f"{'float32' if loss == 'float32' else 'fp16'} loss")
         state = (traces, lost, self._readout_html(traces), fig, FigureView.prepare(fig))
-        self._drawn_states[key] = state
-        while len(self._drawn_states) > self.KEPT_RUNS:
-            self._drawn_states.popitem(last=False)
-        return state
+        return self._keep_state(key, state, self.KEPT_RUNS)
 
     def update(self) -> None:
         """Simulate every scaler on the stream and redraw (the last good figure stays on error)."""
