@@ -233,6 +233,33 @@ def test_a_move_made_in_python_redraws_before_it_returns():
     assert_lab_follows(lab, spike_log2=12)
 
 
+@pytest.mark.parametrize("slider, name, start, to, ahead, behind", [
+    ("spike_slider", "spike_log2", 8, 10, 11, 9),
+    ("margin_slider", "margin", 0, -1, -2, 0),
+    ("history_slider", "history_len", 1024, 32, 16, 64),
+])
+def test_the_moved_sliders_next_positions_are_drawn_ahead_and_are_exact(slider, name, start, to, ahead, behind):
+    """After a browser move, the moved slider's neighbours are drawn ahead, the way it went first;
+    the next press finds them, and what it sends is what a fresh lab sends there."""
+    lab = Fp8ScalingLab(**{name: start})
+    control = getattr(lab, slider)
+    control.set_state({"index": control.options.index(to)} if name == "history_len" else {"value": to})
+    assert lab.settle(30) and control.value == to
+    keys = [dict(k)[name] for k in lab._drawn_states]
+    assert ahead in keys and behind in keys and keys.index(ahead) < keys.index(behind)
+    kept = len(lab._drawn_states)
+    control.set_state({"index": control.options.index(ahead)} if name == "history_len" else {"value": ahead})
+    assert lab.settle(30)
+    assert _sent(lab.view) == _sent(Fp8ScalingLab(**{name: ahead}).view)
+    assert_lab_follows(lab, **{name: ahead})
+    assert len(lab._drawn_states) <= lab.KEPT_DRAWN and kept >= 3
+
+
+def test_a_move_made_in_python_draws_nothing_ahead():
+    lab = Fp8ScalingLab()
+    lab.spike_slider.value = 9
+    assert [dict(k)["spike_log2"] for k in lab._drawn_states] == [8, 9]
+
 def test_the_lab_stream_is_the_core_stream():
     s = lab_stream(3, 5, "nan")
     t = tensor_stream(2000, 4096, seed=3, spike_log2=5, nan_prob=Fp8ScalingLab.NONFINITE_PROB)

@@ -81,6 +81,7 @@ class Fp8ScalingLab(_Explorer):
         seed = _whole("seed", seed, 0, self.MAX_SEED)
 
         self.stream = self.trace = None
+        self._moved = None  # (the slider last moved from the browser, +1 or -1: the way it went)
         style = {"description_width": "110px"}
         wide = W.Layout(width="360px")
         # buttons wide enough for "delayed (Transformer Engine)" (the default width cuts it off)
@@ -121,17 +122,25 @@ class Fp8ScalingLab(_Explorer):
     # ----- read the controls -----
     def settings(self) -> dict:
         """The controls' settings as ``simulate_fp8_scaling``'s and ``lab_stream``'s arguments."""
+        return self._settings()
+
+    def _settings(self, **changed) -> dict:
+        """``settings()`` with ``changed`` (a slider's setting name -> value) in place of the
+        controls' values."""
         s = {"recipe": self.recipe_buttons.value, "fmt": self.fmt_dropdown.value,
              "spike_log2": int(self.spike_slider.value), "nonfinite": self.nonfinite_dropdown.value,
-             "seed": int(self.seed_input.value)}
-        if s["recipe"] == "delayed":  # what does not act is left out: the same drawing
-            s.update(history_len=int(self.history_slider.value), algo=self.algo_dropdown.value,
-                     margin=int(self.margin_slider.value))
+             "seed": int(self.seed_input.value), "history_len": int(self.history_slider.value),
+             "algo": self.algo_dropdown.value, "margin": int(self.margin_slider.value)}
+        s.update(changed)
+        if s["recipe"] != "delayed":  # what does not act is left out: the same drawing
+            for k in ("history_len", "algo", "margin"):
+                del s[k]
         return s
 
-    def simulate(self):
-        """(stream, trace) for the controls' settings."""
-        s = self.settings()
+    def simulate(self, **changed):
+        """(stream, trace) for the controls' settings (``changed`` replaces some, as in
+        ``settings()``)."""
+        s = self._settings(**changed)
         stream = lab_stream(s["seed"], s["spike_log2"], s["nonfinite"], self.STEPS, self.SIZE)
         kw = {k: s[k] for k in ("history_len", "algo", "margin") if k in s}
         return stream, simulate_fp8_scaling(stream, s["recipe"], fmt=s["fmt"], **kw)
@@ -143,13 +152,20 @@ class Fp8ScalingLab(_Explorer):
 
     def _on_change(self, change) -> None:
         self._enable()
+        owner = change.get("owner") if isinstance(change, dict) else None
+        if owner in (self.spike_slider, self.margin_slider, self.history_slider) and getattr(owner, "_property_lock", None):
+            old, new = change.get("old"), change.get("new")
+            self._moved = (owner, 1 if old is None or new is None or self._position(owner, new) >=
+                           self._position(owner, old) else -1)
         self._request_update(change)  # at once from Python; coalesced from the browser
 
-    def _drawn(self) -> tuple:
-        key = tuple(sorted(self.settings().items()))
+    def _drawn(self, **changed) -> tuple:
+        """(stream, trace, readout, figure, prepared figure) for the settings (``changed`` replaces
+        some), kept for reuse."""
+        key = tuple(sorted(self._settings(**changed).items()))
         if (state := self._kept_state(key)) is not None:
             return state
-        stream, trace = self.simulate()
+        stream, trace = self.simulate(**changed)
         fig = plot_fp8_scaling(trace)
         state = (stream, trace, self._readout_html(trace), fig, FigureView.prepare(fig))
         return self._keep_state(key, state, self.KEPT_DRAWN)
@@ -160,6 +176,31 @@ class Fp8ScalingLab(_Explorer):
         self.readout.value = readout
         self._clear_error()
         self._draw(fig, prepared)
+
+    @staticmethod
+    def _position(slider, value) -> int:
+        """Where ``value`` sits along ``slider`` (a SelectionSlider's options are its positions)."""
+        return list(slider.options).index(value) if isinstance(slider, W.SelectionSlider) else int(value)
+
+    def _after_browser_update(self) -> None:
+        """The last moved slider's next positions (the way it moved first), drawn ahead unless
+        another move is waiting: the next press finds its figure made and packed."""
+        if self._moved is None:
+            return
+        slider, way = self._moved
+        if slider.disabled:
+            return
+        name = {self.spike_slider: "spike_log2", self.margin_slider: "margin",
+                self.history_slider: "history_len"}[slider]
+        here = self._position(slider, slider.value)
+        for k in (way, -way):
+            if self._pending:
+                return
+            if isinstance(slider, W.SelectionSlider):
+                if 0 <= here + k < len(slider.options):
+                    self._drawn(**{name: slider.options[here + k]})
+            elif slider.min <= here + k <= slider.max:
+                self._drawn(**{name: here + k})
 
     # ----- the readout -----
     @staticmethod
