@@ -780,6 +780,11 @@ def _log2_scale(scale: np.ndarray) -> np.ndarray:
 LINE_POINTS = 4000
 
 
+def _template_text(text: str) -> str:
+    """``text`` as literal text in a plotly hovertemplate: "%{" would start a placeholder there."""
+    return str(text).replace("%{", "%\u200b{")
+
+
 def _scale_steps(trace, most: int = LINE_POINTS) -> tuple[np.ndarray, np.ndarray]:
     """The steps where the scale changes (plus the first and last): a step plot of a 1M-step
     trace needs only these, never every step. Where the scale changes at more than ``most``
@@ -900,8 +905,11 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60) ->
             "line": {"shape": "hv", "color": color, "width": _line_width(k, len(traces)),
                      "dash": TRACE_DASHES[k % len(TRACE_DASHES)]},
             "name": f"{name}: {t.skipped_count:,} skipped{thinned}", "legendgroup": name,
-            "hovertext": [f"{name} · step {i:,} · scale {format_number(v)}" for i, v in zip(idx.tolist(), sc.tolist())],
-            "hoverinfo": "text", "meta": {"policy": name, "kind": "scale"},
+            # hover texts from numbers (a template over the scales): a string per point made a
+            # slider move send 40 KB of text at a million steps
+            "customdata": np.asarray(sc, np.float64),
+            "hovertemplate": f"{_template_text(name)} · step %{{x:,}} · scale %{{customdata:,.6~g}}<extra></extra>",
+            "meta": {"policy": name, "kind": "scale"},
         })
         if shown.size:
             scale_at = np.asarray(t.scale, np.float64)[shown]
@@ -911,9 +919,10 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60) ->
                            "line": {"width": 1.5, "color": color}},
                 "name": f"{name}: skipped" + (f" ({part} shown)" if part else ""),
                 "legendgroup": name, "showlegend": False, "yaxis": "y3", "cliponaxis": False,
-                "hovertext": [f"{name} · step {i:,} skipped · scale {format_number(v)}"
-                              for i, v in zip(shown.tolist(), scale_at.tolist())],
-                "hoverinfo": "text", "meta": {"policy": name, "kind": "skipped"},
+                "customdata": scale_at,
+                "hovertemplate": f"{_template_text(name)} · step %{{x:,}} skipped · scale %{{customdata:,.6~g}}"
+                                 "<extra></extra>",
+                "meta": {"policy": name, "kind": "skipped"},
             })
         if t.stopped_at is not None:
             shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": t.stopped_at,
@@ -1801,7 +1810,7 @@ def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
                      "hovertext": [f"step {i:,} · amax {format_number(amax[i])}" for i in bad.tolist()],
                      "hoverinfo": "text", "cliponaxis": False, "meta": {"kind": "nonfinite"}})
     data.append({"type": "scatter", "x": steps, "y": _finite_log2(scale), "mode": "lines", "name": "scale in force",
-                 "xaxis": "x2", "yaxis": "y2", "line": {"color": FP8_COLORS["scale"], "width": 2, "shape": "hv"},
+                 "yaxis": "y2", "line": {"color": FP8_COLORS["scale"], "width": 2, "shape": "hv"},
                  "customdata": np.asarray(trace.scale, np.float32),
                  "hovertemplate": "step %{x:,} · scale %{customdata:.4~g}<extra></extra>",
                  "meta": {"kind": "scale"}})
@@ -1812,7 +1821,7 @@ def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
         share = _percent_or_gap(c, size)
         hover = f"step %{{x:,}} · {kind} %{{customdata:,}} of {size:,}<extra></extra>"
         data.append({"type": "scatter", "x": steps, "y": share, "mode": "lines",
-                     "name": f"{label}: {int((c > 0).sum()):,} steps", "xaxis": "x3", "yaxis": "y3",
+                     "name": f"{label}: {int((c > 0).sum()):,} steps", "yaxis": "y3",
                      "legendgroup": kind, "line": {"color": FP8_COLORS[kind], "width": 1},
                      "customdata": c.astype(np.int32), "hovertemplate": hover, "meta": {"kind": kind}})
         # a step with some, between steps with none, has no line to show it: a marker each (a
@@ -1820,7 +1829,7 @@ def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
         some = c > 0
         alone = np.flatnonzero(some & ~np.r_[False, some[:-1]] & ~np.r_[some[1:], False]) if n else np.zeros(0, int)
         data.append({"type": "scatter", "x": alone, "y": share[alone], "mode": "markers", "showlegend": False,
-                     "xaxis": "x3", "yaxis": "y3", "legendgroup": kind,
+                     "yaxis": "y3", "legendgroup": kind,
                      "marker": {"size": 4, "color": FP8_COLORS[kind]}, "customdata": c[alone].astype(np.int32),
                      "hovertemplate": hover, "meta": {"kind": f"{kind} alone"}})
     worst = trace.worst_step
@@ -1831,15 +1840,14 @@ def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
         "height": 640,
         "margin": {"l": 80, "r": 20, "t": 60, "b": 60},
         "legend": {"orientation": "h", "x": 0.01, "y": -0.08, "yanchor": "top"},
-        "xaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y", "showticklabels": False},
+        # one step axis for the three panels, labelled under the lowest (one axis to lay out and
+        # draw at each slider move instead of three matched ones)
+        "xaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y3", "title": {"text": "step"}},
         "yaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0.55, 1], "range": top_range, "title": {"text": "log2 |x|"},
-                  **_log2_ticks(top_range)},
-        "xaxis2": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y2", "matches": "x", "showticklabels": False},
-        "yaxis2": {**_WHITE_AXIS, **_LINEAR, "domain": [0.33, 0.5], "anchor": "x2", "title": {"text": "scale"},
+                  "anchor": "x", **_log2_ticks(top_range)},
+        "yaxis2": {**_WHITE_AXIS, **_LINEAR, "domain": [0.33, 0.5], "anchor": "x", "title": {"text": "scale"},
                    **_log2_ticks(_finite_log2(scale))},
-        "xaxis3": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y3", "matches": "x",
-                   "title": {"text": "step"}},
-        "yaxis3": {**_WHITE_AXIS, "domain": [0, 0.28], "anchor": "x3", "type": "log", "title": {"text": "% of values"},
+        "yaxis3": {**_WHITE_AXIS, "domain": [0, 0.28], "anchor": "x", "type": "log", "title": {"text": "% of values"},
                    "range": [math.log10(50.0 / max(size, 1)), 2.05]},
         "meta": {"recipe": trace.recipe, "settings": dict(trace.settings), "fmt": f.name, "steps": n, "size": size,
                  "saturated_steps": trace.saturated_steps, "worst_step": worst,

@@ -305,6 +305,24 @@ def test_plot_scale_trace_draws_change_points_and_skips():
     assert len(x) < 20_000 and len(marks.x) == 300 < trace.skipped_count
     assert set(np.asarray(marks.x)) <= set(np.flatnonzero(trace.skipped))
     assert f"{trace.skipped_count:,} skipped" in line.name
+    # hovering shows each point's scale: templates over the numbers, the scale at that step
+    assert np.array_equal(np.asarray(line.customdata), s[x])
+    assert np.array_equal(np.asarray(marks.customdata), s[np.asarray(marks.x)])
+    assert line.hovertemplate.startswith(trace.policy.name + " · ") and "%{customdata:,.6~g}" in line.hovertemplate
+    assert "skipped" in marks.hovertemplate
+
+
+def test_a_scaler_name_is_literal_text_in_the_hover_templates():
+    """A name holding "%{x}" would be a placeholder in a template: it stays text."""
+    import dataclasses
+
+    from ampviz.plots import plot_scale_trace
+    from ampviz.scaling import TorchGradScaler, simulate
+
+    trace = simulate(dataclasses.replace(TorchGradScaler(), name="mine %{x} 100%"), found_inf=np.arange(50) % 7 == 0)
+    fig = plot_scale_trace(trace)
+    for t in fig.data:
+        assert "%{x}" not in t.hovertemplate.split(" · ")[0] and "100%" in t.hovertemplate
 
 
 def _drawn_envelope_misses(trace, x, y, groups):
@@ -347,7 +365,9 @@ def test_plot_scale_trace_of_a_scale_that_changes_at_every_step(flags):
     line = fig.data[0]
     x, y = np.asarray(line.x), np.asarray(line.y, np.float64)
     assert x.size <= LINE_POINTS and np.all(np.diff(x) > 0) and x[0] == 0 and x[-1] == n - 1
-    assert len(line.hovertext) == x.size
+    # hover: a template over each point's scale (numbers, not a string per point)
+    assert np.array_equal(np.asarray(line.customdata), trace.scale.astype(np.float64)[x])
+    assert line.hovertext is None and "%{customdata" in line.hovertemplate
     misses, wrong = _drawn_envelope_misses(trace, x, y, LINE_POINTS // 4)
     assert misses == [] and wrong.size == 0
     if flags != "all":  # a scale that only falls has its envelope at the ends of each group
