@@ -1665,14 +1665,16 @@ def plot_blocks(x, result, *, title=None) -> go.Figure:
         {"type": "scatter", "x": edges, "y": -rng_y, "mode": "lines", "showlegend": False,
          "line": {"color": BLOCK_COLORS["range"], "width": 1.5}, "legendgroup": "range", "hoverinfo": "skip",
          "meta": {"kind": "range_low"}},
+        # hover texts are templates over numbers (and each element's block scale as text), not a
+        # string per element: a slider move sends less than half the bytes
         {"type": "scatter", "x": idx, "y": xs, "mode": "markers", "name": "original",
          "marker": {"symbol": "circle-open", "size": 8, "color": BLOCK_COLORS["original"]},
-         "hovertext": [f"element {i} (block {i // bs}) · x = {format_number(v, 4)}" for i, v in
-                       zip(idx.tolist(), xs.tolist())], "hoverinfo": "text", "meta": {"kind": "original"}},
+         "customdata": idx // bs, "hovertemplate": "element %{x} (block %{customdata}) · x = %{y:.4~g}<extra></extra>",
+         "meta": {"kind": "original"}},
         {"type": "scatter", "x": idx, "y": values, "mode": "markers", "name": "dequantized",
          "marker": {"size": 5, "color": BLOCK_COLORS["dequantized"]},
-         "hovertext": [f"element {i} · q = {format_number(q, 4)} · block scale {scale_text(i // bs)}"
-                       for i, q in zip(idx.tolist(), values.tolist())], "hoverinfo": "text",
+         "customdata": np.repeat(np.array([scale_text(b) for b in range(blocks)], dtype=object), bs),
+         "hovertemplate": "element %{x} · q = %{y:.4~g} · block scale %{customdata}<extra></extra>",
          "meta": {"kind": "dequantized"}},
     ]
     for kind, flags, symbol, label in (("saturated", saturated, "triangle-up", "saturated (held at the block's max)"),
@@ -1688,8 +1690,7 @@ def plot_blocks(x, result, *, title=None) -> go.Figure:
                          "meta": {"kind": kind}})
     data.append({"type": "bar", "x": idx, "y": err, "name": "relative error", "xaxis": "x2", "yaxis": "y2",
                  "marker": {"color": [_BLOCK_BAR_TINTS[(i // bs) % 2] for i in range(n)]},
-                 "hovertext": [f"element {i} · error {format_share(e) if np.isfinite(e) else 'nan'}"
-                               for i, e in zip(idx.tolist(), err.tolist())], "hoverinfo": "text",
+                 "hovertemplate": "element %{x} · error %{y:.3~%}<extra></extra>",
                  "showlegend": False, "meta": {"kind": "error"}})
     shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": b * bs - 0.5, "x1": b * bs - 0.5, "y0": 0, "y1": 1,
                "line": {"color": "#888888", "width": 1, "dash": "dot"}} for b in range(1, blocks)]

@@ -87,6 +87,12 @@ def assert_figure_follows(fig, x, result, fmt):
     worst = [float(err[b * bs:(b + 1) * bs].max()) for b in range(blocks)]
     assert fig.layout.meta["block_worst"] == worst
     assert len([s for s in fig.layout.shapes if s.type == "line"]) == blocks - 1
+    # hovering an element names its block, and its dequantized value its block's scale (the text
+    # written above the block)
+    assert np.array_equal(np.asarray(t["original"].customdata), np.arange(n) // bs)
+    above = [a.text for a in fig.layout.annotations if a.yref == "paper" and a.y == 1][:blocks]
+    assert list(t["dequantized"].customdata) == [above[i // bs] for i in range(n)]
+    assert "%{customdata}" in t["dequantized"].hovertemplate and "%{y:.3~%}" in t["error"].hovertemplate
     return err
 
 
