@@ -175,19 +175,26 @@ _ESM = r"""
 const TYPES = {f8: Float64Array, f4: Float32Array, i4: Int32Array, i2: Int16Array, i1: Int8Array,
                u4: Uint32Array, u2: Uint16Array, u1: Uint8Array};
 
+function bytesOf(b64) {
+  if (Uint8Array.fromBase64) return Uint8Array.fromBase64(b64);  // native where the browser has it
+  const raw = atob(b64), bytes = new Uint8Array(raw.length);
+  for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+  return bytes;
+}
+
+// A packed array as plotly takes it: a row as the typed array itself (plotly reads typed arrays
+// as data; no copy into a JavaScript array), a table as a list of rows.
 function decode(v) {
   if (Array.isArray(v)) return v.map(decode);
   if (v && typeof v === "object") {
     if (v.ampviz_nd) {
-      const raw = atob(v.b64), bytes = new Uint8Array(raw.length);
-      for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
-      const arr = new TYPES[v.ampviz_nd](bytes.buffer);
+      const arr = new TYPES[v.ampviz_nd](bytesOf(v.b64).buffer);
       if (v.shape.length === 2) {
         const [rows, cols] = v.shape, out = [];
         for (let i = 0; i < rows; i++) out.push(Array.from(arr.subarray(i * cols, (i + 1) * cols)));
         return out;
       }
-      return Array.from(arr);
+      return arr;
     }
     const out = {};
     for (const k of Object.keys(v)) out[k] = decode(v[k]);
