@@ -1828,7 +1828,8 @@ def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
                      "marker": {"symbol": "star", "size": 10, "color": FP8_COLORS["nonfinite"]},
                      "hovertext": [f"step {i:,} · amax {format_number(amax[i])}" for i in bad.tolist()],
                      "hoverinfo": "text", "cliponaxis": False, "meta": {"kind": "nonfinite"}})
-    data.append({"type": "scatter", "x": runs, "y": _finite_log2(scale[runs]), "mode": "lines", "name": "scale in force",
+    data.append({"type": "scatter", "x": runs, "y": _finite_log2(scale[runs]), "mode": "lines",
+                 "name": "scale in force",
                  "yaxis": "y2", "line": {"color": FP8_COLORS["scale"], "width": 2, "shape": "hv"},
                  "customdata": np.asarray(trace.scale, np.float32)[runs],
                  "hovertemplate": "step %{x:,} · scale %{customdata:.4~g}<extra></extra>",

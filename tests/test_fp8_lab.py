@@ -52,7 +52,8 @@ def every_step(t, n):
         assert t.x0 == 0 and t.dx == 1 and y.size == n
         return y
     x = np.asarray(t.x, np.int64)
-    assert t.line.shape == "hv" and x.size == y.size and np.all(np.diff(x) > 0) and (not n or (x[0], x[-1]) == (0, n - 1))
+    assert t.line.shape == "hv" and x.size == y.size and np.all(np.diff(x) > 0)
+    assert not n or (x[0], x[-1]) == (0, n - 1)
     return y[np.searchsorted(x, np.arange(n), side="right") - 1]
 
 

@@ -153,7 +153,8 @@ class Fp8ScalingLab(_Explorer):
     def _on_change(self, change) -> None:
         self._enable()
         owner = change.get("owner") if isinstance(change, dict) else None
-        if owner in (self.spike_slider, self.margin_slider, self.history_slider) and getattr(owner, "_property_lock", None):
+        ahead = (self.spike_slider, self.margin_slider, self.history_slider)  # the sliders drawn ahead
+        if owner in ahead and getattr(owner, "_property_lock", None):
             old, new = change.get("old"), change.get("new")
             self._moved = (owner, 1 if old is None or new is None or self._position(owner, new) >=
                            self._position(owner, old) else -1)
