@@ -126,6 +126,7 @@ class _Explorer:
         self._pending = False
         self._worker: threading.Thread | None = None
         self._drawn_states: OrderedDict = OrderedDict()  # settings -> what a redraw there shows
+        self._moved = None  # (slider, its setting, +1 or -1): the slider the browser moved last, and which way
 
     def _kept_state(self, key):
         """What a redraw at settings ``key`` shows, if it was drawn before and is still kept (it
@@ -208,8 +209,50 @@ class _Explorer:
                 except Exception:  # work ahead only: the next move computes what it needs
                     pass
 
+    # ----- the moved slider's next positions, drawn ahead -----
+    def _note_move(self, change, ahead) -> None:
+        """``change`` came from the browser to one of the sliders ``ahead`` (pairs of a slider and
+        the setting ``_drawn`` takes for it): remember which, and the way it went, so that
+        ``_after_browser_update`` draws its next positions that way first."""
+        owner = change.get("owner") if isinstance(change, dict) else None
+        if not getattr(owner, "_property_lock", None):
+            return
+        name = next((n for slider, n in ahead if slider is owner), None)
+        if name is None:
+            return
+        old, new = change.get("old"), change.get("new")
+        position = (lambda v: list(owner.options).index(v)) if isinstance(owner, W.SelectionSlider) else float
+        way = 1 if old is None or new is None or position(new) >= position(old) else -1
+        self._moved = (owner, name, way)
+
+    def _neighbour(self, slider, k: int):
+        """The value ``k`` positions (arrow-key presses) from ``slider``'s, or None past its ends."""
+        if isinstance(slider, W.SelectionSlider):
+            i = list(slider.options).index(slider.value) + k
+            return slider.options[i] if 0 <= i < len(slider.options) else None
+        value = slider.value + k * slider.step
+        return value if slider.min <= value <= slider.max else None
+
     def _after_browser_update(self) -> None:
-        """Work to do once a browser's moves are drawn (an explorer may run what comes next)."""
+        """Work to do once a browser's moves are drawn: the moved slider's next positions (the way
+        it went first) drawn and packed ahead (``_drawn(**{setting: value})``), unless another move
+        is waiting, so that the next press finds its figure made. Settings that cannot be drawn
+        are skipped: the press shows why."""
+        if self._moved is None:
+            return
+        slider, name, way = self._moved
+        if slider.disabled:
+            return
+        for k in (way, -way):
+            if self._pending:  # a move is waiting: it comes first
+                return
+            value = self._neighbour(slider, k)
+            if value is None:
+                continue
+            try:
+                self._drawn(**{name: value})
+            except ValueError:
+                continue
 
     def settle(self, timeout: float = 30.0) -> bool:
         """Wait until no redraw is pending or running (at most ``timeout`` seconds); True when

@@ -97,7 +97,6 @@ class BlockExplorer(_Explorer):
         self.n = n
 
         self.x = self.data = self.result = None
-        self._way = 1  # the way the browser last moved the outlier slider
         style = {"description_width": "110px"}
         wide = W.Layout(width="360px")
         self.scheme_dropdown = W.Dropdown(options=list(SCHEMES), value=scheme, description="scheme", style=style,
@@ -172,10 +171,7 @@ class BlockExplorer(_Explorer):
 
     def _on_change(self, change) -> None:
         self._enable()
-        owner = change.get("owner") if isinstance(change, dict) else None
-        if owner is self.outlier_slider and getattr(owner, "_property_lock", None):
-            old = change.get("old")
-            self._way = 1 if old is None or change["new"] >= old else -1
+        self._note_move(change, ((self.outlier_slider, "log2_outlier"),))
         self._request_update(change)  # at once from Python; coalesced from the browser
 
     def _drawn(self, **changed) -> tuple:
@@ -201,19 +197,6 @@ class BlockExplorer(_Explorer):
         self.readout.value = readout
         self._clear_error()
         self._draw(fig, prepared)
-
-    def _after_browser_update(self) -> None:
-        """The outlier slider's next positions (the way it moved first), drawn ahead unless
-        another move is waiting."""
-        slider = self.outlier_slider
-        if slider.disabled:
-            return
-        for k in (self._way, -self._way):
-            if self._pending:
-                return
-            value = slider.value + k
-            if slider.min <= value <= slider.max:
-                self._drawn(log2_outlier=value)
 
     # ----- the readout -----
     @staticmethod

@@ -81,7 +81,6 @@ class Fp8ScalingLab(_Explorer):
         seed = _whole("seed", seed, 0, self.MAX_SEED)
 
         self.stream = self.trace = None
-        self._moved = None  # (the slider last moved from the browser, +1 or -1: the way it went)
         style = {"description_width": "110px"}
         wide = W.Layout(width="360px")
         # buttons wide enough for "delayed (Transformer Engine)" (the default width cuts it off)
@@ -152,12 +151,8 @@ class Fp8ScalingLab(_Explorer):
 
     def _on_change(self, change) -> None:
         self._enable()
-        owner = change.get("owner") if isinstance(change, dict) else None
-        ahead = (self.spike_slider, self.margin_slider, self.history_slider)  # the sliders drawn ahead
-        if owner in ahead and getattr(owner, "_property_lock", None):
-            old, new = change.get("old"), change.get("new")
-            self._moved = (owner, 1 if old is None or new is None or self._position(owner, new) >=
-                           self._position(owner, old) else -1)
+        self._note_move(change, ((self.spike_slider, "spike_log2"), (self.margin_slider, "margin"),
+                                 (self.history_slider, "history_len")))
         self._request_update(change)  # at once from Python; coalesced from the browser
 
     def _drawn(self, **changed) -> tuple:
@@ -177,31 +172,6 @@ class Fp8ScalingLab(_Explorer):
         self.readout.value = readout
         self._clear_error()
         self._draw(fig, prepared)
-
-    @staticmethod
-    def _position(slider, value) -> int:
-        """Where ``value`` sits along ``slider`` (a SelectionSlider's options are its positions)."""
-        return list(slider.options).index(value) if isinstance(slider, W.SelectionSlider) else int(value)
-
-    def _after_browser_update(self) -> None:
-        """The last moved slider's next positions (the way it moved first), drawn ahead unless
-        another move is waiting: the next press finds its figure made and packed."""
-        if self._moved is None:
-            return
-        slider, way = self._moved
-        if slider.disabled:
-            return
-        name = {self.spike_slider: "spike_log2", self.margin_slider: "margin",
-                self.history_slider: "history_len"}[slider]
-        here = self._position(slider, slider.value)
-        for k in (way, -way):
-            if self._pending:
-                return
-            if isinstance(slider, W.SelectionSlider):
-                if 0 <= here + k < len(slider.options):
-                    self._drawn(**{name: slider.options[here + k]})
-            elif slider.min <= here + k <= slider.max:
-                self._drawn(**{name: here + k})
 
     # ----- the readout -----
     @staticmethod

@@ -39,7 +39,6 @@ class RangeExplorer(_Explorer):
 
     def __init__(self, values, fmt="fp16", log2_scale=0, log2_scale_range=(-16, 32)):
         self._init_common()
-        self._way = 1  # the way the browser last moved the slider
         name = get_format(fmt).name
         if name not in self.FORMAT_CHOICES:
             raise ValueError(f"RangeExplorer shows {', '.join(self.FORMAT_CHOICES)}; got {name!r}")
@@ -107,15 +106,14 @@ class RangeExplorer(_Explorer):
     KEPT_DRAWN = 8
 
     def _on_change(self, change):
-        owner = change.get("owner") if isinstance(change, dict) else None
-        if owner is self.scale_slider and getattr(owner, "_property_lock", None):
-            old = change.get("old")
-            self._way = 1 if old is None or change["new"] >= old else -1
+        self._note_move(change, ((self.scale_slider, "log2_scale"),))
         self._request_update(change)  # at once from Python; coalesced from the browser
 
-    def _drawn(self, log2_scale: int, name: str) -> tuple:
-        """(census, scale label, readout, figure, prepared figure) at a slider position and format,
-        kept for reuse."""
+    def _drawn(self, log2_scale: int | None = None) -> tuple:
+        """(census, scale label, readout, figure, prepared figure) at a slider position (the
+        slider's own by default) and the dropdown's format, kept for reuse."""
+        log2_scale = self.scale_slider.value if log2_scale is None else log2_scale
+        name = self.format_dropdown.value
         key = (int(log2_scale), name, self.x_range())
         if (state := self._kept_state(key)) is not None:
             return state
@@ -126,20 +124,9 @@ class RangeExplorer(_Explorer):
                  FigureView.prepare(fig))
         return self._keep_state(key, state, self.KEPT_DRAWN)
 
-    def _after_browser_update(self) -> None:
-        """The slider's next positions (the way it last moved first), drawn ahead unless another
-        move is waiting."""
-        slider, name = self.scale_slider, self.format_dropdown.value
-        for k in (self._way, -self._way):
-            if self._pending:
-                return
-            value = slider.value + k
-            if slider.min <= value <= slider.max:
-                self._drawn(value, name)
-
     def update(self) -> None:
         """Census at the slider's scale and the dropdown's format, then redraw."""
-        self.result, label, readout, fig, prepared = self._drawn(self.scale_slider.value, self.format_dropdown.value)
+        self.result, label, readout, fig, prepared = self._drawn()
         self.scale_label.value = label
         self.readout.value = readout
         self._clear_error()

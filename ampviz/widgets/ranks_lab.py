@@ -187,7 +187,6 @@ class RanksLab(_Explorer):
 
         self.trace = None
         self.found_inf = None
-        self._nudged = None  # (slider, +1 or -1): the slider the browser moved last, and which way
         self._syncing = False  # the rank dropdown's options are being rebuilt
         style = {"description_width": "130px"}
         wide = W.Layout(width="420px")
@@ -308,10 +307,8 @@ class RanksLab(_Explorer):
             return
         if isinstance(change, dict) and change.get("owner") is self.mode_dropdown:
             self.reduce_dropdown.disabled = self.mode_dropdown.value != "ddp"
-        owner = change.get("owner") if isinstance(change, dict) else None
-        if getattr(owner, "_property_lock", None) and isinstance(owner, W.IntSlider):
-            old = change.get("old")
-            self._nudged = (owner, 1 if old is None or change["new"] >= old else -1)
+        self._note_move(change, ((self.ranks_slider, "ranks"), (self.init_slider, "log2_init"),
+                                 (self.grad_slider, "log2_grad")))
         self._request_update(change)  # at once from Python; coalesced from the browser
 
     def _drawn(self, **changed) -> tuple:
@@ -346,26 +343,6 @@ class RanksLab(_Explorer):
         self.readout.value = readout
         self._clear_error()
         self._draw(fig, prepared)
-
-    def _after_browser_update(self) -> None:
-        """The moved slider's next positions (the way it moved first), drawn ahead unless another
-        move is waiting."""
-        if self._nudged is None:
-            return
-        slider, way = self._nudged
-        name = {id(self.ranks_slider): "ranks", id(self.init_slider): "log2_init",
-                id(self.grad_slider): "log2_grad"}.get(id(slider))
-        if name is None:
-            return
-        for k in (way, -way):
-            if self._pending:  # a move is waiting: it comes first
-                return
-            value = slider.value + k
-            if slider.min <= value <= slider.max:
-                try:
-                    self._drawn(**{name: value})
-                except ValueError:
-                    continue
 
     # ----- the table -----
     @staticmethod

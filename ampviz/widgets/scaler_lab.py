@@ -51,7 +51,6 @@ class ScalerLab(_Explorer):
         self._streams: dict = {}
         self._lost_cache: dict = {}
         self._runs: OrderedDict = OrderedDict()  # settings -> ScalerTrace: recent runs, reused
-        self._nudged = None  # (slider, +1 or -1): the slider the browser moved last, and which way
         self.traces: list = []
         self.lost = None
         if gradients is None:  # a fixed sample spread over ~25 binades below its largest value, as
@@ -182,10 +181,9 @@ class ScalerLab(_Explorer):
     KEPT_RUNS = 6
 
     def _on_change(self, change):
-        owner = change.get("owner") if isinstance(change, dict) else None
-        if getattr(owner, "_property_lock", None) and isinstance(owner, (W.FloatSlider, W.IntSlider)):
-            old = change.get("old")
-            self._nudged = (owner, 1 if old is None or change["new"] >= old else -1)
+        # only your own settings are drawn ahead; the stream and the frameworks compared stay
+        self._note_move(change, ((self.init_slider, "init_slider"), (self.growth_slider, "growth_slider"),
+                                 (self.backoff_slider, "backoff_slider")))
         self._request_update(change)  # at once from Python; coalesced from the browser
 
     @staticmethod
@@ -233,30 +231,10 @@ class ScalerLab(_Explorer):
         values.update(changed)
         return tuple(values.items())
 
-    def _prefetch(self) -> None:
-        """After a move from the browser, draw the positions the slider's arrow keys reach next
-        (the same way first), unless another move is already waiting: a key press then finds its
-        figure ready. Only your own settings move; the stream and the frameworks compared stay."""
-        if self._nudged is None:
-            return
-        slider, way = self._nudged
-        names = {id(getattr(self, n)): n for n in ("init_slider", "growth_slider", "backoff_slider")}
-        name = names.get(id(slider))
-        if name is None:
-            return
-        for k in (way, -way):
-            if self._pending:  # a move is waiting: it comes first
-                return
-            value = self._on_grid(slider, slider.value + k * slider.step)
-            if not slider.min <= value <= slider.max:
-                continue
-            try:
-                self._drawn(**{name: value})
-            except ValueError:
-                continue
-
-    def _after_browser_update(self) -> None:
-        self._prefetch()
+    def _neighbour(self, slider, k: int):
+        """The position ``k`` arrow-key presses away, on the slider's grid (see ``_on_grid``)."""
+        value = self._on_grid(slider, slider.value + k * slider.step)
+        return value if slider.min <= value <= slider.max else None
 
     def _drawn(self, **changed) -> tuple:
         """(traces, lost share, readout, figure, prepared figure) for your settings with
