@@ -8,32 +8,22 @@ from pathlib import Path
 import numpy as np
 import plotly
 
-from ampviz.figureview import pack
+from ampviz.figureview import _ESM, pack
 from ampviz.fp8 import simulate_fp8_scaling
 from ampviz.plots import plot_fp8_scaling
 from ampviz.widgets.fp8_lab import lab_stream
 
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
+# FigureView's own decoding of packed arrays (its module's functions up to the plotly.js loader),
+# so that the figure is drawn from what the widget would hand plotly
+DECODE = _ESM[_ESM.index("const TYPES"):_ESM.index("async function inflate")]
 DRAW = """async (figure) => {
-  const TYPES = {f8: Float64Array, f4: Float32Array, i4: Int32Array, i2: Int16Array, i1: Int8Array,
-                 u4: Uint32Array, u2: Uint16Array, u1: Uint8Array};
-  const decode = (v) => {
-    if (Array.isArray(v)) return v.map(decode);
-    if (v && typeof v === "object") {
-      if (v.ampviz_nd) {
-        const raw = atob(v.b64), bytes = new Uint8Array(raw.length);
-        for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
-        return Array.from(new TYPES[v.ampviz_nd](bytes.buffer));
-      }
-      return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, decode(x)]));
-    }
-    return v;
-  };
+  %s
   const div = document.getElementById("g");
   Plotly.purge(div);
   await Plotly.newPlot(div, decode(figure.data), decode(figure.layout), {displayModeBar: false});
-}"""
+}""" % DECODE
 
 
 def _every_step(fig) -> dict:
