@@ -1563,8 +1563,7 @@ __all__ += ["plot_ranks"]
 #: Colours of ``plot_blocks``: the original values, the dequantized ones, an element held at its
 #: block's largest value (vermillion, as overflow) and one that became 0 (blue, as underflow).
 BLOCK_COLORS = {"original": "#000000", "dequantized": "#009E73", "saturated": "#D55E00", "flushed": "#0072B2",
-                "range": "#999999"}
-_BLOCK_BAR_TINTS = ("#56B4E9", "#E69F00")  # the error bars alternate by block
+                "range": "#999999", "error": "#56B4E9"}
 
 
 def _block_element_format(result, codes: np.ndarray, values: np.ndarray, step: np.ndarray):
@@ -1589,13 +1588,20 @@ def plot_blocks(x, result, *, title=None) -> go.Figure:
     """A row of values ``x`` and its block quantization ``result`` (``ampviz.blocks.mx_quantize``'s
     ``MXBlocks`` or ``nvfp4_quantize``'s ``NVFP4Blocks`` of the same row), element by element.
 
-    Top panel: each original value (open circle) and its dequantized value (dot), the blocks
-    delimited by dotted lines, each block's range ±(element max × block scale) as a grey step and
-    its scale written above it (2^k for MX's E8M0 scale; the E4M3 block scale × the tensor scale
-    for NVFP4). An element beyond its block's range is held at it (saturated: a triangle); a
-    nonzero element that dequantizes to 0 is flushed (a cross). Bottom panel: each element's
-    relative error |q - x| / |x| (0 where x is 0), one bar per element, coloured by block: one
-    outlier raises its block's scale, and its neighbours' errors rise with it.
+    Top panel: each original value (open circle) and its dequantized value (a short level across
+    the element), the blocks delimited by dotted lines, each block's range ±(element max × block
+    scale) as a grey step and its scale written above it (2^k for MX's E8M0 scale; the E4M3 block
+    scale × the tensor scale for NVFP4). An element beyond its block's range is held at it
+    (saturated: a triangle); a nonzero element that dequantizes to 0 is flushed (a cross). Bottom
+    panel: each element's relative error |q - x| / |x| (0 where x is 0) as a filled step one element
+    wide: one outlier raises its block's scale, and its neighbours' errors rise with it.
+
+    Both per-element rows are single paths, not a mark per element: a plotly mark costs the browser
+    about as much to redraw as the rest of the figure does per 100 marks, and a slider moves them
+    all. The dequantized row's points are ``(i - 0.35, q_i), (i + 0.35, q_i), gap`` for each element
+    i (its ``customdata`` holds the block scale's text); the error row's are ``(-0.5, e_0)``, then
+    ``(i, e_i)`` for each element, then ``(n - 0.5, e_{n-1})``, drawn as a centred step (its
+    ``customdata`` holds the element).
 
     Every trace carries ``meta["kind"]`` (original, dequantized, range, saturated, flushed,
     error); ``layout.meta`` holds the scheme, element format, block size, each block's scale
@@ -1654,6 +1660,13 @@ def plot_blocks(x, result, *, title=None) -> go.Figure:
             return s if ts is None else f"{s}×{format_number(ts)}"
         return _pow2_short(block_scale[b])
 
+    # the dequantized values as levels 0.7 elements wide, one path (see the docstring)
+    tick_x = np.repeat(idx.astype(np.float64), 3) + np.tile([-0.35, 0.35, np.nan], n)
+    tick_y = np.repeat(values.astype(np.float64), 3)
+    tick_y[2::3] = np.nan
+    scale_texts = [scale_text(b) for b in range(blocks)]
+    tick_data = np.repeat(np.array(scale_texts, dtype=object)[idx // bs], 3)
+    tick_data[2::3] = None
     edges = np.full(3 * blocks, np.nan)
     edges[0::3], edges[1::3] = idx[::bs] - 0.5, idx[::bs] + bs - 0.5
     rng_y = np.full(3 * blocks, np.nan)
@@ -1671,10 +1684,10 @@ def plot_blocks(x, result, *, title=None) -> go.Figure:
          "marker": {"symbol": "circle-open", "size": 8, "color": BLOCK_COLORS["original"]},
          "customdata": idx // bs, "hovertemplate": "element %{x} (block %{customdata}) · x = %{y:.4~g}<extra></extra>",
          "meta": {"kind": "original"}},
-        {"type": "scatter", "x": idx, "y": values, "mode": "markers", "name": "dequantized",
-         "marker": {"size": 5, "color": BLOCK_COLORS["dequantized"]},
-         "customdata": np.repeat(np.array([scale_text(b) for b in range(blocks)], dtype=object), bs),
-         "hovertemplate": "element %{x} · q = %{y:.4~g} · block scale %{customdata}<extra></extra>",
+        {"type": "scatter", "x": tick_x, "y": tick_y, "mode": "lines", "name": "dequantized",
+         "line": {"color": BLOCK_COLORS["dequantized"], "width": 2.5},
+         "customdata": tick_data, "hoveron": "points",
+         "hovertemplate": "element %{x:.0f} · q = %{y:.4~g} · block scale %{customdata}<extra></extra>",
          "meta": {"kind": "dequantized"}},
     ]
     for kind, flags, symbol, label in (("saturated", saturated, "triangle-up", "saturated (held at the block's max)"),
@@ -1688,9 +1701,13 @@ def plot_blocks(x, result, *, title=None) -> go.Figure:
                                        f"{format_number(values[i], 4)}" for i in at.tolist()],
                          "hoverinfo": "text", "cliponaxis": False,
                          "meta": {"kind": kind}})
-    data.append({"type": "bar", "x": idx, "y": err, "name": "relative error", "xaxis": "x2", "yaxis": "y2",
-                 "marker": {"color": [_BLOCK_BAR_TINTS[(i // bs) % 2] for i in range(n)]},
-                 "hovertemplate": "element %{x} · error %{y:.3~%}<extra></extra>",
+    # the relative error as a filled step one element wide around each element (see the docstring)
+    data.append({"type": "scatter", "x": np.concatenate([[-0.5], idx, [n - 0.5]]),
+                 "y": np.concatenate([err[:1], err, err[-1:]]), "mode": "lines", "name": "relative error",
+                 "xaxis": "x2", "yaxis": "y2", "line": {"shape": "hvh", "width": 0, "color": BLOCK_COLORS["error"]},
+                 "fill": "tozeroy", "fillcolor": BLOCK_COLORS["error"], "hoveron": "points",
+                 "customdata": np.concatenate([[0], idx, [n - 1]]),
+                 "hovertemplate": "element %{customdata} · error %{y:.3~%}<extra></extra>",
                  "showlegend": False, "meta": {"kind": "error"}})
     shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": b * bs - 0.5, "x1": b * bs - 0.5, "y0": 0, "y1": 1,
                "line": {"color": "#888888", "width": 1, "dash": "dot"}} for b in range(1, blocks)]

@@ -63,13 +63,39 @@ def traces(fig):
     return {t.meta["kind"]: t for t in fig.data}
 
 
+def dequantized(fig) -> np.ndarray:
+    """The dequantized row as ``plot_blocks`` draws it (a level from i - 0.35 to i + 0.35 for each
+    element i, a gap after each), checked to be that shape, as one value per element."""
+    t = traces(fig)["dequantized"]
+    x, y = np.asarray(t.x, float), np.asarray(t.y, float)
+    n = x.size // 3
+    assert x.size == 3 * n and t.mode == "lines" and t.type == "scatter"
+    assert np.array_equal(x[0::3], np.arange(n) - 0.35) and np.array_equal(x[1::3], np.arange(n) + 0.35)
+    assert np.isnan(x[2::3]).all() and np.isnan(y[2::3]).all()
+    assert np.array_equal(y[0::3], y[1::3], equal_nan=True)
+    return y[0::3]
+
+
+def errors(fig) -> np.ndarray:
+    """The relative-error row as ``plot_blocks`` draws it (a centred step from -0.5 to n - 0.5,
+    filled to 0), checked to be that shape, as one value per element."""
+    t = traces(fig)["error"]
+    x, y = np.asarray(t.x, float), np.asarray(t.y, float)
+    n = x.size - 2
+    assert t.line.shape == "hvh" and t.fill == "tozeroy" and t.type == "scatter"
+    assert np.array_equal(x, np.concatenate([[-0.5], np.arange(n), [n - 0.5]]))
+    assert np.array_equal(np.asarray(t.customdata), np.concatenate([[0], np.arange(n), [n - 1]]))
+    assert np.array_equal(y[[0, -1]], y[[1, -2]], equal_nan=True)
+    return y[1:-1]
+
+
 def assert_figure_follows(fig, x, result, fmt):
     """Every trace of ``plot_blocks`` holds what the result says, element by element."""
     t = traces(fig)
     n, blocks = x.size, result.scales.size
     bs = n // blocks
     assert np.array_equal(np.asarray(t["original"].y), x)
-    assert np.array_equal(np.asarray(t["dequantized"].y), result.values)
+    assert np.array_equal(dequantized(fig), result.values)
     s = scale_values(result)
     top = get_format(fmt).max * s.astype(np.float64)
     assert np.array_equal(np.asarray(t["range"].y, float)[0::3], top)
@@ -83,7 +109,7 @@ def assert_figure_follows(fig, x, result, fmt):
         assert np.array_equal(got, want), kind
     with np.errstate(divide="ignore", invalid="ignore"):
         err = np.where(x != 0, np.abs(result.values.astype(np.float64) - x) / np.abs(x.astype(np.float64)), 0.0)
-    assert np.allclose(np.asarray(t["error"].y), err, rtol=0, atol=0, equal_nan=True)
+    assert np.allclose(errors(fig), err, rtol=0, atol=0, equal_nan=True)
     worst = [float(err[b * bs:(b + 1) * bs].max()) for b in range(blocks)]
     assert fig.layout.meta["block_worst"] == worst
     assert len([s for s in fig.layout.shapes if s.type == "line"]) == blocks - 1
@@ -91,8 +117,9 @@ def assert_figure_follows(fig, x, result, fmt):
     # written above the block)
     assert np.array_equal(np.asarray(t["original"].customdata), np.arange(n) // bs)
     above = [a.text for a in fig.layout.annotations if a.yref == "paper" and a.y == 1][:blocks]
-    assert list(t["dequantized"].customdata) == [above[i // bs] for i in range(n)]
+    assert list(t["dequantized"].customdata) == [above[i // bs] if k < 2 else None for i in range(n) for k in range(3)]
     assert "%{customdata}" in t["dequantized"].hovertemplate and "%{y:.3~%}" in t["error"].hovertemplate
+    assert "element %{x:.0f}" in t["dequantized"].hovertemplate and "element %{customdata}" in t["error"].hovertemplate
     return err
 
 
@@ -201,7 +228,7 @@ def test_the_outlier_raises_its_blocks_scale_and_its_neighbours_error(fmt):
         assert_explorer_follows(ex, scheme=fmt, k=k)
         assert int(ex.result.scales[1]) == k - f.emax + 127
         assert np.array_equal(ex.result.scales[[0, 2, 3]], others)
-        err = np.asarray(traces(ex.figure)["error"].y)
+        err = errors(ex.figure)
         neighbours = np.delete(err[32:64], 37 - 32)
         if last is not None:  # a power-of-two scale: each neighbour's error only grows
             assert (neighbours >= last).all()
@@ -353,7 +380,7 @@ def test_plot_blocks_marks_saturation_under_floor():
     r = mx_quantize(x, "fp8_e4m3", 32, "floor")
     fig = plot_blocks(x, r)
     assert_figure_follows(fig, x, r, "fp8_e4m3")
-    assert np.asarray(traces(fig)["saturated"].x).tolist() == [5] and traces(fig)["dequantized"].y[5] == 448
+    assert np.asarray(traces(fig)["saturated"].x).tolist() == [5] and dequantized(fig)[5] == 448
     assert "saturated" not in traces(plot_blocks(x, mx_quantize(x, "fp8_e4m3", 32, "rceil")))
     assert plot_blocks(x, r, title="mine").layout.title.text == "mine"
 
@@ -364,7 +391,7 @@ def test_plot_blocks_nvfp4_scale_is_the_e4m3_block_scale_times_the_tensor_scale(
     fig = plot_blocks(x, r)
     assert_figure_follows(fig, x, r, FP4_E2M1)
     assert fig.layout.meta["scale_codes"] == [126, 126] and fig.layout.meta["tensor_scale"] == float(r.tensor_scale)
-    assert np.array_equal(traces(fig)["dequantized"].y[:16], [0, 0, -1, 1, 3, 6, 6, 8, -12, 0, 0, 0, 1, 2, 3, 4])
+    assert np.array_equal(dequantized(fig)[:16], [0, 0, -1, 1, 3, 6, 6, 8, -12, 0, 0, 0, 1, 2, 3, 4])
 
 
 @pytest.mark.parametrize("bad, result, message", [
