@@ -247,7 +247,10 @@ export default {
       const revision = model.get("revision");
       const layout = decode(model.get("layout") || {});
       const data = decode(model.get("data") || []);
+      const start = performance.now();
       await Plotly.react(div, data, layout, model.get("config") || {});
+      // how long plotly took to draw it, for the latency bench (set before the revision it drew)
+      div.dataset.drawMs = (performance.now() - start).toFixed(1);
       div.dataset.revision = String(revision);
     };
     // Draw at once when idle; while a draw runs, later updates only ask for one more draw of the

@@ -110,6 +110,9 @@ def test_fp8_and_block_tabs_answer_their_sliders(page):
         press_slider(explorer, slider, 1)
         page.wait_for_function(f"(prev) => ({revision})() !== prev", arg=before, timeout=30_000)
         assert explorer.locator(".ampviz-message").inner_text().strip() == ""
+        # FigureView marks how long plotly took to draw it (what bench_browser reports)
+        draw_ms = page.evaluate(f"() => Number(document.querySelector('{root} .js-plotly-plot').dataset.drawMs)")
+        assert 0 < draw_ms < 30_000
         explorer.screenshot(path=str(OUTPUT / f"voila_{tab.split()[0].lower()}_tab.png"))
 
 
