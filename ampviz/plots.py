@@ -1789,6 +1789,9 @@ def _percent_or_gap(counts, size: int) -> np.ndarray:
     return np.where(c > 0, 100.0 * c / size, np.nan)
 
 
+_FP8_PANELS = 520  # plot_fp8_scaling's three panels and the gaps between them, in px
+
+
 def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
     """An ``Fp8ScalingTrace`` (``ampviz.fp8.simulate_fp8_scaling``) step by step, in three panels.
 
@@ -1867,19 +1870,23 @@ def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
         alone = np.flatnonzero(some & ~np.r_[False, some[:-1]] & ~np.r_[some[1:], False]) if n else np.zeros(0, int)
         data.append({"type": "scatter", "x": alone, "y": share[alone], "mode": "markers", "showlegend": False,
                      "yaxis": "y3", "legendgroup": kind,
-                     "marker": {"size": 4, "color": FP8_COLORS[kind]}, "customdata": c[alone].astype(np.int32),
+                     "marker": {"size": 4, "color": FP8_COLORS[kind]}, "cliponaxis": False,
+                     "customdata": c[alone].astype(np.int32),
                      "hovertemplate": hover, "meta": {"kind": f"{kind} alone"}})
     worst = trace.worst_step
     settings = ", ".join(f"{k} {v}" for k, v in trace.settings.items() if k != "convention")
     layout = {
         **_WHITE,
         "title": {"text": title or f"FP8 {trace.recipe} scaling, {f.name} ({settings})", "x": 0.01},
-        "height": 640,
-        "margin": {"l": 80, "r": 20, "t": 60, "b": 60},
-        "legend": {"orientation": "h", "x": 0.01, "y": -0.08, "yanchor": "top"},
+        "height": 60 + _FP8_PANELS + 110,
+        "margin": {"l": 80, "r": 20, "t": 60, "b": 110},
+        # under the step axis's numbers and title, at any width (two rows of entries fit the margin)
+        "legend": {"orientation": "h", "x": 0.01, "y": -56 / _FP8_PANELS, "yanchor": "top"},
         # one step axis for the three panels, labelled under the lowest (one axis to lay out and
-        # draw at each slider move instead of three matched ones)
-        "xaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y3", "title": {"text": "step"}},
+        # draw at each slider move instead of three matched ones); its range the steps themselves
+        # (autoranged, the few markers' padding pushed step 0 away from the panels' left edge)
+        "xaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y3", "title": {"text": "step"},
+                  "range": [0, max(n - 1, 1)]},
         "yaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0.55, 1], "range": top_range, "title": {"text": "log2 |x|"},
                   "anchor": "x", **_log2_ticks(top_range)},
         "yaxis2": {**_WHITE_AXIS, **_LINEAR, "domain": [0.33, 0.5], "anchor": "x", "title": {"text": "scale"},
