@@ -138,7 +138,7 @@ def assert_explorer_follows(ex, scheme="fp8_e4m3", block=32, rounding="floor", p
     meta = ex.figure.layout.meta
     assert f"saturated {_share(meta['saturated'] / 128)} ({meta['saturated']})" in read
     assert f"flushed to zero {_share(meta['flushed'] / 128)} ({meta['flushed']})" in read
-    rows = re.findall(r"<tr><td>(\d+)</td><td>[^<]*</td><td>([^<]*)</td></tr>", ex.readout.value)
+    rows = re.findall(r"<tr><td[^>]*>(\d+)</td><td[^>]*>[^<]*</td><td[^>]*>([^<]*)</td></tr>", ex.readout.value)
     assert [int(b) for b, _ in rows] == list(range(result.scales.size))
     assert [html.unescape(w) for _, w in rows] == [_share(w) for w in meta["block_worst"]]
     assert ("After undoing the transform" in read) == hadamard

@@ -52,7 +52,7 @@ def settings_of(lab):
 def table_rows(lab):
     """The readout table's rows, cell texts, without the header."""
     rows = re.findall(r"<tr>(.*?)</tr>", lab.readout.value)[1:]
-    return [[re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td>(.*?)</td>", row)] for row in rows]
+    return [[re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row)] for row in rows]
 
 
 def lanes(fig, kind):

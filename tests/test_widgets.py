@@ -640,3 +640,19 @@ def test_scaler_lab_reuses_the_frameworks_runs_while_only_your_settings_move(mon
     assert calls == ["your settings"]
     lab.scenario_dropdown.value = "warmup"  # a new stream: every scaler runs again
     assert sorted(calls[1:]) == sorted(["your settings", scaling.PRESETS["DeepSpeed ZeRO"].name])
+
+
+def test_readout_tables_space_their_columns():
+    """Every readout table's cells carry space to their right: a bare table in a widget's HTML has
+    none, and in Voila "final scale" ran into "lowest scale"."""
+    from ampviz.widgets import BlockExplorer, RanksLab, ScalerLab
+    from ampviz.widgets.base import _table
+
+    for readout in (ScalerLab(steps=200).readout.value, BlockExplorer().readout.value,
+                    RanksLab(steps=30).readout.value):
+        cells = re.findall(r"<(td|th)( [^>]*)?>", readout)
+        assert cells and all("padding: 0 1.2em 0 0" in (attrs or "") for _, attrs in cells), readout
+    # the helper's shape: a head row, then one row per entry, cells as given
+    got = _table(("a", "b"), [("1", "2"), ("3", "&lt;4")])
+    assert re.sub(r" style=\"[^\"]*\"", "", got) == ('<table class="ampviz-readout-table"><tr><th>a</th><th>b</th></tr>'
+                                                   "<tr><td>1</td><td>2</td></tr><tr><td>3</td><td>&lt;4</td></tr></table>")

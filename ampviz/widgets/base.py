@@ -58,6 +58,16 @@ def _shown(value, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def _table(head, rows) -> str:
+    """A readout's table: ``head`` (column titles) and ``rows`` (cells), both already HTML, with
+    space between the columns (a bare table in a widget's HTML has none: in Voila and JupyterLab
+    "final scale" ran into "lowest scale")."""
+    cell = 'style="padding: 0 1.2em 0 0; text-align: left"'
+    top = "".join(f"<th {cell}>{h}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td {cell}>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="ampviz-readout-table"><tr>{top}</tr>{body}</table>'
+
+
 def _parse_bits(text) -> int:
     """A bit pattern typed as hex ("0x3C00"), binary ("0b0011110000000000") or decimal."""
     s = str(text).strip().replace("_", "").replace(" ", "")

@@ -12,7 +12,7 @@ from ampviz.blocks import MX_ROUNDING, mx_quantize, nvfp4_quantize, random_hadam
 from ampviz.figureview import FigureView
 from ampviz.plots import format_pow2, format_share, plot_blocks
 
-from ampviz.widgets.base import _Explorer, _shown, _whole
+from ampviz.widgets.base import _Explorer, _shown, _table, _whole
 
 #: The schemes: (what the learner reads, the value): MX with an element format, or NVFP4.
 SCHEMES = (("MXFP8 (fp8_e4m3)", "fp8_e4m3"), ("MXFP8 (fp8_e5m2)", "fp8_e5m2"), ("MXFP6 (fp6_e3m2)", "fp6_e3m2"),
@@ -217,10 +217,8 @@ class BlockExplorer(_Explorer):
                                 f"{format_share(e.mean()) if e.size else '0%'} · "
                                 f"max {format_share(e.max()) if e.size else '0%'}")
             extra = f"<div>{extra}</div>"
-        cells = "".join(
-            f"<tr><td>{b}</td><td>{html.escape(format_pow2(s) if s is not None else 'nan')}</td>"
-            f"<td>{html.escape(format_share(w) if w is not None else 'nan')}</td></tr>"
-            for b, (s, w) in enumerate(zip(meta["scales"], meta["block_worst"])))
-        table = ("<table><tr><th>block</th><th>scale</th><th>worst relative error</th></tr>"
-                 f"{cells}</table>")
+        table = _table(("block", "scale", "worst relative error"),
+                       ((b, html.escape(format_pow2(s) if s is not None else "nan"),
+                         html.escape(format_share(w) if w is not None else "nan"))
+                        for b, (s, w) in enumerate(zip(meta["scales"], meta["block_worst"]))))
         return f"<div>{html.escape(line)}</div>{extra}{table}"

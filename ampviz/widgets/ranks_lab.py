@@ -13,7 +13,7 @@ import ipywidgets as W
 from ampviz.figureview import FigureView
 from ampviz.plots import format_pow2, plot_ranks
 
-from ampviz.widgets.base import _Explorer, _real, _shown, _whole
+from ampviz.widgets.base import _Explorer, _real, _shown, _table, _whole
 
 _STEP_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
 _STEP_CHARS_SHOWN = 20  # how much of a step list a message repeats
@@ -366,11 +366,8 @@ class RanksLab(_Explorer):
         rows = []
         for r in range(trace.world_size):
             final = trace.final_scale[r]
-            rows.append(f"<tr><td>rank {r}</td><td>{html.escape(format_pow2(final))}</td>"
-                        f"<td>{int(trace.overflow[r].sum()):,}</td><td>{int(trace.skipped_count[r]):,}</td>"
-                        f"<td>{int(trace.nonfinite_step[r].sum()):,}</td></tr>")
-        head = ("<tr><th>rank</th><th>final scale</th><th>own overflows</th><th>skipped steps</th>"
-                "<th>steps on inf/NaN</th></tr>")
+            rows.append((f"rank {r}", html.escape(format_pow2(final)), f"{int(trace.overflow[r].sum()):,}",
+                         f"{int(trace.skipped_count[r]):,}", f"{int(trace.nonfinite_step[r].sum()):,}"))
+        head = ("rank", "final scale", "own overflows", "skipped steps", "steps on inf/NaN")
         extra = f"<div>{html.escape(note)}</div>" if note else ""
-        return (f"<div>{html.escape(summary)}</div>{extra}<style>.ampviz-ranks-table td, .ampviz-ranks-table th "
-                f"{{padding: 0 0.9em 0 0}}</style><table class=\"ampviz-ranks-table\">{head}{''.join(rows)}</table>")
+        return f"<div>{html.escape(summary)}</div>{extra}{_table(head, rows)}"

@@ -16,7 +16,7 @@ from ampviz.figureview import FigureView
 
 from ampviz.plots import format_number, plot_scale_trace
 
-from ampviz.widgets.base import _Explorer, _real, _shown, _whole
+from ampviz.widgets.base import _Explorer, _real, _shown, _table, _whole
 
 
 # ----- dynamic loss scaling, live -----
@@ -302,9 +302,7 @@ class ScalerLab(_Explorer):
                 end = f"stopped at step {t.stopped_at:,}" + (f" ({html.escape(reason)})" if reason else "")
             else:
                 end = format_number(float(t.final.scale))
-            rows.append(f"<tr><td>{html.escape(t.policy.name)}</td><td>{t.skipped_count:,}</td>"
-                        f"<td>{end}</td><td>{low}</td></tr>")
-        head = "<tr><th>scaler</th><th>skipped steps</th><th>final scale</th><th>lowest scale</th></tr>"
-        return f"<table>{head}{''.join(rows)}</table>"
+            rows.append((html.escape(t.policy.name), f"{t.skipped_count:,}", end, low))
+        return _table(("scaler", "skipped steps", "final scale", "lowest scale"), rows)
 
 
