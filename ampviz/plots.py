@@ -785,6 +785,16 @@ def _template_text(text: str) -> str:
     return str(text).replace("%{", "%\u200b{")
 
 
+def _changes(values) -> np.ndarray:
+    """The indices whose value differs from the one before it (NaN equal to NaN): where each run
+    of equal ``values`` after the first begins."""
+    v = np.asarray(values)
+    same = v[1:] == v[:-1]
+    if v.dtype.kind in "fc":
+        same |= np.isnan(v[1:]) & np.isnan(v[:-1])
+    return np.flatnonzero(~same) + 1
+
+
 def _scale_steps(trace, most: int = LINE_POINTS) -> tuple[np.ndarray, np.ndarray]:
     """The steps where the scale changes (plus the first and last): a step plot of a 1M-step
     trace needs only these, never every step. Where the scale changes at more than ``most``
@@ -795,8 +805,7 @@ def _scale_steps(trace, most: int = LINE_POINTS) -> tuple[np.ndarray, np.ndarray
     s = np.asarray(trace.scale, dtype=np.float64)
     if s.size == 0:
         return np.zeros(0, np.int64), np.zeros(0)
-    changed = np.flatnonzero(~((s[1:] == s[:-1]) | (np.isnan(s[1:]) & np.isnan(s[:-1])))) + 1
-    idx = np.concatenate([[0], changed, [s.size - 1]])
+    idx = np.concatenate([[0], _changes(s), [s.size - 1]])
     if idx.size > most:
         idx = _envelope(idx, _log2_scale(s[idx]), s.size, max(most // 4, 1))
     return idx, s[idx]
@@ -1597,8 +1606,9 @@ def plot_blocks(x, result, *, title=None) -> go.Figure:
     wide: one outlier raises its block's scale, and its neighbours' errors rise with it.
 
     Both per-element rows are single paths, not a mark per element: each plotly mark costs about
-    0.1 ms whenever the figure is redrawn, and every slider move redraws them all. The dequantized row's points are ``(i - 0.35, q_i), (i + 0.35, q_i), gap`` for each element
-    i (its ``customdata`` holds the block scale's text); the error row's are ``(-0.5, e_0)``, then
+    0.1 ms whenever the figure is redrawn, and every slider move redraws them all. The dequantized
+    row's points are ``(i - 0.35, q_i), (i + 0.35, q_i), gap`` for each element i (its
+    ``customdata`` holds the block scale's text); the error row's are ``(-0.5, e_0)``, then
     ``(i, e_i)`` for each element, then ``(n - 0.5, e_{n-1})``, drawn as a centred step (its
     ``customdata`` holds the element).
 
@@ -1777,8 +1787,7 @@ def _run_ends(values) -> np.ndarray:
     v = np.asarray(values)
     if v.size == 0:
         return np.zeros(0, np.int64)
-    same = (v[1:] == v[:-1]) | (np.isnan(v[1:]) & np.isnan(v[:-1])) if v.dtype.kind == "f" else v[1:] == v[:-1]
-    change = np.flatnonzero(~same) + 1  # the first index of each run after the first
+    change = _changes(v)
     return np.unique(np.concatenate([[0], change - 1, change, [v.size - 1]]))
 
 
@@ -1879,7 +1888,8 @@ def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
         "title": {"text": title or f"FP8 {trace.recipe} scaling, {f.name} ({settings})", "x": 0.01},
         "height": 60 + _FP8_PANELS + 110,
         "margin": {"l": 80, "r": 20, "t": 60, "b": 110},
-        # under the step axis's numbers and title, at any width (three rows of entries, at 700 px, fit the margin)
+        # under the step axis's numbers and title, at any width (three rows of entries, at 700 px,
+        # fit the margin)
         "legend": {"orientation": "h", "x": 0.01, "y": -56 / _FP8_PANELS, "yanchor": "top"},
         # one step axis for the three panels, labelled under the lowest (one axis to lay out and
         # draw at each slider move instead of three matched ones); its range the steps themselves

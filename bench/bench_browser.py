@@ -21,10 +21,10 @@ A move counts as repainted when the explorer's figure in the page has drawn the 
 (``FigureView`` marks each drawn revision; the floor's trace holds its new point). Measured in
 JupyterLab, in Voila (the same notebook), in the explorer app (``ExplorerApp``, a page of its own
 with the floor beside it, as Voila serves it), and in the explorer app while its Live training tab
-trains a long run (there also: how soon the Pause and Resume presses show on the button). Prints p50 and p90 per explorer and the ratio of
-p50s to the floor's, and how long plotly took to draw the explorer's figure in the page (its
-share of the move: the rest is the round trip through the kernel that the floor also pays).
-Target: every ratio <= 1.3.
+trains a long run (there also: how soon the Pause and Resume presses show on the button). Prints
+p50 and p90 per explorer and the ratio of p50s to the floor's, and how long plotly took to draw
+each figure in the page, the floor's too (what separates an explorer from the floor: the round
+trip through the kernel is the same). Target: every ratio <= 1.3.
 
     .venv/bin/python bench/bench_browser.py [--moves N]
 """

@@ -826,3 +826,27 @@ def test_the_explorers_figures_say_their_axis_types_and_draw_labels_as_they_are(
                 values = getattr(t, letter)
                 if values is not None and axes[f"{letter}axis{ref[1:]}"]["type"] == "linear":
                     assert np.asarray(values).dtype.kind in "iuf", (name, t.meta, letter)
+
+
+def _same(a, b) -> bool:
+    return a == b or (a != a and b != b)  # NaN equal to NaN
+
+
+def _runs_by_loop(values):
+    """The first and last index of each run of equal values, one step at a time."""
+    n = len(values)
+    return [i for i in range(n) if i == 0 or i == n - 1 or not _same(values[i], values[i - 1])
+            or not _same(values[i], values[i + 1])]
+
+
+@pytest.mark.parametrize("values", [[], [1.0], [1.0, 1.0, 2.0, 2.0, 2.0, 1.0], [np.nan, np.nan, 1.0, np.nan],
+                                    [3, 3, 3], [0.5, np.inf, np.inf, -np.inf, np.nan, np.nan, np.nan]])
+def test_run_ends_and_changes_treat_nan_as_one_run(values):
+    """``_changes`` (where a run begins) and ``_run_ends`` (each run's first and last index), shared
+    by the scale lines of ``plot_scale_trace`` and ``plot_fp8_scaling``, against a plain loop."""
+    from ampviz.plots import _changes, _run_ends
+
+    assert _run_ends(values).tolist() == _runs_by_loop(values)
+    assert _changes(values).tolist() == [i for i in range(1, len(values)) if not _same(values[i], values[i - 1])]
+    # a NaN that never equals NaN would split a run of NaNs into runs of one
+    assert _run_ends([np.nan] * 4).tolist() == [0, 3]

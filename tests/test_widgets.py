@@ -654,5 +654,6 @@ def test_readout_tables_space_their_columns():
         assert cells and all("padding: 0 1.2em 0 0" in (attrs or "") for _, attrs in cells), readout
     # the helper's shape: a head row, then one row per entry, cells as given
     got = _table(("a", "b"), [("1", "2"), ("3", "&lt;4")])
-    assert re.sub(r" style=\"[^\"]*\"", "", got) == ('<table class="ampviz-readout-table"><tr><th>a</th><th>b</th></tr>'
-                                                   "<tr><td>1</td><td>2</td></tr><tr><td>3</td><td>&lt;4</td></tr></table>")
+    assert re.sub(r" style=\"[^\"]*\"", "", got) == (
+        '<table class="ampviz-readout-table"><tr><th>a</th><th>b</th></tr>'
+        "<tr><td>1</td><td>2</td></tr><tr><td>3</td><td>&lt;4</td></tr></table>")
