@@ -657,3 +657,20 @@ def test_readout_tables_space_their_columns():
     assert re.sub(r" style=\"[^\"]*\"", "", got) == (
         '<table class="ampviz-readout-table"><tr><th>a</th><th>b</th></tr>'
         "<tr><td>1</td><td>2</td></tr><tr><td>3</td><td>&lt;4</td></tr></table>")
+
+
+@pytest.mark.parametrize("make, slider, value", [
+    (lambda: widgets.ScalerLab(steps=500), "backoff_slider", 0.25),
+    (lambda: RangeExplorer(GRADS, fmt="fp16", log2_scale=0), "scale_slider", 3),
+    (lambda: widgets.BlockExplorer(), "outlier_slider", 5),
+    (lambda: widgets.Fp8ScalingLab(), "spike_slider", 4),
+])
+def test_a_move_sends_the_figure_before_the_readout(make, slider, value):
+    """A move's figure leaves the kernel before its readout: the browser then starts plotly's draw,
+    the slow part of a repaint, as early as it can (the readout arrives while it draws)."""
+    ex = make()
+    sent = []
+    ex.view.observe(lambda change: sent.append("figure"), names="revision")
+    ex.readout.observe(lambda change: sent.append("readout"), names="value")
+    getattr(ex, slider).value = value
+    assert sent[:1] == ["figure"] and "readout" in sent, sent

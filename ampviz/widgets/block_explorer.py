@@ -194,9 +194,9 @@ class BlockExplorer(_Explorer):
     def update(self) -> None:
         """Quantize with the controls' settings and redraw."""
         self.data, self.x, self.result, readout, fig, prepared = self._drawn()
+        self._draw(fig, prepared)
         self.readout.value = readout
         self._clear_error()
-        self._draw(fig, prepared)
 
     # ----- the readout -----
     @staticmethod

@@ -169,9 +169,9 @@ class Fp8ScalingLab(_Explorer):
     def update(self) -> None:
         """Simulate with the controls' settings and redraw."""
         self.stream, self.trace, readout, fig, prepared = self._drawn()
+        self._draw(fig, prepared)
         self.readout.value = readout
         self._clear_error()
-        self._draw(fig, prepared)
 
     # ----- the readout -----
     @staticmethod

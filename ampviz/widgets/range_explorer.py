@@ -127,10 +127,10 @@ class RangeExplorer(_Explorer):
     def update(self) -> None:
         """Census at the slider's scale and the dropdown's format, then redraw."""
         self.result, label, readout, fig, prepared = self._drawn()
+        self._draw(fig, prepared)
         self.scale_label.value = label
         self.readout.value = readout
         self._clear_error()
-        self._draw(fig, prepared)
 
     def _readout_html(self, result=None) -> str:
         r = self.result if result is None else result

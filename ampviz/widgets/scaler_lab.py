@@ -262,9 +262,9 @@ class ScalerLab(_Explorer):
     def update(self) -> None:
         """Simulate every scaler on the stream and redraw (the last good figure stays on error)."""
         self.traces, self.lost, readout, fig, prepared = self._drawn()
+        self._draw(fig, prepared)
         self.readout.value = readout
         self._clear_error()
-        self._draw(fig, prepared)
 
     def _typical_max(self, g) -> float:
         """The stream's median largest gradient (computed once per stream)."""
