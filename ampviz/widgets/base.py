@@ -168,7 +168,9 @@ class _Explorer:
 
     def _draw(self, fig, prepared=None) -> None:
         """Keep ``fig`` as ``.figure`` and show it in the view, in place of the previous one
-        (``prepared``: ``FigureView.prepare(fig)``, made ahead of time)."""
+        (``prepared``: ``FigureView.prepare(fig)``, made ahead of time). An explorer's ``update``
+        calls it before it sets its readout: the figure's message then leaves first, and the
+        browser starts plotly's draw, the slow part of a repaint, while the readout is on its way."""
         self.figure = fig
         self.view.update(fig if prepared is None else prepared)
 
