@@ -203,6 +203,54 @@ function decode(v) {
   return v;
 }
 
+// A move that changes only the traces' points and what their hover shows, under the layout
+// already drawn and on axes whose ranges are fixed, is drawn by moving those traces
+// (Plotly.animate without a redraw): plotly then skips the layout's defaults, the axes, the
+// legend and the annotations, about half of a full redraw. Anything else takes Plotly.react.
+const POINT_KEYS = ["x", "y", "customdata", "hovertext"];
+
+function fixedAxis(layout, drawn, ref, letter) {
+  const name = letter + "axis" + (typeof ref === "string" ? ref.slice(1) : "");
+  const ax = layout[name], now = drawn[name];
+  const range = ax && ax.range;  // a list, or a typed array as it travelled
+  return !!range && (Array.isArray(range) || ArrayBuffer.isView(range)) && range.length === 2
+    && (ax.autorange === undefined || ax.autorange === false)
+    && ax.matches === undefined && ax.scaleanchor === undefined
+    // as drawn: a learner's zoom or pan is reset by a full redraw, as on every other move
+    && !!now && !!now.range && now.range[0] === range[0] && now.range[1] === range[1];
+}
+
+// ``drawn``: the layout as plotly holds it now (its axes' ranges as shown)
+function pointsOnly(before, data, layout, drawn) {
+  if (!before || before.data.length !== data.length) return false;
+  for (let i = 0; i < data.length; i++) {
+    const a = before.data[i], b = data[i];
+    if ((a.type || "scatter") !== "scatter" || (b.type || "scatter") !== "scatter") return false;
+    for (const k of new Set([...Object.keys(a), ...Object.keys(b)])) {
+      if (POINT_KEYS.includes(k) ? !(k in b) : JSON.stringify(a[k]) !== JSON.stringify(b[k])) return false;
+    }
+    if (!fixedAxis(layout, drawn, b.xaxis, "x") || !fixedAxis(layout, drawn, b.yaxis, "y")) return false;
+  }
+  return true;
+}
+
+// Draw ``data`` and ``layout`` into ``div``; ``before``: what the last call drew (its return
+// value), ``sameLayout``: whether the layout is the one drawn then. Returns what it drew.
+async function drawFigure(Plotly, div, data, layout, config, before, sameLayout) {
+  if (sameLayout && div._transitionData && div._fullLayout && pointsOnly(before, data, layout, div._fullLayout)) {
+    const moved = data.map((t) => {
+      const u = {};
+      for (const k of POINT_KEYS) if (k in t) u[k] = t[k];
+      return u;
+    });
+    await Plotly.animate(div, {data: moved, traces: data.map((_, i) => i)},
+                         {transition: {duration: 0}, frame: {duration: 0, redraw: false}, mode: "immediate"});
+  } else {
+    await Plotly.react(div, data, layout, config);
+  }
+  return {data};
+}
+
 async function inflate(view) {
   const stream = new Blob([view]).stream().pipeThrough(new DecompressionStream("deflate"));
   return await new Response(stream).blob();
@@ -239,16 +287,20 @@ export default {
     el.classList.add("ampviz-figure-view");
     const div = document.createElement("div");
     el.appendChild(div);
-    let alive = true, drawing = false, again = false, width = 0;
+    let alive = true, drawing = false, again = false, width = 0, shown = null, shownLayout = null;
     const draw = async () => {
       const Plotly = await loadPlotly(model);
       if (!alive) return;
       // the newest state, read now: updates that arrived while the last one was drawn are skipped
       const revision = model.get("revision");
-      const layout = decode(model.get("layout") || {});
+      const packedLayout = model.get("layout") || {};
+      const layout = decode(packedLayout);
       const data = decode(model.get("data") || []);
       const start = performance.now();
-      await Plotly.react(div, data, layout, model.get("config") || {});
+      // the kernel sends the layout only when it changed: the same object is the same layout
+      shown = await drawFigure(Plotly, div, data, layout, model.get("config") || {}, shown,
+                               packedLayout === shownLayout);
+      shownLayout = packedLayout;
       // how long plotly took to draw it, for the latency bench (set before the revision it drew)
       div.dataset.drawMs = (performance.now() - start).toFixed(1);
       div.dataset.revision = String(revision);
@@ -265,6 +317,7 @@ export default {
           await draw();
         } while (again && alive);
       } catch (e) {
+        shown = null;
         div.textContent = "The figure could not be drawn: " + e;
       } finally {
         drawing = false;

@@ -864,6 +864,45 @@ def _marked_part(shown: int, total: int) -> str:
     return f"1 in {ratio:.0f}" if ratio >= 1.5 else f"{shown:,} of {total:,}"
 
 
+def _skipped_marks(trace, most: int) -> tuple:
+    """A ``ScalerTrace``'s skipped steps (none after a stop), the ones marked (at most ``most``,
+    evenly among them) and how many are marked, in words ("" when all are)."""
+    end = trace.steps if trace.stopped_at is None else trace.stopped_at + 1  # no step runs after a stop
+    skipped = np.flatnonzero(trace.skipped[:end])
+    shown = _thin(skipped, most)
+    return skipped, shown, _marked_part(shown.size, skipped.size)
+
+
+def _padded_range(values, step: float) -> list | None:
+    """An axis range over the finite ``values``, a quarter ``step`` beyond them and then out to
+    the next multiples of ``step``: it moves only when the values cross a multiple plus or minus a
+    quarter step (a slider's figure then keeps its layout, and the browser draws it without a full
+    redraw), and values on whole multiples, as scales of powers of two are, sit between those
+    edges. None when no value is finite."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return None
+    pad = step / 4
+    return [float(np.floor((v.min() - pad) / step) * step), float(np.ceil((v.max() + pad) / step) * step)]
+
+
+def _share_top(percent) -> float:
+    """The top of a share axis (percent) that starts at 0: the first of 1, 2, 5 × 10^k at or above
+    1.2 times the largest finite share (1 when there is none above 0), so that it rarely moves
+    and the largest share fills a third of the axis or more."""
+    v = np.asarray(percent, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    top = 1.2 * float(v.max()) if v.size else 0.0
+    if top <= 0:
+        return 1.0
+    for k in range(-6, 4):
+        for m in (1, 2, 5):
+            if m * 10.0 ** k >= top:
+                return float(m * 10.0 ** k)
+    return top
+
+
 def _log2_ticks(values) -> dict:
     """Axis settings for log2 values: ticks at whole powers of two, at most about 6 of them,
     written "2^16" (never "2^15.5")."""
@@ -874,7 +913,8 @@ def _log2_ticks(values) -> dict:
     return {"tickmode": "linear", "tick0": 0, "dtick": step, "tickprefix": "2^"}
 
 
-def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60) -> go.Figure:
+def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60,
+                     legend_counts: bool = True) -> go.Figure:
     """log2(scale) over steps for one or more ``ScalerTrace``s, with their skipped steps.
 
     The scale is drawn as a step line through the steps where it changes; a trace that changes
@@ -889,8 +929,16 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60) ->
     2^-150; a stopped run ends its line and gets a dashed marker. ``lost``: optional dict name ->
     (steps, shares) drawn in a lower panel, e.g. the share of gradients lost to underflow at each
     step's scale; the panels share the step axis, labelled under the lowest one.
+
+    ``legend_counts=False`` leaves the counts out of the legend (each scaler's line is then named
+    by the scaler alone; ScalerLab's readout shows the counts): every slider move then keeps the
+    figure's names and layout, and the browser only moves its lines and marks. The axes' ranges
+    are fixed (to the next tick beyond the values; the lost share to 1, 2 or 5 × 10^k %) for
+    the same reason.
     """
     traces = _scaler_traces(traces)
+    if not isinstance(legend_counts, (bool, np.bool_)):
+        raise TypeError(f"legend_counts must be True or False, got {_shown(legend_counts)}")
     _title(title)
     if isinstance(max_markers, bool) or not isinstance(max_markers, (int, np.integer)) or max_markers < 1:
         raise ValueError(f"max_markers must be a whole number >= 1, got {_shown(max_markers)}")
@@ -904,16 +952,13 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60) ->
         name = t.policy.name
         y = _log2_scale(sc)
         ys.append(y)
-        end = t.steps if t.stopped_at is None else t.stopped_at + 1  # no step runs after a stop
-        sk = np.flatnonzero(t.skipped[:end])
-        shown = _thin(sk, max_markers)
-        part = _marked_part(shown.size, sk.size)
+        _, shown, part = _skipped_marks(t, max_markers)
         thinned = f" ({part} marked)" if part else ""
         data.append({
             "type": "scatter", "x": idx, "y": y, "mode": "lines",
             "line": {"shape": "hv", "color": color, "width": _line_width(k, len(traces)),
                      "dash": TRACE_DASHES[k % len(TRACE_DASHES)]},
-            "name": f"{name}: {t.skipped_count:,} skipped{thinned}", "legendgroup": name,
+            "name": f"{name}: {t.skipped_count:,} skipped{thinned}" if legend_counts else name, "legendgroup": name,
             # hover texts from numbers (a template over the scales): a string per point made a
             # slider move send 40 KB of text at a million steps
             "customdata": np.asarray(sc, np.float64),
@@ -926,7 +971,7 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60) ->
                 "type": "scatter", "x": shown, "y": np.full(shown.size, k, dtype=np.float64), "mode": "markers",
                 "marker": {"symbol": "line-ns-open", "size": 11, "color": color,
                            "line": {"width": 1.5, "color": color}},
-                "name": f"{name}: skipped" + (f" ({part} shown)" if part else ""),
+                "name": f"{name}: skipped" + (f" ({part} shown)" if part and legend_counts else ""),
                 "legendgroup": name, "showlegend": False, "yaxis": "y3", "cliponaxis": False,
                 "customdata": scale_at,
                 "hovertemplate": f"{_template_text(name)} · step %{{x:,}} skipped · scale %{{customdata:,.6~g}}"
@@ -958,6 +1003,8 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60) ->
                   "xanchor": "left", "yanchor": "top", "yshift": -1, "showarrow": False,
                   "font": {"size": 11, "color": "#555555"},
                   "text": "skipped steps, a lane per scaler" if len(traces) > 1 else "skipped steps"})
+    ticks = _log2_ticks(np.concatenate(ys))
+    scale_range = _padded_range(np.concatenate(ys), ticks["dtick"])
     layout = {
         **_WHITE,
         "title": {"text": title or "Loss scale over training steps", "x": 0.01},
@@ -968,14 +1015,15 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60) ->
         "xaxis": {**_WHITE_AXIS, **_LINEAR, "title": {"text": "step"}, "range": [0, max(n - 1, 1)], "tickformat": "~s",
                   "anchor": "y2" if rows == 2 else "y"},
         "yaxis": {**_WHITE_AXIS, **_LINEAR, "title": {"text": "loss scale (log2 axis)"}, "domain": scale_domain,
-                  **_log2_ticks(np.concatenate(ys))},
+                  **ticks, **({"range": scale_range} if scale_range else {})},
         "yaxis3": {**_LINEAR, "domain": lane_domain, "range": [len(traces) - 0.5, -0.5], "visible": False,
                    "fixedrange": True, "anchor": "x"},
         "shapes": shapes, "annotations": notes,
     }
     if rows == 2:
+        shares = [100 * np.asarray(shares, dtype=np.float64) for _, shares in lost.values()]
         layout["yaxis2"] = {**_WHITE_AXIS, **_LINEAR, "title": {"text": "% of gradients lost"}, "domain": [0, 0.24],
-                            "rangemode": "tozero", "anchor": "x"}
+                            "range": [0, _share_top(np.concatenate(shares) if shares else [])], "anchor": "x"}
     return _figure(data, layout)
 
 

@@ -850,3 +850,72 @@ def test_run_ends_and_changes_treat_nan_as_one_run(values):
     assert _changes(values).tolist() == [i for i in range(1, len(values)) if not _same(values[i], values[i - 1])]
     # a NaN that never equals NaN would split a run of NaNs into runs of one
     assert _run_ends([np.nan] * 4).tolist() == [0, 3]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.floats(-200, 200), st.just(float("nan")), st.just(float("inf"))), max_size=40),
+       st.sampled_from([1, 2, 5, 10, 25, 200]))
+def test_scale_axis_range_holds_the_values_with_room_and_snaps_to_ticks(values, step):
+    """The scale axis's fixed range: every finite value at least a quarter tick inside it, its ends
+    on whole ticks, and no more than a tick and a quarter beyond the values (None without a finite
+    value). A range snapped without the quarter-tick room (a plausible shortcut) puts a scale of a
+    whole power of two on the panel's edge."""
+    from ampviz.plots import _padded_range
+
+    got = _padded_range(values, step)
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        assert got is None
+        return
+    lo, hi = got
+    assert lo <= min(finite) - step / 4 and hi >= max(finite) + step / 4
+    assert lo > min(finite) - 1.25 * step - 1e-9 and hi < max(finite) + 1.25 * step + 1e-9
+    assert lo / step == round(lo / step) and hi / step == round(hi / step)
+    tight = [math.floor(min(finite) / step) * step, math.ceil(max(finite) / step) * step]
+    if min(finite) / step == round(min(finite) / step):
+        assert tight[0] == min(finite) and lo < tight[0]  # the shortcut's edge on the value
+
+
+def test_share_axis_top_is_a_round_number_above_the_largest_share():
+    from ampviz.plots import _share_top
+
+    assert _share_top([0.0, 0.05, float("nan")]) == 0.1  # 1.2 × 0.05 = 0.06 -> 0.1
+    assert _share_top([0.075]) == 0.1 and _share_top([0.1]) == 0.2 and _share_top([30.0]) == 50.0
+    assert _share_top([90.0]) == 200.0 and _share_top([]) == 1.0 and _share_top([0.0]) == 1.0
+    for top in (1e-5, 0.003, 0.4, 7.0, 99.0):
+        t = _share_top([top])
+        assert 1.2 * top <= t <= 3 * 1.2 * top and re.fullmatch(r"[125]e[-+]\d+", f"{t:.0e}")
+
+
+def test_plot_scale_trace_without_counts_in_the_legend():
+    """``legend_counts=False`` (ScalerLab's figure): names without counts, so a move that changes
+    the counts keeps the names, and with them the layout; the axes' ranges are fixed and hold every
+    line."""
+    from ampviz.plots import plot_scale_trace
+    from ampviz.scaling import TorchGradScaler, simulate
+
+    runs = [simulate(TorchGradScaler(growth_interval=g), found_inf=np.arange(3000) % k == 0)
+            for g, k in ((50, 7), (20, 5))]
+    counted = plot_scale_trace(runs, max_markers=60)
+    plain = plot_scale_trace(runs, max_markers=60, legend_counts=False)
+    assert [d.name for d in plain.data] == [r.policy.name for r in runs] + [f"{r.policy.name}: skipped" for r in runs]
+    assert [d.name for d in counted.data] != [d.name for d in plain.data]
+    assert all(" marked)" in d.name for d in counted.data if d.meta["kind"] == "scale")
+    for a, b in zip(counted.data, plain.data):  # only the names differ
+        assert np.array_equal(a.x, b.x) and np.array_equal(a.y, b.y) and a.hovertemplate == b.hovertemplate
+    lo, hi = plain.layout.yaxis.range
+    ys = np.concatenate([np.asarray(d.y) for d in plain.data if d.meta["kind"] == "scale"])
+    assert lo < ys.min() and ys.max() < hi and plain.layout.yaxis.autorange is None
+    with pytest.raises(TypeError, match="legend_counts must be True or False"):
+        plot_scale_trace(runs, legend_counts="no")
+
+
+def test_plot_scale_trace_lost_panel_has_a_fixed_range_over_the_shares():
+    from ampviz.plots import plot_scale_trace
+    from ampviz.scaling import TorchGradScaler, simulate
+
+    run = simulate(TorchGradScaler(), found_inf=np.zeros(100, bool))
+    steps, shares = np.arange(100), np.linspace(0, 0.0004, 100)  # up to 0.04 %
+    fig = plot_scale_trace(run, lost={"your settings": (steps, shares)})
+    assert tuple(fig.layout.yaxis2.range) == (0, 0.05)
+    assert max(fig.data[-1].y) <= fig.layout.yaxis2.range[1]

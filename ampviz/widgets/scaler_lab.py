@@ -14,7 +14,7 @@ from ampviz import scaling, synth
 from ampviz.census import underflow_fractions
 from ampviz.figureview import FigureView
 
-from ampviz.plots import format_number, plot_scale_trace
+from ampviz.plots import _skipped_marks, format_number, plot_scale_trace
 
 from ampviz.widgets.base import _Explorer, _real, _shown, _table, _whole
 
@@ -179,6 +179,8 @@ class ScalerLab(_Explorer):
     #: How many runs are kept for reuse (your recent settings, the slider's next positions, the
     #: frameworks compared).
     KEPT_RUNS = 6
+    #: Skipped steps marked per scaler at most (the readout says how many of them are).
+    MARKS = 60
 
     def _on_change(self, change):
         # only your own settings are drawn ahead; the stream and the frameworks compared stay
@@ -253,7 +255,8 @@ class ScalerLab(_Explorer):
         traces = [self._run(mine, g, loss, ("yours", settings))] + [
             self._run(scaling.PRESETS[name], g, loss, ("preset", name, stream_key)) for name in overlay]
         lost = self._lost_of(("yours", settings), traces[0], self._typical_max(g))
-        fig = plot_scale_trace(traces, lost={"your settings": lost},
+        fig = plot_scale_trace(traces, lost={"your settings": lost}, legend_counts=False,
+                               max_markers=self.MARKS,
                                title=f"{scenario} gradients (strength {strength:g}), {self.steps:,} steps, "
                                      f"{'float32' if loss == 'float32' else 'fp16'} loss")
         state = (traces, lost, self._readout_html(traces), fig, FigureView.prepare(fig))
@@ -302,7 +305,9 @@ class ScalerLab(_Explorer):
                 end = f"stopped at step {t.stopped_at:,}" + (f" ({html.escape(reason)})" if reason else "")
             else:
                 end = format_number(float(t.final.scale))
-            rows.append((html.escape(t.policy.name), f"{t.skipped_count:,}", end, low))
+            _, _, part = _skipped_marks(t, self.MARKS)
+            skipped = f"{t.skipped_count:,}" + (f" ({part} marked)" if part else "")
+            rows.append((html.escape(t.policy.name), skipped, end, low))
         return _table(("scaler", "skipped steps", "final scale", "lowest scale"), rows)
 
 

@@ -71,3 +71,107 @@ def test_fp8_step_lines_through_run_ends_draw_the_pixels_of_every_step(browser):
         page.close()
     assert shots[0] == shots[1]
     assert shots[2] != shots[0]
+
+
+# FigureView's drawing of a figure after another (its module's drawFigure), counting which of
+# plotly's calls drew it
+MOVE = """async ([first, second, sameLayout, fresh]) => {
+  %s
+  const div = document.getElementById("g");
+  const calls = [];
+  for (const name of ["react", "animate"]) {
+    if (!Plotly["__" + name]) Plotly["__" + name] = Plotly[name];
+    Plotly[name] = (...a) => { calls.push(name); return Plotly["__" + name](...a); };
+  }
+  Plotly.purge(div);
+  let shown = null;
+  if (!fresh) shown = await drawFigure(Plotly, div, decode(first.data), decode(first.layout), {displayModeBar: false}, null, false);
+  calls.length = 0;
+  await drawFigure(Plotly, div, decode(second.data), decode(second.layout), {displayModeBar: false}, shown, sameLayout);
+  return {calls, customdata: div._fullData.map((t) => t.customdata ? Array.from(t.customdata) : null),
+          points: div.calcdata.map((c) => c.length)};
+}""" % DECODE
+
+
+def _packed(fig) -> dict:
+    return json.loads(json.dumps({"data": pack(fig.to_plotly_json()["data"]),
+                                  "layout": pack(fig.to_plotly_json()["layout"])}))
+
+
+def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser):
+    """A ScalerLab move that keeps the layout is drawn by moving the traces (Plotly.animate, no
+    redraw); the pixels, the hover's numbers and the points plotly holds equal a full redraw of the
+    new figure. A move that sends the points but not their steps (x) draws other pixels."""
+    from ampviz.figureview import FigureView
+    from ampviz.widgets import ScalerLab
+
+    lab = ScalerLab(steps=20_000)
+    figs = []
+    for backoff in (0.5, 0.55, 0.6, 0.65, 0.45, 0.4):
+        lab.backoff_slider.value = backoff
+        figs.append(lab.figure)
+    keys = [FigureView.prepare(f).layout_key for f in figs]
+    a, b = next((figs[i], figs[j]) for i in range(len(figs)) for j in range(len(figs))
+                if i != j and keys[i] == keys[j])
+    assert [t.x.tolist() for t in a.data] != [t.x.tolist() for t in b.data]  # the points did move
+    first, second = _packed(a), _packed(b)
+    page = browser.new_page(viewport={"width": 1000, "height": 800})
+    try:
+        page.set_content('<div id="g" style="width:950px"></div>')
+        page.add_script_tag(path=str(PLOTLY_JS))
+        moved = page.evaluate(MOVE, [first, second, True, False])
+        moved_shot = page.locator("#g").screenshot()
+        full = page.evaluate(MOVE, [first, second, True, True])
+        full_shot = page.locator("#g").screenshot()
+        # the layout sent again (a new object): a full redraw
+        again = page.evaluate(MOVE, [first, second, False, False])
+        # a plausible wrong move: the new y on the old x
+        wrong = json.loads(json.dumps(second))
+        for t, old in zip(wrong["data"], first["data"]):
+            t["x"] = old["x"]
+        page.evaluate(MOVE, [first, first, True, True])
+        page.evaluate("""async (w) => { %s
+            const div = document.getElementById("g");
+            await Plotly.animate(div, {data: decode(w.data).map((t) => ({y: t.y})), traces: w.data.map((_, i) => i)},
+                                 {transition: {duration: 0}, frame: {duration: 0, redraw: false}, mode: "immediate"}); }"""
+                      % DECODE, second)
+        wrong_shot = page.locator("#g").screenshot()
+    finally:
+        page.close()
+    assert moved["calls"] == ["animate"] and full["calls"] == ["react"] and again["calls"] == ["react"]
+    assert moved["customdata"] == full["customdata"] and moved["points"] == full["points"]
+    assert moved_shot == full_shot
+    assert wrong_shot != full_shot
+
+
+POINTS_ONLY = """([before, data, layout, drawn]) => { %s
+  return pointsOnly({data: before}, data, layout, drawn); }""" % DECODE
+
+
+def test_only_points_on_fixed_axes_take_the_fast_path(browser):
+    """FigureView's test for a points-only move: any change but a trace's points and hover values,
+    another trace type, an axis without a fixed range or shown at another (zoomed) range, or
+    another number of traces takes a full redraw."""
+    line = {"type": "scatter", "x": [0, 1], "y": [1, 2], "name": "a", "customdata": [1, 2]}
+    fixed = {"xaxis": {"range": [0, 1]}, "yaxis": {"range": [0, 3]}, "yaxis2": {"range": [0, 1]}}
+    cases = [
+        ([line], [{**line, "y": [2, 1], "x": [0, 0.5, 1], "customdata": [3, 4]}], fixed, True),
+        ([line], [{**line, "y": [2, 1], "name": "b"}], fixed, False),  # the legend would change
+        ([line], [{**line, "line": {"width": 3}}], fixed, False),  # a style
+        ([line], [{k: v for k, v in line.items() if k != "customdata"}], fixed, False),  # hover values dropped
+        ([line], [line, line], fixed, False),
+        ([{**line, "type": "bar"}], [{**line, "type": "bar", "y": [2, 1]}], fixed, False),
+        ([line], [{**line, "y": [2, 1]}], {**fixed, "yaxis": {}}, False),  # autoranged
+        ([line], [{**line, "y": [2, 1]}], {**fixed, "yaxis": {"range": [0, 3], "autorange": True}}, False),
+        ([{**line, "yaxis": "y2"}], [{**line, "yaxis": "y2", "y": [0.5, 0.2]}], fixed, True),
+        ([{**line, "yaxis": "y2"}], [{**line, "yaxis": "y2", "y": [0.5, 0.2]}], {**fixed, "yaxis2": {}}, False),
+    ]
+    zoomed = {**fixed, "xaxis": {"range": [0.2, 0.6]}}  # as plotly holds it after a zoom
+    cases = [(before, data, layout, fixed, want) for before, data, layout, want in cases] + [
+        ([line], [{**line, "y": [2, 1]}], fixed, zoomed, False)]
+    page = browser.new_page()
+    try:
+        got = [page.evaluate(POINTS_ONLY, [before, data, layout, drawn]) for before, data, layout, drawn, _ in cases]
+    finally:
+        page.close()
+    assert got == [want for *_, want in cases]
