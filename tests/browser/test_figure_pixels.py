@@ -144,14 +144,14 @@ def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser):
     assert wrong_shot != full_shot
 
 
-POINTS_ONLY = """([before, data, layout, drawn]) => { %s
-  return pointsOnly({data: before}, data, layout, drawn); }""" % DECODE
+POINTS_ONLY = """([before, data, layout, drawn, drawnData]) => { %s
+  return pointsOnly({data: before}, data, layout, {layout: drawn, data: drawnData || before}); }""" % DECODE
 
 
 def test_only_points_on_fixed_axes_take_the_fast_path(browser):
     """FigureView's test for a points-only move: any change but a trace's points and hover values,
-    another trace type, an axis without a fixed range or shown at another (zoomed) range, or
-    another number of traces takes a full redraw."""
+    another trace type, an axis without a fixed range or shown at another (zoomed) range, a trace
+    hidden from the legend, or another number of traces takes a full redraw."""
     line = {"type": "scatter", "x": [0, 1], "y": [1, 2], "name": "a", "customdata": [1, 2]}
     fixed = {"xaxis": {"range": [0, 1]}, "yaxis": {"range": [0, 3]}, "yaxis2": {"range": [0, 1]}}
     cases = [
@@ -167,11 +167,13 @@ def test_only_points_on_fixed_axes_take_the_fast_path(browser):
         ([{**line, "yaxis": "y2"}], [{**line, "yaxis": "y2", "y": [0.5, 0.2]}], {**fixed, "yaxis2": {}}, False),
     ]
     zoomed = {**fixed, "xaxis": {"range": [0.2, 0.6]}}  # as plotly holds it after a zoom
-    cases = [(before, data, layout, fixed, want) for before, data, layout, want in cases] + [
-        ([line], [{**line, "y": [2, 1]}], fixed, zoomed, False)]
+    cases = [(before, data, layout, fixed, None, want) for before, data, layout, want in cases] + [
+        ([line], [{**line, "y": [2, 1]}], fixed, zoomed, None, False),
+        ([line], [{**line, "y": [2, 1]}], fixed, fixed, [{**line, "visible": "legendonly"}], False)]
     page = browser.new_page()
     try:
-        got = [page.evaluate(POINTS_ONLY, [before, data, layout, drawn]) for before, data, layout, drawn, _ in cases]
+        got = [page.evaluate(POINTS_ONLY, [before, data, layout, drawn, drawn_data])
+               for before, data, layout, drawn, drawn_data, _ in cases]
     finally:
         page.close()
     assert got == [want for *_, want in cases]
