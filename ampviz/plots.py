@@ -958,7 +958,8 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60,
             "type": "scatter", "x": idx, "y": y, "mode": "lines",
             "line": {"shape": "hv", "color": color, "width": _line_width(k, len(traces)),
                      "dash": TRACE_DASHES[k % len(TRACE_DASHES)]},
-            "name": f"{name}: {t.skipped_count:,} skipped{thinned}" if legend_counts else name, "legendgroup": name,
+            "name": f"{name}: {t.skipped_count:,} skipped{thinned}" if legend_counts else name,
+            "legendgroup": name,
             # hover texts from numbers (a template over the scales): a string per point made a
             # slider move send 40 KB of text at a million steps
             "customdata": np.asarray(sc, np.float64),
@@ -1021,9 +1022,9 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60,
         "shapes": shapes, "annotations": notes,
     }
     if rows == 2:
-        shares = [100 * np.asarray(shares, dtype=np.float64) for _, shares in lost.values()]
+        percents = [100 * np.asarray(shares, dtype=np.float64) for _, shares in lost.values()]
         layout["yaxis2"] = {**_WHITE_AXIS, **_LINEAR, "title": {"text": "% of gradients lost"}, "domain": [0, 0.24],
-                            "range": [0, _share_top(np.concatenate(shares) if shares else [])], "anchor": "x"}
+                            "range": [0, _share_top(np.concatenate(percents))], "anchor": "x"}
     return _figure(data, layout)
 
 

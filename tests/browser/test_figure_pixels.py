@@ -85,9 +85,10 @@ MOVE = """async ([first, second, sameLayout, fresh]) => {
   }
   Plotly.purge(div);
   let shown = null;
-  if (!fresh) shown = await drawFigure(Plotly, div, decode(first.data), decode(first.layout), {displayModeBar: false}, null, false);
+  const config = {displayModeBar: false};
+  if (!fresh) shown = await drawFigure(Plotly, div, decode(first.data), decode(first.layout), config, null, false);
   calls.length = 0;
-  await drawFigure(Plotly, div, decode(second.data), decode(second.layout), {displayModeBar: false}, shown, sameLayout);
+  await drawFigure(Plotly, div, decode(second.data), decode(second.layout), config, shown, sameLayout);
   return {calls, customdata: div._fullData.map((t) => t.customdata ? Array.from(t.customdata) : null),
           points: div.calcdata.map((c) => c.length)};
 }""" % DECODE
@@ -132,8 +133,9 @@ def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser):
         page.evaluate(MOVE, [first, first, True, True])
         page.evaluate("""async (w) => { %s
             const div = document.getElementById("g");
-            await Plotly.animate(div, {data: decode(w.data).map((t) => ({y: t.y})), traces: w.data.map((_, i) => i)},
-                                 {transition: {duration: 0}, frame: {duration: 0, redraw: false}, mode: "immediate"}); }"""
+            const frame = {data: decode(w.data).map((t) => ({y: t.y})), traces: w.data.map((_, i) => i)};
+            await Plotly.animate(div, frame, {transition: {duration: 0}, frame: {duration: 0, redraw: false},
+                                              mode: "immediate"}); }"""
                       % DECODE, second)
         wrong_shot = page.locator("#g").screenshot()
     finally:
