@@ -163,7 +163,10 @@ def _figure_parts(figure) -> tuple[list, dict]:
         raise TypeError("a figure's data must be a list of trace dicts and its layout a dict")
     _check(data)
     _check(layout)
-    return list(data), dict(layout)
+    # layout.meta (facts about the figure for Python; plotly draws nothing from it) stays with the
+    # figure: it changes at every move of a slider while the drawn layout stays, and the layout
+    # would travel again each time
+    return list(data), {k: v for k, v in layout.items() if k != "meta"}
 
 
 @lru_cache(maxsize=1)
@@ -366,7 +369,8 @@ class FigureView(anywidget.AnyWidget):
     ``FigureView(fig)`` takes a ``go.Figure`` (or ``{"data": [...], "layout": {...}}``);
     ``update(fig)`` replaces the whole figure, ``set_data(traces)`` only the traces (a list of
     trace dicts, numpy arrays welcome), ``set_layout(layout)`` only the layout. Each sends its
-    part in one message. ``data`` and ``layout`` hold what was last assigned, as given.
+    part in one message. ``data`` and ``layout`` hold what was last assigned, as given, less the
+    layout's ``meta`` (plotly draws nothing from it; it stays with the figure).
     """
 
     _esm = _ESM
@@ -428,6 +432,6 @@ class FigureView(anywidget.AnyWidget):
             raise TypeError("set_layout takes a layout dict")
         _check(layout)
         with self.hold_sync():
-            self.layout = dict(layout)
+            self.layout = {k: v for k, v in layout.items() if k != "meta"}  # as in update
             self._shown_layout = _layout_key(self.layout)
             self.revision += 1

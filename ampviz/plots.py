@@ -1849,7 +1849,19 @@ def _percent_or_gap(counts, size: int) -> np.ndarray:
 _FP8_PANELS = 520  # plot_fp8_scaling's three panels and the gaps between them, in px
 
 
-def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
+def _fp8_extents(trace) -> tuple:
+    """The finite log2 values of an ``Fp8ScalingTrace``'s value panel (amax, max / scale and the
+    underflow boundary / scale) and of its scale, each as one array."""
+    f = trace.fmt
+    scale = np.asarray(trace.scale, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        lines = [_finite_log2(trace.amax), _finite_log2(f.max / scale), _finite_log2(f.underflow_boundary / scale)]
+    values = np.concatenate([v[np.isfinite(v)] for v in lines])
+    scales = _finite_log2(scale)
+    return values, scales[np.isfinite(scales)]
+
+
+def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) -> go.Figure:
     """An ``Fp8ScalingTrace`` (``ampviz.fp8.simulate_fp8_scaling``) step by step, in three panels.
 
     Top: log2 of each step's amax, and the window the scale in force keeps: log2(max / scale)
@@ -1865,9 +1877,20 @@ def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
     ``dx``). Every trace carries ``meta["kind"]``; ``layout.meta`` holds the
     recipe, its settings, the format, the steps and values per step, the steps that saturate,
     the worst step and its counts.
+
+    The value and scale axes' ranges are fixed, out to whole ticks; ``hold``: other traces whose
+    values they also hold (Fp8ScalingLab passes the runs at its spike slider's ends, so that the
+    spike grows against still axes). The shares' legend names say on how many steps each
+    happens; ``legend_counts=False`` (Fp8ScalingLab, whose readout has the counts) leaves those
+    counts out. A slider move then keeps the layout, and the browser only moves the lines.
     """
     trace = _fp8_trace(trace)
     _title(title)
+    if not isinstance(legend_counts, (bool, np.bool_)):
+        raise TypeError(f"legend_counts must be True or False, got {_shown(legend_counts)}")
+    if not isinstance(hold, (list, tuple)):
+        raise TypeError(f"hold must be a list of Fp8ScalingTraces, got {type(hold).__name__}")
+    held = [_fp8_extents(_fp8_trace(t)) for t in (trace, *hold)]
     f, n, size = trace.fmt, trace.steps, trace.size
     amax = np.asarray(trace.amax, np.float64)
     scale = np.asarray(trace.scale, np.float64)
@@ -1876,9 +1899,12 @@ def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
         floor = _finite_log2(f.underflow_boundary / scale)
     log_amax = _finite_log2(amax)
     bad = np.flatnonzero(~np.isfinite(amax))
-    finite = np.concatenate([v[np.isfinite(v)] for v in (log_amax, ceiling, floor)]) if n else np.zeros(0)
+    finite = np.concatenate([values for values, _ in held])
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    top_range = [lo - 1.0, hi + 2.0]
+    # a step below the lowest line and two above the highest (room for the inf/NaN marks), out to
+    # whole ticks: the range moves only when the lines cross a tick
+    top_ticks = _log2_ticks([lo - 1.0, hi + 2.0])
+    top_range = _padded_range([lo - 1.0, hi + 2.0], top_ticks["dtick"])
     # the step lines of the scale (and of max and the underflow boundary over it) through the
     # first and last step of each run of one scale: drawn "hv", the same line as through every
     # step, in a fraction of the points under delayed scaling (46 runs in 2,000 steps at
@@ -1918,7 +1944,7 @@ def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
         share = _percent_or_gap(c, size)
         hover = f"step %{{x:,}} · {kind} %{{customdata:,}} of {size:,}<extra></extra>"
         data.append({"type": "scatter", "x0": 0, "dx": 1, "y": share, "mode": "lines",
-                     "name": f"{label}: {int((c > 0).sum()):,} steps", "yaxis": "y3",
+                     "name": f"{label}: {int((c > 0).sum()):,} steps" if legend_counts else label, "yaxis": "y3",
                      "legendgroup": kind, "line": {"color": FP8_COLORS[kind], "width": 1},
                      "customdata": c.astype(np.int32), "hovertemplate": hover, "meta": {"kind": kind}})
         # a step with some, between steps with none, has no line to show it: a marker each (a
@@ -1932,6 +1958,9 @@ def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
                      "hovertemplate": hover, "meta": {"kind": f"{kind} alone"}})
     worst = trace.worst_step
     settings = ", ".join(f"{k} {v}" for k, v in trace.settings.items() if k != "convention")
+    scales = np.concatenate([s for _, s in held])
+    scale_ticks = _log2_ticks(scales)
+    scale_range = _padded_range(scales, scale_ticks["dtick"])
     layout = {
         **_WHITE,
         "title": {"text": title or f"FP8 {trace.recipe} scaling, {f.name} ({settings})", "x": 0.01},
@@ -1946,9 +1975,9 @@ def plot_fp8_scaling(trace, *, title=None) -> go.Figure:
         "xaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y3", "title": {"text": "step"},
                   "range": [0, max(n - 1, 1)]},
         "yaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0.55, 1], "range": top_range, "title": {"text": "log2 |x|"},
-                  "anchor": "x", **_log2_ticks(top_range)},
+                  "anchor": "x", **top_ticks},
         "yaxis2": {**_WHITE_AXIS, **_LINEAR, "domain": [0.33, 0.5], "anchor": "x", "title": {"text": "scale"},
-                   **_log2_ticks(_finite_log2(scale))},
+                   **scale_ticks, **({"range": scale_range} if scale_range else {})},
         "yaxis3": {**_WHITE_AXIS, "domain": [0, 0.28], "anchor": "x", "type": "log", "title": {"text": "% of values"},
                    "range": [math.log10(50.0 / max(size, 1)), 2.05]},
         "meta": {"recipe": trace.recipe, "settings": dict(trace.settings), "fmt": f.name, "steps": n, "size": size,

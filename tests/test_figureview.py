@@ -162,3 +162,22 @@ def test_a_prepared_figure_sends_what_the_figure_sends_and_is_not_packed_twice()
     assert b._shown_layout == a._shown_layout and b.revision == 2  # same layout: only the data went
     with pytest.raises(TypeError, match="plotly Figure or a dict"):
         FigureView.prepare(object())
+
+
+def test_layout_meta_stays_with_the_figure():
+    """``layout.meta`` (facts for Python; plotly draws nothing from it) does not travel: figures
+    that differ only in it send their layout once, and the view's layout has none."""
+    from ampviz.figureview import FigureView
+
+    def figure(worst):
+        return {"data": [{"type": "scatter", "x": [0, 1], "y": [worst, 1]}],
+                "layout": {"title": {"text": "t"}, "meta": {"worst": worst}}}
+
+    view = FigureView(figure(1))
+    sent = []
+    view.observe(lambda c: sent.append(c["name"]), names=["data", "layout"])
+    view.update(figure(2))
+    view.update(FigureView.prepare(figure(3)))
+    assert sent == ["data", "data"] and "meta" not in view.layout and view.layout["title"]["text"] == "t"
+    view.set_layout({"title": {"text": "u"}, "meta": {"worst": 4}})
+    assert "meta" not in view.layout and sent[-1] == "layout"

@@ -342,3 +342,39 @@ def test_the_figure_sends_numbers_not_texts_and_marks_the_lone_steps():
         assert t[kind].mode == "lines" and np.array_equal(t[kind].customdata, c)
         some_runs += len(lone) < int((c > 0).sum())  # steps in runs are drawn by the line, not marked
     assert len(t["saturated alone"].x) > 0 and some_runs >= 1  # the spikes saturate alone
+
+
+def test_the_spike_grows_against_still_axes():
+    """Every position of the spike slider draws the same layout (axes that hold the runs at both
+    ends of the slider, names without counts): a move only moves the lines. The readout keeps the
+    counts the legend no longer shows; the plot function without ``hold`` fits its own run."""
+    from ampviz.figureview import FigureView
+    from ampviz.plots import plot_fp8_scaling
+
+    lab = Fp8ScalingLab(history_len=16, spike_log2=0)
+    keys = set()
+    for v in range(lab.spike_slider.min, lab.spike_slider.max + 1):
+        lab.spike_slider.value = v
+        keys.add(FigureView.prepare(lab.figure).layout_key)
+    assert len(keys) == 1
+    names = [d.name for d in lab.figure.data if d.meta["kind"] in ("saturated", "underflowed", "subnormal")]
+    assert names == ["saturated (held at ±max)", "underflowed (became 0)", "subnormal"]
+    tr = lab.trace
+    some = [int((np.asarray(c) > 0).sum()) for c in (tr.underflowed, tr.subnormal)]
+    assert f"(any: {some[0]:,})" in text(lab.readout) and f"steps with subnormals: {some[1]:,}" in text(lab.readout)
+    # the ranges hold the lines of every run given, and move with them without ``hold``
+    low, high = lab._spike_ends()
+    for fig, runs in ((lab.figure, (tr, low, high)), (plot_fp8_scaling(low), (low,))):
+        for axis, kind in (("yaxis", "amax"), ("yaxis2", "scale")):
+            lo, hi = getattr(fig.layout, axis).range
+            for run in runs:
+                y = np.log2(np.asarray(run.amax if kind == "amax" else run.scale, np.float64))
+                assert lo < y[np.isfinite(y)].min() and y[np.isfinite(y)].max() < hi
+    assert plot_fp8_scaling(low).layout.yaxis.range != lab.figure.layout.yaxis.range
+    assert [d.name for d in plot_fp8_scaling(low).data if d.meta["kind"] == "saturated"][0].endswith(" steps")
+    with pytest.raises(TypeError, match="hold must be a list of Fp8ScalingTraces"):
+        plot_fp8_scaling(low, hold=low)
+    with pytest.raises(TypeError, match="Fp8ScalingTrace"):
+        plot_fp8_scaling(low, hold=[1])
+    with pytest.raises(TypeError, match="legend_counts must be True or False"):
+        plot_fp8_scaling(low, legend_counts=None)

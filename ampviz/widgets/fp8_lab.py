@@ -66,6 +66,7 @@ class Fp8ScalingLab(_Explorer):
     def __init__(self, recipe="delayed", *, history_len=1024, algo="max", margin=0, fmt="fp8_e4m3", spike_log2=8,
                  nonfinite="none", seed=0):
         self._init_common()
+        self._ends: dict = {}  # settings (all but the spike) -> the runs at the spike slider's ends
         for name, value, options in (("recipe", recipe, RECIPES), ("fmt", fmt, FORMATS),
                                      ("nonfinite", nonfinite, NONFINITE)):
             allowed = [v for _, v in options]
@@ -162,9 +163,23 @@ class Fp8ScalingLab(_Explorer):
         if (state := self._kept_state(key)) is not None:
             return state
         stream, trace = self.simulate(**changed)
-        fig = plot_fp8_scaling(trace)
+        fig = plot_fp8_scaling(trace, legend_counts=False, hold=self._spike_ends(**changed))
         state = (stream, trace, self._readout_html(trace), fig, FigureView.prepare(fig))
         return self._keep_state(key, state, self.KEPT_DRAWN)
+
+    def _spike_ends(self, **changed) -> tuple:
+        """The runs at the spike slider's two ends with the other settings as given (kept per
+        settings): the figure's axes hold them too, so the spike grows against still axes and a
+        move of the slider only moves the lines."""
+        key = tuple(sorted((k, v) for k, v in self._settings(**changed).items() if k != "spike_log2"))
+        ends = self._ends.get(key)
+        if ends is None:
+            ends = tuple(self.simulate(**{**changed, "spike_log2": v})[1]
+                         for v in (self.spike_slider.min, self.spike_slider.max))
+            self._ends[key] = ends
+            while len(self._ends) > self.KEPT_DRAWN:
+                self._ends.pop(next(iter(self._ends)))
+        return ends
 
     def update(self) -> None:
         """Simulate with the controls' settings and redraw."""
@@ -179,8 +194,10 @@ class Fp8ScalingLab(_Explorer):
         n = trace.steps
         lossy = int((trace.underflowed_share >= 0.01).sum())
         w = trace.worst_step
+        some = {k: int((np.asarray(getattr(trace, k)) > 0).sum()) for k in ("underflowed", "subnormal")}
         line = (f"steps that saturate: {trace.saturated_steps:,} of {n:,} · "
-                f"steps that lose ≥ 1% to underflow: {lossy:,} · "
+                f"steps that lose ≥ 1% to underflow: {lossy:,} (any: {some['underflowed']:,}) · "
+                f"steps with subnormals: {some['subnormal']:,} · "
                 f"mean underflowed {format_share(float(np.mean(trace.underflowed_share)))}")
         worst = (f"worst step {w:,}: {int(trace.saturated[w]):,} saturated, {int(trace.underflowed[w]):,} "
                  f"underflowed ({format_share(trace.underflowed_share[w])}) of {trace.size:,} values, "

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import plotly
+import pytest
 
 from ampviz.figureview import _ESM, pack
 from ampviz.fp8 import simulate_fp8_scaling
@@ -94,16 +95,20 @@ MOVE = """async ([first, second, sameLayout, fresh]) => {
 }""" % DECODE
 
 
+def _most_moved(a, b) -> int:
+    """The index of the trace whose y differs most between figures ``a`` and ``b``."""
+    def gap(s, t):
+        s, t = np.asarray(s if s is not None else [], np.float64), np.asarray(t if t is not None else [], np.float64)
+        return np.inf if s.shape != t.shape else float(np.nansum(np.abs(s - t)))
+    return int(np.argmax([gap(s.y, t.y) for s, t in zip(a.data, b.data)]))
+
+
 def _packed(fig) -> dict:
     return json.loads(json.dumps({"data": pack(fig.to_plotly_json()["data"]),
                                   "layout": pack(fig.to_plotly_json()["layout"])}))
 
 
-def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser):
-    """A ScalerLab move that keeps the layout is drawn by moving the traces (Plotly.animate, no
-    redraw); the pixels, the hover's numbers and the points plotly holds equal a full redraw of the
-    new figure. A move that sends the points but not their steps (x) draws other pixels."""
-    from ampviz.figureview import FigureView
+def _scaler_figures() -> list:
     from ampviz.widgets import ScalerLab
 
     lab = ScalerLab(steps=20_000)
@@ -111,10 +116,33 @@ def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser):
     for backoff in (0.5, 0.55, 0.6, 0.65, 0.45, 0.4):
         lab.backoff_slider.value = backoff
         figs.append(lab.figure)
+    return figs
+
+
+def _fp8_figures() -> list:
+    from ampviz.widgets import Fp8ScalingLab
+
+    lab = Fp8ScalingLab(history_len=16, spike_log2=4)
+    figs = []
+    for spike in (4, 5):
+        lab.spike_slider.value = spike
+        figs.append(lab.figure)
+    return figs
+
+
+@pytest.mark.parametrize("figures", [_scaler_figures, _fp8_figures])
+def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser, figures):
+    """A ScalerLab or Fp8ScalingLab move that keeps the layout is drawn by moving the traces
+    (Plotly.animate, no redraw); the pixels, the hover's numbers and the points plotly holds equal
+    a full redraw of the new figure. A move that leaves one trace out (the one whose points change
+    most) draws other pixels."""
+    from ampviz.figureview import FigureView
+
+    figs = figures()
     keys = [FigureView.prepare(f).layout_key for f in figs]
     a, b = next((figs[i], figs[j]) for i in range(len(figs)) for j in range(len(figs))
                 if i != j and keys[i] == keys[j])
-    assert [t.x.tolist() for t in a.data] != [t.x.tolist() for t in b.data]  # the points did move
+    assert json.dumps(_packed(a)["data"]) != json.dumps(_packed(b)["data"])  # the points did move
     first, second = _packed(a), _packed(b)
     page = browser.new_page(viewport={"width": 1000, "height": 800})
     try:
@@ -126,17 +154,15 @@ def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser):
         full_shot = page.locator("#g").screenshot()
         # the layout sent again (a new object): a full redraw
         again = page.evaluate(MOVE, [first, second, False, False])
-        # a plausible wrong move: the new y on the old x
-        wrong = json.loads(json.dumps(second))
-        for t, old in zip(wrong["data"], first["data"]):
-            t["x"] = old["x"]
+        # a plausible wrong move: one trace left out of the frame (an index off by one)
         page.evaluate(MOVE, [first, first, True, True])
-        page.evaluate("""async (w) => { %s
+        page.evaluate("""async ([w, skip]) => { %s
             const div = document.getElementById("g");
-            const frame = {data: decode(w.data).map((t) => ({y: t.y})), traces: w.data.map((_, i) => i)};
+            const moved = decode(w.data).map((t) => ({x: t.x, y: t.y})).filter((_, i) => i !== skip);
+            const frame = {data: moved, traces: w.data.map((_, i) => i).filter((i) => i !== skip)};
             await Plotly.animate(div, frame, {transition: {duration: 0}, frame: {duration: 0, redraw: false},
                                               mode: "immediate"}); }"""
-                      % DECODE, second)
+                      % DECODE, [second, _most_moved(a, b)])
         wrong_shot = page.locator("#g").screenshot()
     finally:
         page.close()
