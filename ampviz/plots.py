@@ -1849,16 +1849,22 @@ def _percent_or_gap(counts, size: int) -> np.ndarray:
 _FP8_PANELS = 520  # plot_fp8_scaling's three panels and the gaps between them, in px
 
 
-def _fp8_extents(trace) -> tuple:
-    """The finite log2 values of an ``Fp8ScalingTrace``'s value panel (amax, max / scale and the
-    underflow boundary / scale) and of its scale, each as one array."""
+def _fp8_lines(trace) -> tuple:
+    """log2 of an ``Fp8ScalingTrace``'s amax, max / scale, underflow boundary / scale and scale
+    at every step (NaN where not finite)."""
     f = trace.fmt
     scale = np.asarray(trace.scale, np.float64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        lines = [_finite_log2(trace.amax), _finite_log2(f.max / scale), _finite_log2(f.underflow_boundary / scale)]
-    values = np.concatenate([v[np.isfinite(v)] for v in lines])
-    scales = _finite_log2(scale)
-    return values, scales[np.isfinite(scales)]
+        return (_finite_log2(trace.amax), _finite_log2(f.max / scale), _finite_log2(f.underflow_boundary / scale),
+                _finite_log2(scale))
+
+
+def _fp8_extents(lines) -> tuple:
+    """``_fp8_lines``' finite values: the value panel's (amax and both bounds) as one array, and
+    the scale's."""
+    log_amax, ceiling, floor, log_scale = lines
+    values = np.concatenate([v[np.isfinite(v)] for v in (log_amax, ceiling, floor)])
+    return values, log_scale[np.isfinite(log_scale)]
 
 
 def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) -> go.Figure:
@@ -1890,14 +1896,12 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
         raise TypeError(f"legend_counts must be True or False, got {_shown(legend_counts)}")
     if not isinstance(hold, (list, tuple)):
         raise TypeError(f"hold must be a list of Fp8ScalingTraces, got {type(hold).__name__}")
-    held = [_fp8_extents(_fp8_trace(t)) for t in (trace, *hold)]
+    lines = _fp8_lines(trace)
+    held = [_fp8_extents(lines)] + [_fp8_extents(_fp8_lines(_fp8_trace(t))) for t in hold]
     f, n, size = trace.fmt, trace.steps, trace.size
     amax = np.asarray(trace.amax, np.float64)
     scale = np.asarray(trace.scale, np.float64)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        ceiling = _finite_log2(f.max / scale)
-        floor = _finite_log2(f.underflow_boundary / scale)
-    log_amax = _finite_log2(amax)
+    log_amax, ceiling, floor, log_scale = lines
     bad = np.flatnonzero(~np.isfinite(amax))
     finite = np.concatenate([values for values, _ in held])
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
@@ -1931,7 +1935,7 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
                      "marker": {"symbol": "star", "size": 10, "color": FP8_COLORS["nonfinite"]},
                      "hovertext": [f"step {i:,} · amax {format_number(amax[i])}" for i in bad.tolist()],
                      "hoverinfo": "text", "cliponaxis": False, "meta": {"kind": "nonfinite"}})
-    data.append({"type": "scatter", "x": runs, "y": _finite_log2(scale[runs]), "mode": "lines",
+    data.append({"type": "scatter", "x": runs, "y": log_scale[runs], "mode": "lines",
                  "name": "scale in force",
                  "yaxis": "y2", "line": {"color": FP8_COLORS["scale"], "width": 2, "shape": "hv"},
                  "customdata": np.asarray(trace.scale, np.float32)[runs],

@@ -154,6 +154,18 @@ class _Explorer:
             self._drawn_states.popitem(last=False)
         return state
 
+    @staticmethod
+    def _recent(cache: OrderedDict, key, make, most: int):
+        """``cache[key]``, made by ``make()`` when it is not there; only the ``most`` most recently
+        used entries are kept."""
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        cache[key] = value = make()
+        while len(cache) > most:
+            cache.popitem(last=False)
+        return value
+
     def _show_error(self, exc: BaseException) -> None:
         if isinstance(exc, (ValueError, TypeError, OverflowError)):
             text = str(exc)

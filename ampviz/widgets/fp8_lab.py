@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from collections import OrderedDict
 
 import numpy as np
 
@@ -66,7 +67,7 @@ class Fp8ScalingLab(_Explorer):
     def __init__(self, recipe="delayed", *, history_len=1024, algo="max", margin=0, fmt="fp8_e4m3", spike_log2=8,
                  nonfinite="none", seed=0):
         self._init_common()
-        self._ends: dict = {}  # settings (all but the spike) -> the runs at the spike slider's ends
+        self._ends = OrderedDict()  # settings (all but the spike) -> the runs at the spike slider's ends
         for name, value, options in (("recipe", recipe, RECIPES), ("fmt", fmt, FORMATS),
                                      ("nonfinite", nonfinite, NONFINITE)):
             allowed = [v for _, v in options]
@@ -172,14 +173,9 @@ class Fp8ScalingLab(_Explorer):
         settings): the figure's axes hold them too, so the spike grows against still axes and a
         move of the slider only moves the lines."""
         key = tuple(sorted((k, v) for k, v in self._settings(**changed).items() if k != "spike_log2"))
-        ends = self._ends.get(key)
-        if ends is None:
-            ends = tuple(self.simulate(**{**changed, "spike_log2": v})[1]
-                         for v in (self.spike_slider.min, self.spike_slider.max))
-            self._ends[key] = ends
-            while len(self._ends) > self.KEPT_DRAWN:
-                self._ends.pop(next(iter(self._ends)))
-        return ends
+        return self._recent(self._ends, key, lambda: tuple(self.simulate(**{**changed, "spike_log2": v})[1]
+                                                          for v in (self.spike_slider.min, self.spike_slider.max)),
+                            self.KEPT_DRAWN)
 
     def update(self) -> None:
         """Simulate with the controls' settings and redraw."""

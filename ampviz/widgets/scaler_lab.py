@@ -203,25 +203,13 @@ class ScalerLab(_Explorer):
 
     def _run(self, policy, g, loss: str, key) -> "scaling.ScalerTrace":
         """``simulate(policy)`` on the stream, reused when the same settings ran recently."""
-        if key in self._runs:
-            self._runs.move_to_end(key)
-            return self._runs[key]
-        trace = scaling.simulate(policy, grad_max=g, loss_dtype=loss)
-        self._runs[key] = trace
-        while len(self._runs) > 2 * self.KEPT_RUNS:  # a run and its lost share each
-            self._runs.popitem(last=False)
-        return trace
+        return self._recent(self._runs, key, lambda: scaling.simulate(policy, grad_max=g, loss_dtype=loss),
+                            2 * self.KEPT_RUNS)  # a run and its lost share each
 
     def _lost_of(self, key, trace, level: float):
         """``_lost_share(trace, level)``, kept with the run it belongs to."""
-        full = ("lost", key, level)
-        if full in self._runs:
-            self._runs.move_to_end(full)
-        else:
-            self._runs[full] = self._lost_share(trace, level)
-            while len(self._runs) > 2 * self.KEPT_RUNS:
-                self._runs.popitem(last=False)
-        return self._runs[full]
+        return self._recent(self._runs, ("lost", key, level), lambda: self._lost_share(trace, level),
+                            2 * self.KEPT_RUNS)
 
     def _settings(self, **changed) -> tuple:
         """Your settings as a key (``changed`` replaces some, by slider attribute name)."""
