@@ -272,7 +272,7 @@ class Walk:
         for s in self.snapshots:
             if s.key == key:
                 return s
-        raise KeyError(f"{key!r}: one of {', '.join(s.key for s in self.snapshots)}")
+        raise KeyError(f"{_shown(key)}: one of {', '.join(_shown(s.key) for s in self.snapshots)}")
 
     @property
     def table(self) -> Table:

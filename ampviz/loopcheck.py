@@ -1171,7 +1171,7 @@ class CheckReport:
         for r in self.results:
             if r.name == name:
                 return r
-        raise KeyError(f"{name!r}: one of {', '.join(r.name for r in self.results)}")
+        raise KeyError(f"{_shown(name)}: one of {', '.join(_shown(r.name) for r in self.results)}")
 
     @property
     def table(self) -> Table:

@@ -1130,7 +1130,8 @@ def heat_mode_of(modes, heat_mode=None) -> str | None:
     modes = list(modes)
     if heat_mode is not None:
         if heat_mode not in modes:
-            raise ValueError(f"heat_mode {heat_mode!r} is not one of the runs ({', '.join(modes) or 'none'})")
+            raise ValueError(f"heat_mode {_shown(heat_mode)} is not one of the runs "
+                             f"({', '.join(map(_shown, modes)) or 'none'})")
         return heat_mode
     return next((m for m in HEAT_MODE_ORDER if m in modes), modes[0] if modes else None)
 

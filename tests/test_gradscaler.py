@@ -203,8 +203,10 @@ def test_walk_iteration_clean():
     text = str(walk)
     assert "12.5 × 65536 = 819200" in text and "[196608, -262144]" in text
     assert "<table>" in walk._repr_html_()
-    with pytest.raises(KeyError):
-        walk["zero_grad"]
+    with pytest.raises(KeyError) as err:
+        walk["zero_grad\nx"]
+    message = err.value.args[0]
+    assert "\n" not in message and "'zero_grad\\nx'" in message and "'step'" in message
 
 
 def test_walk_iteration_overflow_and_growth():

@@ -100,6 +100,15 @@ def test_live_traces_skip_error_records_and_keep_the_order():
         live_traces({"fp32": recs}, heat_mode="bf16")
 
 
+def test_heat_mode_error_stays_on_one_line_whatever_the_run_names():
+    from ampviz.plots import heat_mode_of
+    with pytest.raises(ValueError) as err:
+        heat_mode_of(["\n", "fp16\nx"], heat_mode="bf16\n")
+    message = str(err.value)
+    assert "\n" not in message and "'fp16\\nx'" in message and "'bf16\\n'" in message
+    assert heat_mode_of(["\n", "fp16"], heat_mode="\n") == "\n"
+
+
 # ----- LiveTrainer -----
 def test_import_of_widgets_does_not_import_torch():
     code = "import ampviz.widgets, sys; assert 'torch' not in sys.modules"

@@ -334,6 +334,13 @@ def test_a_chosen_step_and_custom_scenarios():
     assert r["late"].status == "wrong" and r["late"].iteration == 4 and "in iteration 4" in r["late"].message
     assert r["clipping"].status == "ok"
     assert L.check_loop(L.reference_step, scenarios=[late]).ok
+    odd = dataclasses.replace(late, name="two\nlines")
+    report = L.check_loop(L.reference_step, scenarios=[odd])
+    assert report["two\nlines"].status == "ok"
+    with pytest.raises(KeyError) as err:
+        report["late"]
+    message = err.value.args[0]
+    assert "\n" not in message and "'two\\nlines'" in message
 
 
 def test_resume_needs_save_and_load():
