@@ -214,17 +214,26 @@ function decode(v) {
 // already drawn and on axes whose ranges are fixed, is drawn by moving those traces
 // (Plotly.animate without a redraw): plotly then skips the layout's defaults, the axes, the
 // legend and the annotations, about half of a full redraw. Anything else takes Plotly.react.
-const POINT_KEYS = ["x", "y", "customdata", "hovertext"];
+const POINT_KEYS = ["x", "y", "customdata", "hovertext", "text"];
 
-function fixedAxis(layout, drawn, ref, letter) {
+function fixedAxis(layout, drawn, ref, letter, matched) {
   const name = letter + "axis" + (typeof ref === "string" ? ref.slice(1) : "");
   const ax = layout[name], now = drawn.layout[name];
   const range = ax && ax.range;  // a list, or a typed array as it travelled
-  return !!range && (Array.isArray(range) || ArrayBuffer.isView(range)) && range.length === 2
-    && (ax.autorange === undefined || ax.autorange === false)
-    && ax.matches === undefined && ax.scaleanchor === undefined
+  const fixed = !!range && (Array.isArray(range) || ArrayBuffer.isView(range)) && range.length === 2
+    && (ax.autorange === undefined || ax.autorange === false) && ax.scaleanchor === undefined
     // as drawn: a learner's zoom or pan is reset by a full redraw, as on every other move
     && !!now && !!now.range && now.range[0] === range[0] && now.range[1] === range[1];
+  if (!fixed || ax.matches === undefined) return fixed;
+  // an axis that matches another: fixed when that one is, over the same range
+  const other = layout[letter + "axis" + String(ax.matches).slice(1)];
+  return !matched && !!other && !!other.range && other.range[0] === range[0] && other.range[1] === range[1]
+    && fixedAxis(layout, drawn, ax.matches, letter, true);
+}
+
+function pointCount(trace) {
+  const x = trace.x, y = trace.y;
+  return x && x.length !== undefined ? x.length : y && y.length !== undefined ? y.length : 0;
 }
 
 // ``drawn``: the figure as plotly holds it now (``layout``: its axes' ranges as shown; ``data``:
@@ -234,6 +243,8 @@ function pointsOnly(before, data, layout, drawn) {
   for (let i = 0; i < data.length; i++) {
     const a = before.data[i], b = data[i];
     if (drawn.data[i].visible !== b.visible) return false;  // a full redraw shows it again, as before
+    // an empty trace has no legend entry: one that empties or fills changes the legend
+    if ((pointCount(a) === 0) !== (pointCount(b) === 0)) return false;
     if ((a.type || "scatter") !== "scatter" || (b.type || "scatter") !== "scatter") return false;
     for (const k of new Set([...Object.keys(a), ...Object.keys(b)])) {
       if (POINT_KEYS.includes(k) ? !(k in b) : JSON.stringify(a[k]) !== JSON.stringify(b[k])) return false;

@@ -1643,40 +1643,28 @@ def _block_element_format(result, codes: np.ndarray, values: np.ndarray, step: n
                      "mx_quantize returned for x")
 
 
-def plot_blocks(x, result, *, title=None) -> go.Figure:
-    """A row of values ``x`` and its block quantization ``result`` (``ampviz.blocks.mx_quantize``'s
-    ``MXBlocks`` or ``nvfp4_quantize``'s ``NVFP4Blocks`` of the same row), element by element.
+def _log2_magnitude(values) -> np.ndarray:
+    """log2 |v| for each finite nonzero v, NaN for 0, inf and NaN (float64)."""
+    a = np.abs(np.asarray(values, np.float64))
+    drawn = np.isfinite(a) & (a > 0)
+    out = np.full(a.shape, np.nan)
+    out[drawn] = np.log2(a[drawn])
+    return out
 
-    Top panel: each original value (open circle) and its dequantized value (a short level across
-    the element), the blocks delimited by dotted lines, each block's range ±(element max × block
-    scale) as a grey step and its scale written above it (2^k for MX's E8M0 scale; the E4M3 block
-    scale × the tensor scale for NVFP4). An element beyond its block's range is held at it
-    (saturated: a triangle); a nonzero element that dequantizes to 0 is flushed (a cross). Bottom
-    panel: each element's relative error |q - x| / |x| (0 where x is 0) as a filled step one element
-    wide: one outlier raises its block's scale, and its neighbours' errors rise with it.
 
-    Both per-element rows are single paths, not a mark per element: each plotly mark costs about
-    0.1 ms whenever the figure is redrawn, and every slider move redraws them all. The dequantized
-    row's points are ``(i - 0.35, q_i), (i + 0.35, q_i), gap`` for each element i (its
-    ``customdata`` holds the block scale's text); the error row's are ``(-0.5, e_0)``, then
-    ``(i, e_i)`` for each element, then ``(n - 0.5, e_{n-1})``, drawn as a centred step (its
-    ``customdata`` holds the element).
-
-    Every trace carries ``meta["kind"]`` (original, dequantized, range, saturated, flushed,
-    error); ``layout.meta`` holds the scheme, element format, block size, each block's scale
-    (its pattern and value), the tensor scale, the counts saturated and flushed and each block's
-    worst relative error.
-    """
+def _block_parts(x, result, what: str = "x") -> dict:
+    """``plot_blocks``' per-element arrays for a row ``x`` and its quantization ``result``,
+    checked: the row, the dequantized values, the codes, the block scales and the element format,
+    each block's largest and smallest nonzero value, and which elements saturated or flushed."""
     from ampviz.blocks import MXBlocks, NVFP4Blocks
     from ampviz.formats import FP4_E2M1, FP8_E4M3
 
-    _title(title)
     if not isinstance(result, (MXBlocks, NVFP4Blocks)):
         raise TypeError(f"result must be MXBlocks or NVFP4Blocks (from ampviz.blocks), got {type(result).__name__}")
     try:
         xs = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError):
-        raise TypeError(f"x must be a row of numbers, got {_shown(x)}") from None
+        raise TypeError(f"{what} must be a row of numbers, got {_shown(x)}") from None
     with np.errstate(over="ignore"):
         xs = xs.astype(np.float32)
     values = np.asarray(result.values, np.float32)
@@ -1684,8 +1672,8 @@ def plot_blocks(x, result, *, title=None) -> go.Figure:
     scales = np.asarray(result.scales)
     if xs.ndim != 1 or values.shape != xs.shape or scales.ndim != 1 or not scales.size \
             or xs.size % scales.size:
-        raise ValueError(f"x must be one row and result its quantization: x has shape {xs.shape}, result's "
-                         f"values {values.shape} and scales {scales.shape}")
+        raise ValueError(f"{what} must be one row and result its quantization: {what} has shape {xs.shape}, "
+                         f"result's values {values.shape} and scales {scales.shape}")
     n, blocks = xs.size, scales.size
     bs = n // blocks
     nvfp4 = isinstance(result, NVFP4Blocks)
@@ -1702,64 +1690,148 @@ def plot_blocks(x, result, *, title=None) -> go.Figure:
         elem_step = np.repeat(step, bs)
         fmt = fmt if nvfp4 else _block_element_format(result, codes, values, elem_step)
         top = fmt.max * step.astype(np.float64)  # each block's largest value
-        elem_top = np.repeat(top, bs)
+        least = fmt.smallest_subnormal * step.astype(np.float64)  # and its smallest nonzero one
         ax = np.abs(xs.astype(np.float64))
-        saturated = np.isfinite(elem_top) & (ax > elem_top)
+        saturated = np.isfinite(np.repeat(top, bs)) & (ax > np.repeat(top, bs))
         flushed = (xs != 0) & np.isfinite(xs) & (values == 0)
         err = np.where(xs != 0, np.abs(values.astype(np.float64) - xs) / ax, np.abs(values.astype(np.float64)))
+    return {"xs": xs, "values": values, "scales": scales, "n": n, "blocks": blocks, "bs": bs, "nvfp4": nvfp4,
+            "fmt": fmt, "block_scale": block_scale, "ts": ts, "step": step, "top": top, "least": least,
+            "saturated": saturated, "flushed": flushed, "err": err}
+
+
+def _block_extents(parts: dict) -> np.ndarray:
+    """The finite log2 magnitudes ``plot_blocks`` draws on its value axis for ``parts``: the
+    row's, the dequantized values' and each block's largest and smallest nonzero value."""
+    logs = np.concatenate([_log2_magnitude(parts[k]) for k in ("xs", "values", "top", "least")])
+    return logs[np.isfinite(logs)]
+
+
+def plot_blocks(x, result, *, title=None, legend_counts: bool = True, hold=()) -> go.Figure:
+    """A row of values ``x`` and its block quantization ``result`` (``ampviz.blocks.mx_quantize``'s
+    ``MXBlocks`` or ``nvfp4_quantize``'s ``NVFP4Blocks`` of the same row), element by element.
+
+    Top panel, magnitudes on a log2 axis (block scaling keeps the sign; what it loses is size):
+    each original |value| (an open circle) and its dequantized one (a short level across the
+    element), the blocks delimited by dotted lines, each block's range as two grey steps, its
+    largest value (element max × block scale, solid) and its smallest nonzero one (the element
+    format's smallest subnormal × block scale, dotted), and its scale written above it (2^k for
+    MX's E8M0 scale; for NVFP4 the E4M3 block scale, which the tensor scale, given in the default
+    title, multiplies). A
+    value of 0 sits on a row of its own, labelled 0, under the axis's powers of two. An element
+    beyond its block's range is held at it (saturated: a triangle); a nonzero element that
+    dequantizes to 0 is flushed (a cross on the 0 row): an outlier lifts its block's range, and
+    the neighbours that fall below the range's floor are flushed. Bottom panel: each element's
+    relative error |q - x| / |x| (0 where x is 0) as a filled step one element wide.
+
+    The per-element rows are single paths where they can be, not a mark per element: the
+    dequantized row's points are ``(i - 0.35, log2|q_i|), (i + 0.35, log2|q_i|), gap`` for each
+    element i (its ``customdata`` holds, per point, the block scale's text and q); the error
+    row's are ``(-0.5, e_0)``, then ``(i, e_i)`` for each element, then ``(n - 0.5, e_{n-1})``,
+    drawn as a centred step (its ``customdata`` holds the element). The originals' ``customdata``
+    holds each element's block and value. The scale texts are a text trace (kind "scale") above
+    the value panel.
+
+    The value axis's range is fixed, out to whole ticks, over this row and the ``(x, result)``
+    pairs given in ``hold`` (BlockExplorer passes the rows at its outlier slider's ends, so that
+    the outlier moves against a still axis and a move only moves the marks). The saturated and
+    flushed traces are there even when empty (an empty trace has no legend entry). With
+    ``legend_counts=False`` the legend names them without their counts.
+
+    Every trace carries ``meta["kind"]`` (range, least, original, dequantized, saturated,
+    flushed, error, scale); ``layout.meta`` holds the scheme, element format, block size, each
+    block's scale (its pattern and value), the tensor scale, the counts saturated and flushed,
+    each block's worst relative error and the zero row's place on the value axis (``zero_y``).
+    """
+    _title(title)
+    if not isinstance(legend_counts, (bool, np.bool_)):
+        raise TypeError(f"legend_counts must be True or False, got {_shown(legend_counts)}")
+    if not isinstance(hold, (list, tuple)):
+        raise TypeError(f"hold must be a list of (x, result) pairs, got {type(hold).__name__}")
+    p = _block_parts(x, result)
+    held = [_block_extents(p)]
+    for pair in hold:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise TypeError(f"hold must be a list of (x, result) pairs, got an item {_shown(pair)}")
+        held.append(_block_extents(_block_parts(*pair, what="each held x")))
+    xs, values, n, blocks, bs, fmt, step = p["xs"], p["values"], p["n"], p["blocks"], p["bs"], p["fmt"], p["step"]
+    nvfp4, ts, err = p["nvfp4"], p["ts"], p["err"]
     idx = np.arange(n)
     worst = [float(np.nanmax(err[b * bs:(b + 1) * bs])) if np.isfinite(err[b * bs:(b + 1) * bs]).any() else None
              for b in range(blocks)]
 
+    # the value axis: whole powers of two from below the lowest magnitude to above the highest,
+    # and two binades under them the row of zeros
+    finite = np.concatenate(held)
+    lo, hi = (float(np.floor(finite.min())), float(np.ceil(finite.max()))) if finite.size else (-1.0, 1.0)
+    ticks = _log2_ticks([lo, hi])
+    dtick = ticks["dtick"]
+    zero_y = lo - 2.0
+    powers = np.arange(np.ceil(lo / dtick) * dtick, hi + dtick / 2, dtick)
+    y_axis = {"range": [zero_y - 1.0, hi + 0.75], "tickmode": "array",
+              "tickvals": [zero_y, *powers.tolist()], "ticktext": ["0", *[f"2^{int(v)}" for v in powers]]}
+
+    def on_axis(v):
+        """log2 |v|, with 0 on the zero row (inf and NaN: not drawn)."""
+        y = _log2_magnitude(v)
+        y[np.asarray(v) == 0] = zero_y
+        return y
+
     def scale_text(b: int) -> str:
         if not np.isfinite(step[b]):
             return "NaN"
-        if nvfp4:
-            s = format_number(block_scale[b])
-            return s if ts is None else f"{s}×{format_number(ts)}"
-        return _pow2_short(block_scale[b])
+        return format_number(p["block_scale"][b]) if nvfp4 else _pow2_short(p["block_scale"][b])
 
     # the dequantized values as levels 0.7 elements wide, one path (see the docstring)
     tick_x = np.repeat(idx.astype(np.float64), 3) + np.tile([-0.35, 0.35, np.nan], n)
-    tick_y = np.repeat(values.astype(np.float64), 3)
+    tick_y = np.repeat(on_axis(values), 3)
     tick_y[2::3] = np.nan
     scale_texts = [scale_text(b) for b in range(blocks)]
-    tick_data = np.repeat(np.array(scale_texts, dtype=object)[idx // bs], 3)
+    tick_data = np.empty((3 * n, 2), dtype=object)
+    tick_data[:, 0] = np.repeat(np.array(scale_texts, dtype=object)[idx // bs], 3)
+    tick_data[:, 1] = np.repeat(values.astype(np.float64), 3)
     tick_data[2::3] = None
     edges = np.full(3 * blocks, np.nan)
     edges[0::3], edges[1::3] = idx[::bs] - 0.5, idx[::bs] + bs - 0.5
-    rng_y = np.full(3 * blocks, np.nan)
-    rng_y[0::3] = rng_y[1::3] = top
+
+    def block_steps(v):
+        y = np.full(3 * blocks, np.nan)
+        y[0::3] = y[1::3] = _log2_magnitude(v)
+        return y
+
     data = [
-        {"type": "scatter", "x": edges, "y": rng_y, "mode": "lines", "name": "block range (± max × scale)",
-         "line": {"color": BLOCK_COLORS["range"], "width": 1.5}, "legendgroup": "range", "hoverinfo": "skip",
-         "meta": {"kind": "range"}},
-        {"type": "scatter", "x": edges, "y": -rng_y, "mode": "lines", "showlegend": False,
-         "line": {"color": BLOCK_COLORS["range"], "width": 1.5}, "legendgroup": "range", "hoverinfo": "skip",
-         "meta": {"kind": "range_low"}},
+        {"type": "scatter", "x": edges, "y": block_steps(p["top"]), "mode": "lines",
+         "name": "block's largest value (max × scale)", "line": {"color": BLOCK_COLORS["range"], "width": 1.5},
+         "hoverinfo": "skip", "meta": {"kind": "range"}},
+        {"type": "scatter", "x": edges, "y": block_steps(p["least"]), "mode": "lines",
+         "name": "smallest nonzero (× scale)", "line": {"color": BLOCK_COLORS["range"], "width": 1.5, "dash": "dot"},
+         "hoverinfo": "skip", "meta": {"kind": "least"}},
         # hover texts are templates over numbers (and each element's block scale as text), not a
         # string per element: a slider move sends less than half the bytes
-        {"type": "scatter", "x": idx, "y": xs, "mode": "markers", "name": "original",
+        {"type": "scatter", "x": idx, "y": on_axis(xs), "mode": "markers", "name": "original",
          "marker": {"symbol": "circle-open", "size": 8, "color": BLOCK_COLORS["original"]},
-         "customdata": idx // bs, "hovertemplate": "element %{x} (block %{customdata}) · x = %{y:.4~g}<extra></extra>",
+         "customdata": np.column_stack([idx // bs, xs.astype(np.float64)]),
+         "hovertemplate": "element %{x} (block %{customdata[0]}) · x = %{customdata[1]:.4~g}<extra></extra>",
          "meta": {"kind": "original"}},
         {"type": "scatter", "x": tick_x, "y": tick_y, "mode": "lines", "name": "dequantized",
          "line": {"color": BLOCK_COLORS["dequantized"], "width": 2.5},
          "customdata": tick_data, "hoveron": "points",
-         "hovertemplate": "element %{x:.0f} · q = %{y:.4~g} · block scale %{customdata}<extra></extra>",
+         "hovertemplate": "element %{x:.0f} · q = %{customdata[1]:.4~g} · block scale %{customdata[0]}"
+                          "<extra></extra>",
          "meta": {"kind": "dequantized"}},
     ]
-    for kind, flags, symbol, label in (("saturated", saturated, "triangle-up", "saturated (held at the block's max)"),
-                                       ("flushed", flushed, "x", "flushed to 0")):
+    for kind, flags, symbol, label in (("saturated", p["saturated"], "triangle-up",
+                                        "saturated (held at the block's max)"),
+                                       ("flushed", p["flushed"], "x", "flushed to 0")):
         at = np.flatnonzero(flags)
-        if at.size:
-            data.append({"type": "scatter", "x": at, "y": values[at], "mode": "markers", "name": f"{label}: {at.size}",
-                         "marker": {"symbol": symbol, "size": 11, "color": BLOCK_COLORS[kind],
-                                    "line": {"width": 1.5, "color": BLOCK_COLORS[kind]}},
-                         "hovertext": [f"element {i} {kind}: x = {format_number(xs[i], 4)} → "
-                                       f"{format_number(values[i], 4)}" for i in at.tolist()],
-                         "hoverinfo": "text", "cliponaxis": False,
-                         "meta": {"kind": kind}})
+        data.append({"type": "scatter", "x": at, "y": on_axis(values[at]), "mode": "markers",
+                     "name": f"{label}: {at.size}" if legend_counts else label,
+                     "marker": {"symbol": symbol, "size": 11, "color": BLOCK_COLORS[kind],
+                                "line": {"width": 1.5, "color": BLOCK_COLORS[kind]}},
+                     "hovertext": [f"element {i} {kind}: x = {format_number(xs[i], 4)} → "
+                                   f"{format_number(values[i], 4)}" for i in at.tolist()],
+                     "hoverinfo": "text", "cliponaxis": False,
+                     "meta": {"kind": kind}})
     # the relative error as a filled step one element wide around each element (see the docstring)
     data.append({"type": "scatter", "x": np.concatenate([[-0.5], idx, [n - 0.5]]),
                  "y": np.concatenate([err[:1], err, err[-1:]]), "mode": "lines", "name": "relative error",
@@ -1768,11 +1840,14 @@ def plot_blocks(x, result, *, title=None) -> go.Figure:
                  "customdata": np.concatenate([[0], idx, [n - 1]]),
                  "hovertemplate": "element %{customdata} · error %{y:.3~%}<extra></extra>",
                  "showlegend": False, "meta": {"kind": "error"}})
+    # each block's scale above it, on an axis of its own over the value panel: a trace, so that a
+    # new scale moves no layout
+    data.append({"type": "scatter", "x": idx[::bs] + (bs - 1) / 2, "y": np.ones(blocks), "yaxis": "y3",
+                 "mode": "text", "text": scale_texts, "textposition": "top center", "cliponaxis": False,
+                 "textfont": {"size": 10, "color": "#555555"}, "hoverinfo": "skip", "showlegend": False,
+                 "meta": {"kind": "scale"}})
     shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": b * bs - 0.5, "x1": b * bs - 0.5, "y0": 0, "y1": 1,
                "line": {"color": "#888888", "width": 1, "dash": "dot"}} for b in range(1, blocks)]
-    notes = [{"x": b * bs + (bs - 1) / 2, "xref": "x", "y": 1, "yref": "paper", "yanchor": "bottom",
-              "showarrow": False, "font": {"size": 10, "color": "#555555"}, "textangle": -90 if blocks > 8 else 0,
-              "text": scale_text(b)} for b in range(blocks)]
     scheme = "NVFP4" if nvfp4 else f"MX {fmt.name}"
     ts_text = "" if not nvfp4 else (", no tensor scale" if ts is None else f", tensor scale {format_number(ts)}")
     finite_err = err[np.isfinite(err)]
@@ -1785,17 +1860,19 @@ def plot_blocks(x, result, *, title=None) -> go.Figure:
         "legend": {"orientation": "h", "x": 0.01, "y": -0.1, "yanchor": "top"},
         "xaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y", "range": [-0.5, n - 0.5],
                   "showticklabels": False},
-        "yaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0.4, 1], "title": {"text": "value"}},
+        "yaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0.4, 1], "title": {"text": "|value|"}, **y_axis},
+        "yaxis3": {**_LINEAR, "domain": [0.4, 1], "range": [0, 1], "overlaying": "y", "visible": False,
+                   "fixedrange": True},
         "xaxis2": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y2", "matches": "x",
-                   "title": {"text": "element"}},
+                   "range": [-0.5, n - 0.5], "title": {"text": "element"}},
         "yaxis2": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 0.3], "anchor": "x2", "range": [0, err_top],
                    "title": {"text": "relative error"}, "tickformat": ".0%"},
-        "shapes": shapes, "annotations": notes,
+        "shapes": shapes,
         "meta": {"scheme": "nvfp4" if nvfp4 else "mx", "fmt": fmt.name, "block_size": int(bs),
-                 "scale_codes": scales.astype(int).tolist(),
+                 "scale_codes": p["scales"].astype(int).tolist(),
                  "scales": [float(v) if np.isfinite(v) else None for v in step.astype(np.float64)],
-                 "tensor_scale": ts, "saturated": int(saturated.sum()), "flushed": int(flushed.sum()),
-                 "block_worst": worst},
+                 "tensor_scale": ts, "saturated": int(p["saturated"].sum()), "flushed": int(p["flushed"].sum()),
+                 "block_worst": worst, "zero_y": zero_y},
     }
     return _figure(data, layout)
 

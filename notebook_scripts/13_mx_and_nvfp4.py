@@ -278,15 +278,18 @@ format_error_table(layer, ("mxfp8_e4m3", "mxfp4"), rounding="rceil")
 # ## Try it
 #
 # Pick a scheme, the scale rounding, the data and the outlier's size; tick the Hadamard box for
-# NVFP4. Watch the outlier's block: its scale rises with the outlier, and its neighbours' errors
-# with it.
+# NVFP4. The upper panel draws sizes on a log2 axis: each block's range lies between its grey
+# steps, its largest value (solid) and its smallest nonzero one (dotted), and a value at most half
+# the dotted step is flushed to 0 (a cross on the 0 row). Watch the outlier's block: its range
+# rises with the outlier, its neighbours fall below its floor, and their errors rise with it.
 
 # %%
 BlockExplorer()
 
 # %% [markdown]
 # The same point as a static figure: the row of section 1 in MXFP4, blocks of 32. Block 1's scale
-# is 2^8 and its other values sit at 0 (crosses):
+# is 2^8, so its range runs from 2^7 (dotted) to 6 × 2^8 (solid), far above its other values,
+# which sit on the 0 row (crosses):
 
 # %%
 plot_blocks(x, mx_quantize(x, "fp4_e2m1"))

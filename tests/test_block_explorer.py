@@ -63,9 +63,19 @@ def traces(fig):
     return {t.meta["kind"]: t for t in fig.data}
 
 
+def on_axis(fig, v) -> np.ndarray:
+    """Where ``plot_blocks`` puts magnitudes on its value axis: log2 |v|, a 0 on the zero row
+    (``layout.meta["zero_y"]``), inf and NaN nowhere (NaN)."""
+    v = np.asarray(v, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(np.isfinite(v) & (v != 0), np.log2(np.abs(v)), np.nan)
+    return np.where(v == 0, fig.layout.meta["zero_y"], y)
+
+
 def dequantized(fig) -> np.ndarray:
     """The dequantized row as ``plot_blocks`` draws it (a level from i - 0.35 to i + 0.35 for each
-    element i, a gap after each), checked to be that shape, as one value per element."""
+    element i at log2 |q_i|, a gap after each, q_i in its hover data), checked to be that shape,
+    as one value per element."""
     t = traces(fig)["dequantized"]
     x, y = np.asarray(t.x, float), np.asarray(t.y, float)
     n = x.size // 3
@@ -73,7 +83,11 @@ def dequantized(fig) -> np.ndarray:
     assert np.array_equal(x[0::3], np.arange(n) - 0.35) and np.array_equal(x[1::3], np.arange(n) + 0.35)
     assert np.isnan(x[2::3]).all() and np.isnan(y[2::3]).all()
     assert np.array_equal(y[0::3], y[1::3], equal_nan=True)
-    return y[0::3]
+    data = np.asarray(t.customdata, dtype=object)
+    q = np.asarray(data[0::3, 1], np.float64)
+    assert np.array_equal(np.asarray(data[1::3, 1], np.float64), q, equal_nan=True)
+    assert np.array_equal(y[0::3], on_axis(fig, q), equal_nan=True)
+    return q
 
 
 def errors(fig) -> np.ndarray:
@@ -94,18 +108,27 @@ def assert_figure_follows(fig, x, result, fmt):
     t = traces(fig)
     n, blocks = x.size, result.scales.size
     bs = n // blocks
-    assert np.array_equal(np.asarray(t["original"].y), x)
-    assert np.array_equal(dequantized(fig), result.values)
+    assert np.array_equal(np.asarray(t["original"].y), on_axis(fig, x), equal_nan=True)
+    assert np.array_equal(np.asarray(t["original"].customdata)[:, 1], x.astype(np.float64), equal_nan=True)
+    assert np.array_equal(dequantized(fig), result.values, equal_nan=True)
     s = scale_values(result)
     top = get_format(fmt).max * s.astype(np.float64)
-    assert np.array_equal(np.asarray(t["range"].y, float)[0::3], top)
-    assert np.array_equal(np.asarray(t["range"].x, float)[0::3], np.arange(blocks) * bs - 0.5)
+    least = get_format(fmt).smallest_subnormal * s.astype(np.float64)
+    for kind, bound in (("range", top), ("least", least)):
+        assert np.array_equal(np.asarray(t[kind].y, float)[0::3], on_axis(fig, bound), equal_nan=True), kind
+        assert np.array_equal(np.asarray(t[kind].x, float)[0::3], np.arange(blocks) * bs - 0.5), kind
+    # every magnitude drawn is on the value axis, and the zero row under its lowest power of two
+    drawn = np.concatenate([np.asarray(t[k].y, float) for k in ("range", "least", "original", "dequantized")])
+    lo, hi = fig.layout.yaxis.range
+    assert lo < np.nanmin(drawn) and np.nanmax(drawn) < hi
+    assert fig.layout.yaxis.tickvals[0] == fig.layout.meta["zero_y"] and fig.layout.yaxis.ticktext[0] == "0"
+    assert fig.layout.meta["zero_y"] + 1 < min(fig.layout.yaxis.tickvals[1:])
     assert fig.layout.meta["scales"] == [float(v) for v in s] and fig.layout.meta["block_size"] == bs
     assert fig.layout.meta["scale_codes"] == result.scales.tolist() and fig.layout.meta["fmt"] == get_format(fmt).name
     sat = np.flatnonzero(np.abs(x.astype(np.float64)) > np.repeat(top, bs))
     flushed = np.flatnonzero((x != 0) & (result.values == 0))
     for kind, want in (("saturated", sat), ("flushed", flushed)):
-        got = np.asarray(t[kind].x) if kind in t else np.zeros(0, int)
+        got = np.asarray(t[kind].x)
         assert np.array_equal(got, want), kind
     with np.errstate(divide="ignore", invalid="ignore"):
         err = np.where(x != 0, np.abs(result.values.astype(np.float64) - x) / np.abs(x.astype(np.float64)), 0.0)
@@ -115,10 +138,13 @@ def assert_figure_follows(fig, x, result, fmt):
     assert len([s for s in fig.layout.shapes if s.type == "line"]) == blocks - 1
     # hovering an element names its block, and its dequantized value its block's scale (the text
     # written above the block)
-    assert np.array_equal(np.asarray(t["original"].customdata), np.arange(n) // bs)
-    above = [a.text for a in fig.layout.annotations if a.yref == "paper" and a.y == 1][:blocks]
-    assert list(t["dequantized"].customdata) == [above[i // bs] if k < 2 else None for i in range(n) for k in range(3)]
-    assert "%{customdata}" in t["dequantized"].hovertemplate and "%{y:.3~%}" in t["error"].hovertemplate
+    assert np.array_equal(np.asarray(t["original"].customdata)[:, 0], np.arange(n) // bs)
+    above = list(t["scale"].text)
+    assert len(above) == blocks and np.array_equal(t["scale"].x, np.arange(blocks) * bs + (bs - 1) / 2)
+    assert [row[0] for row in t["dequantized"].customdata] == [above[i // bs] if k < 2 else None
+                                                              for i in range(n) for k in range(3)]
+    assert "q = %{customdata[1]" in t["dequantized"].hovertemplate and "%{customdata[0]}" in t["dequantized"].hovertemplate
+    assert "x = %{customdata[1]" in t["original"].hovertemplate and "%{y:.3~%}" in t["error"].hovertemplate
     assert "element %{x:.0f}" in t["dequantized"].hovertemplate and "element %{customdata}" in t["error"].hovertemplate
     return err
 
@@ -249,7 +275,7 @@ def test_fp4_flushes_the_neighbours_that_fp8_keeps():
     ex = BlockExplorer("fp4_e2m1", log2_outlier=12)
     assert np.array_equal(np.asarray(traces(ex.figure)["flushed"].x), flushed)
     ex.scheme_dropdown.value = "fp8_e4m3"
-    kept = np.asarray(traces(ex.figure)["flushed"].x) if "flushed" in traces(ex.figure) else np.zeros(0, int)
+    kept = np.asarray(traces(ex.figure)["flushed"].x)
     assert ((kept >= 32) & (kept < 64)).sum() <= 2  # E4M3 keeps the outlier's neighbours
 
 
@@ -381,7 +407,7 @@ def test_plot_blocks_marks_saturation_under_floor():
     fig = plot_blocks(x, r)
     assert_figure_follows(fig, x, r, "fp8_e4m3")
     assert np.asarray(traces(fig)["saturated"].x).tolist() == [5] and dequantized(fig)[5] == 448
-    assert "saturated" not in traces(plot_blocks(x, mx_quantize(x, "fp8_e4m3", 32, "rceil")))
+    assert len(traces(plot_blocks(x, mx_quantize(x, "fp8_e4m3", 32, "rceil")))["saturated"].x) == 0
     assert plot_blocks(x, r, title="mine").layout.title.text == "mine"
 
 
@@ -441,3 +467,65 @@ def test_a_share_below_a_hundredth_of_a_percent_is_escaped_in_the_readout():
     ex = BlockExplorer(block_size=16, log2_outlier=16, seed=1, hadamard=True)
     assert "&lt;0.01%" in ex.readout.value and "<0.01%" not in ex.readout.value
     assert_explorer_follows(ex, block=16, k=16, seed=1, hadamard=True)
+
+
+def test_the_outlier_grows_against_a_still_value_axis():
+    """Every outlier position draws one layout (the value axis holds the rows at the slider's two
+    ends), so a move only moves the marks; the legend then names the marks without counts, which
+    the readout gives. Without ``hold`` the axis fits its own row, and moves with the outlier."""
+    from ampviz.figureview import FigureView
+
+    ex = BlockExplorer("fp4_e2m1", log2_outlier=0)
+    keys = set()
+    for k in range(ex.outlier_slider.min, ex.outlier_slider.max + 1):
+        ex.outlier_slider.value = k
+        keys.add(FigureView.prepare(ex.figure).layout_key)
+        assert_explorer_follows(ex, scheme="fp4_e2m1", k=k)
+    assert len(keys) == 1
+    t = traces(ex.figure)
+    assert (t["saturated"].name, t["flushed"].name) == ("saturated (held at the block's max)", "flushed to 0")
+    assert f"({ex.figure.layout.meta['flushed']:,})" in text(ex.readout)
+    lo, hi = ex.figure.layout.yaxis.range
+    for x, result in ex._outlier_ends():
+        y = on_axis(ex.figure, np.concatenate([x, result.values]))
+        assert lo < np.nanmin(y) and np.nanmax(y) < hi
+    low, high = (plot_blocks(x, r).layout.yaxis.range for x, r in ex._outlier_ends())
+    assert low != high and tuple(low) != (lo, hi)
+    # the lognormal data place no outlier: the slider is off and the axis fits the row
+    ex.data_dropdown.value = "lognormal"
+    assert ex._outlier_ends() == () and ex.figure.layout.yaxis.range == plot_blocks(ex.x, ex.result).layout.yaxis.range
+
+
+@pytest.mark.parametrize("scheme", ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "nvfp4"])
+def test_the_dotted_floor_is_where_values_flush(scheme):
+    """The lesson's reading of the dotted step (each block's smallest nonzero value): a value
+    flushes to 0 exactly when it is at most half of it, as the real quantizer decides (every
+    power of two of the row's span, on both sides of that half)."""
+    k = np.arange(-40, 8, 0.25)
+    x = np.concatenate([2.0 ** k, -(2.0 ** k)]).astype(np.float32)
+    x = np.concatenate([x, np.zeros((-x.size) % 32, np.float32)])
+    x[5] = 2.0**10  # an outlier lifts the first block's range
+    r = nvfp4_quantize(x) if scheme == "nvfp4" else mx_quantize(x, scheme, 32)
+    fig = plot_blocks(x, r)
+    bs = fig.layout.meta["block_size"]
+    least = 2.0 ** np.repeat(np.asarray(traces(fig)["least"].y, float)[0::3], bs)
+    flushed = np.zeros(x.size, bool)
+    flushed[np.asarray(traces(fig)["flushed"].x, int)] = True
+    assert flushed.any() and (~flushed & (x != 0)).any()
+    assert np.array_equal(flushed, (x != 0) & (np.abs(x) <= least / 2))
+    assert np.array_equal(flushed, (x != 0) & (r.values == 0))
+
+
+@pytest.mark.parametrize("hold, message", [
+    ("rows", "hold must be a list of (x, result) pairs, got str"),
+    ([[1.0] * 32], "hold must be a list of (x, result) pairs, got an item"),
+    ([([1.0] * 16, mx_quantize([1.0] * 32, "fp8_e4m3"))], "each held x must be one row and result its quantization"),
+    ([([1.0] * 32, "no")], "result must be MXBlocks or NVFP4Blocks"),
+])
+def test_plot_blocks_refuses_a_hold_that_is_not_rows_and_their_results(hold, message):
+    x = [1.0] * 32
+    with pytest.raises((TypeError, ValueError), match=re.escape(message)) as info:
+        plot_blocks(x, mx_quantize(x, "fp8_e4m3"), hold=hold)
+    assert one_line(str(info.value))
+    with pytest.raises(TypeError, match="legend_counts must be True or False"):
+        plot_blocks(x, mx_quantize(x, "fp8_e4m3"), legend_counts="no")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from collections import OrderedDict
 
 import numpy as np
 
@@ -10,7 +11,7 @@ import ipywidgets as W
 
 from ampviz.blocks import MX_ROUNDING, mx_quantize, nvfp4_quantize, random_hadamard_transform
 from ampviz.figureview import FigureView
-from ampviz.plots import format_pow2, format_share, plot_blocks
+from ampviz.plots import format_number, format_pow2, format_share, plot_blocks
 
 from ampviz.widgets.base import _Explorer, _shown, _table, _whole
 
@@ -97,6 +98,7 @@ class BlockExplorer(_Explorer):
         self.n = n
 
         self.x = self.data = self.result = None
+        self._ends = OrderedDict()  # settings (all but the outlier) -> the rows at the outlier slider's ends
         style = {"description_width": "110px"}
         wide = W.Layout(width="360px")
         self.scheme_dropdown = W.Dropdown(options=list(SCHEMES), value=scheme, description="scheme", style=style,
@@ -184,12 +186,28 @@ class BlockExplorer(_Explorer):
         what = dict((v, k) for k, v in SCHEMES)[s["scheme"]]
         title = f"{what}: blocks of {s['block']}"
         title += (f", scale rounding {s['rounding']}" if s["scheme"] != "nvfp4" else
-                  ", per-tensor scale" if s["pts"] else ", no per-tensor scale")
+                  f", per-tensor scale {format_number(result.tensor_scale)}" if result.tensor_scale is not None
+                  else ", no per-tensor scale")
         if s["hadamard"]:
             title += ", after the Hadamard transform"
-        fig = plot_blocks(x, result, title=title)
+        fig = plot_blocks(x, result, title=title, legend_counts=False, hold=self._outlier_ends(**changed))
         state = (data, x, result, self._readout_html(data, x, result, fig, s["hadamard"]), fig, FigureView.prepare(fig))
         return self._keep_state(key, state, self.KEPT_DRAWN)
+
+    def _outlier_ends(self, **changed) -> tuple:
+        """The (row, result) pairs at the outlier slider's two ends with the other settings as
+        given (kept per settings; none when the data place no outlier): the figure's value axis
+        holds them too, so the outlier grows against a still axis and a move of the slider only
+        moves the marks."""
+        s = dict(self._settings(**changed))
+        if s["log2_outlier"] is None:
+            return ()
+        key = tuple((k, v) for k, v in s.items() if k != "log2_outlier")
+
+        def ends():
+            return tuple(self.quantize(**{**changed, "log2_outlier": v})[1:]
+                         for v in (self.outlier_slider.min, self.outlier_slider.max))
+        return self._recent(self._ends, key, ends, self.KEPT_DRAWN)
 
     def update(self) -> None:
         """Quantize with the controls' settings and redraw."""

@@ -130,9 +130,18 @@ def _fp8_figures() -> list:
     return figs
 
 
-@pytest.mark.parametrize("figures", [_scaler_figures, _fp8_figures])
+def _block_figures() -> list:
+    from ampviz.widgets import BlockExplorer
+
+    explorer = BlockExplorer("fp4_e2m1", log2_outlier=8)
+    figs = [explorer.figure]
+    explorer.outlier_slider.value = 9  # the outlier's block: a new scale, its text and its range
+    return figs + [explorer.figure]
+
+
+@pytest.mark.parametrize("figures", [_scaler_figures, _fp8_figures, _block_figures])
 def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser, figures):
-    """A ScalerLab or Fp8ScalingLab move that keeps the layout is drawn by moving the traces
+    """A ScalerLab, Fp8ScalingLab or BlockExplorer move that keeps the layout is drawn by moving the traces
     (Plotly.animate, no redraw); the pixels, the hover's numbers and the points plotly holds equal
     a full redraw of the new figure. A move that leaves one trace out (the one whose points change
     most) draws other pixels."""
@@ -179,9 +188,11 @@ POINTS_ONLY = """([before, data, layout, drawn, drawnData]) => { %s
 def test_only_points_on_fixed_axes_take_the_fast_path(browser):
     """FigureView's test for a points-only move: any change but a trace's points and hover values,
     another trace type, an axis without a fixed range or shown at another (zoomed) range, a trace
-    hidden from the legend, or another number of traces takes a full redraw."""
+    hidden from the legend, a trace that empties or fills, or another number of traces takes a
+    full redraw."""
     line = {"type": "scatter", "x": [0, 1], "y": [1, 2], "name": "a", "customdata": [1, 2]}
     fixed = {"xaxis": {"range": [0, 1]}, "yaxis": {"range": [0, 3]}, "yaxis2": {"range": [0, 1]}}
+    matched = {**fixed, "xaxis2": {"range": [0, 1], "matches": "x"}}
     cases = [
         ([line], [{**line, "y": [2, 1], "x": [0, 0.5, 1], "customdata": [3, 4]}], fixed, True),
         ([line], [{**line, "y": [2, 1], "name": "b"}], fixed, False),  # the legend would change
@@ -193,9 +204,18 @@ def test_only_points_on_fixed_axes_take_the_fast_path(browser):
         ([line], [{**line, "y": [2, 1]}], {**fixed, "yaxis": {"range": [0, 3], "autorange": True}}, False),
         ([{**line, "yaxis": "y2"}], [{**line, "yaxis": "y2", "y": [0.5, 0.2]}], fixed, True),
         ([{**line, "yaxis": "y2"}], [{**line, "yaxis": "y2", "y": [0.5, 0.2]}], {**fixed, "yaxis2": {}}, False),
+        # an axis that matches another: fixed when that one is, over the same range
+        ([{**line, "xaxis": "x2"}], [{**line, "xaxis": "x2", "y": [2, 1]}], matched, True),
+        ([{**line, "xaxis": "x2"}], [{**line, "xaxis": "x2", "y": [2, 1]}],
+         {**matched, "xaxis2": {"range": [0, 2], "matches": "x"}}, False),
+        ([{**line, "xaxis": "x2"}], [{**line, "xaxis": "x2", "y": [2, 1]}], {**matched, "xaxis": {}}, False),
+        # a trace that empties or fills: its legend entry comes or goes
+        ([line], [{**line, "x": [], "y": [], "customdata": []}], fixed, False),
+        ([{**line, "x": [], "y": [], "customdata": []}], [line], fixed, False),
+        ([{**line, "text": ["a", "b"]}], [{**line, "text": ["c", "d"], "y": [2, 1]}], fixed, True),  # a text trace's texts
     ]
     zoomed = {**fixed, "xaxis": {"range": [0.2, 0.6]}}  # as plotly holds it after a zoom
-    cases = [(before, data, layout, fixed, None, want) for before, data, layout, want in cases] + [
+    cases = [(before, data, layout, {**fixed, **matched}, None, want) for before, data, layout, want in cases] + [
         ([line], [{**line, "y": [2, 1]}], fixed, zoomed, None, False),
         ([line], [{**line, "y": [2, 1]}], fixed, fixed, [{**line, "visible": "legendonly"}], False)]
     page = browser.new_page()
