@@ -243,8 +243,8 @@ function pointsOnly(before, data, layout, drawn) {
   for (let i = 0; i < data.length; i++) {
     const a = before.data[i], b = data[i];
     if (drawn.data[i].visible !== b.visible) return false;  // a full redraw shows it again, as before
-    // an empty trace has no legend entry: one that empties or fills changes the legend
-    if ((pointCount(a) === 0) !== (pointCount(b) === 0)) return false;
+    // an empty trace has no legend entry: one in the legend that empties or fills changes it
+    if (b.showlegend !== false && (pointCount(a) === 0) !== (pointCount(b) === 0)) return false;
     if ((a.type || "scatter") !== "scatter" || (b.type || "scatter") !== "scatter") return false;
     for (const k of new Set([...Object.keys(a), ...Object.keys(b)])) {
       if (POINT_KEYS.includes(k) ? !(k in b) : JSON.stringify(a[k]) !== JSON.stringify(b[k])) return false;

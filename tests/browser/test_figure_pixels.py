@@ -139,7 +139,20 @@ def _block_figures() -> list:
     return figs + [explorer.figure]
 
 
-@pytest.mark.parametrize("figures", [_scaler_figures, _fp8_figures, _block_figures])
+def _fp8_filling_figures() -> list:
+    """An Fp8ScalingLab move in which a trace kept out of the legend (a lone saturated step's
+    marker) goes from no point to some."""
+    from ampviz.widgets import Fp8ScalingLab
+
+    lab = Fp8ScalingLab(history_len=16, margin=-4, spike_log2=3)
+    figs = [lab.figure]
+    lab.spike_slider.value = 4
+    alone = [[len(t.y) for t in f.data if t.meta["kind"] == "saturated alone"][0] for f in figs + [lab.figure]]
+    assert alone[0] == 0 < alone[1]
+    return figs + [lab.figure]
+
+
+@pytest.mark.parametrize("figures", [_scaler_figures, _fp8_figures, _block_figures, _fp8_filling_figures])
 def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser, figures):
     """A ScalerLab, Fp8ScalingLab or BlockExplorer move that keeps the layout is drawn by moving the traces
     (Plotly.animate, no redraw); the pixels, the hover's numbers and the points plotly holds equal
@@ -212,6 +225,8 @@ def test_only_points_on_fixed_axes_take_the_fast_path(browser):
         # a trace that empties or fills: its legend entry comes or goes
         ([line], [{**line, "x": [], "y": [], "customdata": []}], fixed, False),
         ([{**line, "x": [], "y": [], "customdata": []}], [line], fixed, False),
+        ([{**line, "x": [], "y": [], "customdata": [], "showlegend": False}], [{**line, "showlegend": False}], fixed,
+         True),  # not in the legend
         ([{**line, "text": ["a", "b"]}], [{**line, "text": ["c", "d"], "y": [2, 1]}], fixed, True),  # a text trace's texts
     ]
     zoomed = {**fixed, "xaxis": {"range": [0.2, 0.6]}}  # as plotly holds it after a zoom
