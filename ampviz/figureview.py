@@ -255,21 +255,28 @@ function pointsOnly(before, data, layout, drawn) {
 }
 
 // Draw ``data`` and ``layout`` into ``div``; ``before``: what the last call drew (its return
-// value), ``sameLayout``: whether the layout is the one drawn then. Returns what it drew.
+// value), ``sameLayout``: whether the layout is the one drawn then. Returns what it drew
+// (``data``), whether it moved the traces (``moved``) or redrew the figure, and ``settled``, a
+// promise of plotly's work on it ending: a move returns as soon as plotly has moved the traces,
+// while its transition still waits a timer before it settles (nothing is drawn then).
 async function drawFigure(Plotly, div, data, layout, config, before, sameLayout) {
-  if (sameLayout && div._transitionData && div._fullLayout && Array.isArray(div.data)
-      && pointsOnly(before, data, layout, {layout: div._fullLayout, data: div.data})) {
+  const moving = sameLayout && div._transitionData && div._fullLayout && Array.isArray(div.data)
+    && pointsOnly(before, data, layout, {layout: div._fullLayout, data: div.data});
+  if (moving) {
     const moved = data.map((t) => {
       const u = {};
       for (const k of POINT_KEYS) if (k in t) u[k] = t[k];
       return u;
     });
-    await Plotly.animate(div, {data: moved, traces: data.map((_, i) => i)},
-                         {transition: {duration: 0}, frame: {duration: 0, redraw: false}, mode: "immediate"});
-  } else {
-    await Plotly.react(div, data, layout, config);
+    // with no duration plotly moves the traces at once, right after it says it is transitioning
+    const movedNow = new Promise((resolve) => div.once("plotly_transitioning", () => Promise.resolve().then(resolve)));
+    const settled = Plotly.animate(div, {data: moved, traces: data.map((_, i) => i)},
+                                   {transition: {duration: 0}, frame: {duration: 0, redraw: false}, mode: "immediate"});
+    await Promise.race([movedNow, settled]);
+    return {data, moved: true, settled};
   }
-  return {data};
+  await Plotly.react(div, data, layout, config);
+  return {data, moved: false, settled: Promise.resolve()};
 }
 
 async function inflate(view) {
@@ -324,7 +331,9 @@ export default {
       shownLayout = packedLayout;
       // how long plotly took to draw it, for the latency bench (set before the revision it drew)
       div.dataset.drawMs = (performance.now() - start).toFixed(1);
+      div.dataset.drawnBy = shown.moved ? "moving" : "redrawing";
       div.dataset.revision = String(revision);
+      await shown.settled;  // the next draw starts once plotly is done with this one
     };
     // Draw at once when idle; while a draw runs, later updates only ask for one more draw of the
     // newest state once it ends (the intermediate ones are never drawn).

@@ -72,6 +72,9 @@ REVISION = """() => {{ const el = document.querySelector('{root} .ampviz-figure-
 # how long plotly took to draw the explorer's figure (FigureView marks it beside the revision)
 DRAW_MS = """() => {{ const el = document.querySelector('{root} .ampviz-figure-view .js-plotly-plot');
     return el && el.dataset.drawMs ? Number(el.dataset.drawMs) : null; }}"""
+# whether FigureView drew that move by moving the traces ("moving") or by a full redraw
+DRAWN_BY = """() => {{ const el = document.querySelector('{root} .ampviz-figure-view .js-plotly-plot');
+    return el ? el.dataset.drawnBy || null : null; }}"""
 # the floor's plot, from plotly's own events around it (the handler returns nothing: false would
 # cancel the plot)
 FLOOR_TIMER = """() => { const gd = document.querySelector('.bench-floor .js-plotly-plot');
@@ -120,6 +123,7 @@ class Mover:
         self.draw_js = FLOOR_DRAW_MS if root is None else DRAW_MS.format(root=root)
         self.times: list = []
         self.draws: list = []  # plotly's draw of each move, in the page (explorers only)
+        self.moved: list = []  # whether each move was drawn by moving the traces (explorers only)
 
     def ready(self):
         self.page.wait_for_function(f"() => ({self.js})() !== null", timeout=180_000)
@@ -137,6 +141,8 @@ class Mover:
             raise RuntimeError(f"{self.name}: no repaint within 60 s of a move ({type(exc).__name__})") from None
         self.times.append(1e3 * (time.perf_counter() - t0))
         self.draws.append(self.page.evaluate(self.draw_js))
+        if self.root is not None:
+            self.moved.append(self.page.evaluate(DRAWN_BY.format(root=self.root)) == "moving")
         self.page.wait_for_timeout(150)  # let the kernel go idle before the next move
 
 
@@ -149,6 +155,7 @@ def run_page(page, explorers: dict, moves: int) -> tuple:
         m.move()
         m.times.clear()
         m.draws.clear()
+        m.moved.clear()
     for k in range(moves):  # interleaved: a busy moment slows every control alike
         for m in [floor, *others]:
             if m.limit is None or k < m.limit - 1:  # the warm-up move took the first
@@ -158,7 +165,8 @@ def run_page(page, explorers: dict, moves: int) -> tuple:
 
 def _drawn(m) -> str:
     draws = [d for d in m.draws if d is not None]
-    return f" (plotly's draw in the page p50 {statistics.median(draws):.0f} ms)" if draws else ""
+    moved = f"; {sum(m.moved)} of {len(m.moved)} moves drew by moving the traces" if m.moved else ""
+    return f" (plotly's draw in the page p50 {statistics.median(draws):.0f} ms{moved})" if draws else ""
 
 
 def report(where: str, floor, others: list) -> list:

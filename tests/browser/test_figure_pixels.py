@@ -87,10 +87,28 @@ MOVE = """async ([first, second, sameLayout, fresh]) => {
   Plotly.purge(div);
   let shown = null;
   const config = {displayModeBar: false};
-  if (!fresh) shown = await drawFigure(Plotly, div, decode(first.data), decode(first.layout), config, null, false);
+  if (!fresh) {
+    shown = await drawFigure(Plotly, div, decode(first.data), decode(first.layout), config, null, false);
+    await shown.settled;
+  }
   calls.length = 0;
-  await drawFigure(Plotly, div, decode(second.data), decode(second.layout), config, shown, sameLayout);
-  return {calls, customdata: div._fullData.map((t) => t.customdata ? Array.from(t.customdata) : null),
+  // FigureView counts a move drawn a microtask after plotly says it is transitioning: at that
+  // moment the traces have not moved yet, a microtask later they have
+  const svg = () => Array.from(div.querySelectorAll(".main-svg"), (e) => e.outerHTML).join("");
+  const atEvent = {};
+  div.once && div.once("plotly_transitioning", () => {
+    atEvent.now = svg();
+    Promise.resolve().then(() => { atEvent.next = svg(); });
+  });
+  const drawn = await drawFigure(Plotly, div, decode(second.data), decode(second.layout), config, shown, sameLayout);
+  // what drawFigure's return shows (FigureView marks the figure drawn then), and what plotly has
+  // once its work on the figure has settled: the same
+  const atReturn = svg();
+  await drawn.settled;
+  const final = svg();
+  return {calls, moved: drawn.moved, sameAtReturn: atReturn === final,
+          atEvent: atEvent.now === undefined ? null : [atEvent.now === final, atEvent.next === final],
+          customdata: div._fullData.map((t) => t.customdata ? Array.from(t.customdata) : null),
           points: div.calcdata.map((c) => c.length)};
 }""" % DECODE
 
@@ -189,6 +207,9 @@ def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser, figure
     finally:
         page.close()
     assert moved["calls"] == ["animate"] and full["calls"] == ["react"] and again["calls"] == ["react"]
+    assert moved["moved"] and not full["moved"] and not again["moved"]
+    assert moved["sameAtReturn"] and full["sameAtReturn"]  # drawn when drawFigure returns
+    assert moved["atEvent"] == [False, True]  # (marked at the event itself, it would be too early)
     assert moved["customdata"] == full["customdata"] and moved["points"] == full["points"]
     assert moved_shot == full_shot
     assert wrong_shot != full_shot
