@@ -1918,10 +1918,19 @@ def _run_ends(values) -> np.ndarray:
     return np.unique(np.concatenate([[0], change - 1, change, [v.size - 1]]))
 
 
-def _percent_or_gap(counts, size: int) -> np.ndarray:
-    """100 · counts / size, with 0 as NaN (the share axis is logarithmic)."""
+def _log_percent_or_gap(counts, size: int) -> np.ndarray:
+    """log10(100 · counts / size), with 0 as NaN: where a share sits on ``plot_fp8_scaling``'s
+    share axis."""
     c = np.asarray(counts, np.float64)
-    return np.where(c > 0, 100.0 * c / size, np.nan)
+    with np.errstate(divide="ignore"):
+        return np.where(c > 0, np.log10(100.0 * np.where(c > 0, c, 1.0) / size), np.nan)
+
+
+def _percent_decades(lo: float, hi: float) -> dict:
+    """Axis settings for a linear axis of log10(percent) from ``lo`` to ``hi``: a tick at each
+    power of ten, labelled in percent as plotly labels a log axis ("0.1", "1", "10", "100")."""
+    powers = list(range(math.ceil(lo), math.floor(hi) + 1))
+    return {"tickmode": "array", "tickvals": powers, "ticktext": [f"{10.0 ** k:g}" for k in powers]}
 
 
 _FP8_PANELS = 520  # plot_fp8_scaling's three panels and the gaps between them, in px
@@ -1952,7 +1961,8 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
     (the largest magnitude that fits; above it values saturate) and log2(underflow boundary /
     scale) (at or below it nonzero values become 0); a step whose amax is inf or NaN is marked
     at the top of the panel. Middle: log2 of the scale in force (a step line). Bottom: the share
-    of each step's values saturated, underflowed and subnormal, in percent on a log axis (a step
+    of each step's values saturated, underflowed and subnormal, in percent on a log scale (``y``
+    is log10 of the percent, on a linear axis labelled in percent at each power of ten; a step
     with none leaves a gap; a step with some between two with none gets a marker, in a trace of
     kind "<kind> alone"). Hover texts are templates over ``customdata`` (the numbers), not one
     string per step. The step lines of the scale, of max / scale and of the boundary / scale go
@@ -2023,7 +2033,7 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
                                 ("underflowed", trace.underflowed, "underflowed (became 0)"),
                                 ("subnormal", trace.subnormal, "subnormal")):
         c = np.asarray(counts)
-        share = _percent_or_gap(c, size)
+        share = _log_percent_or_gap(c, size)
         hover = f"step %{{x:,}} · {kind} %{{customdata:,}} of {size:,}<extra></extra>"
         data.append({"type": "scatter", "x0": 0, "dx": 1, "y": share, "mode": "lines",
                      "name": f"{label}: {int((c > 0).sum()):,} steps" if legend_counts else label, "yaxis": "y3",
@@ -2039,6 +2049,7 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
                      "customdata": c[alone].astype(np.int32),
                      "hovertemplate": hover, "meta": {"kind": f"{kind} alone"}})
     worst = trace.worst_step
+    share_range = [math.log10(50.0 / max(size, 1)), 2.05]
     settings = ", ".join(f"{k} {v}" for k, v in trace.settings.items() if k != "convention")
     scales = np.concatenate([s for _, s in held])
     scale_ticks = _log2_ticks(scales)
@@ -2060,8 +2071,10 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
                   "anchor": "x", **top_ticks},
         "yaxis2": {**_WHITE_AXIS, **_LINEAR, "domain": [0.33, 0.5], "anchor": "x", "title": {"text": "scale"},
                    **scale_ticks, **({"range": scale_range} if scale_range else {})},
-        "yaxis3": {**_WHITE_AXIS, "domain": [0, 0.28], "anchor": "x", "type": "log", "title": {"text": "% of values"},
-                   "range": [math.log10(50.0 / max(size, 1)), 2.05]},
+        # the shares' log axis drawn as a linear one over log10(percent), labelled as plotly
+        # labels a log axis: the same figure, and a points-only move costs plotly about 6 ms less
+        "yaxis3": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 0.28], "anchor": "x", "title": {"text": "% of values"},
+                   "range": share_range, **_percent_decades(*share_range)},
         "meta": {"recipe": trace.recipe, "settings": dict(trace.settings), "fmt": f.name, "steps": n, "size": size,
                  "saturated_steps": trace.saturated_steps, "worst_step": worst,
                  "worst": {k: int(getattr(trace, k)[worst]) if n else 0

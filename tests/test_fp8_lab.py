@@ -3,6 +3,7 @@
 coalesced; every bad input is a one-line message."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -70,7 +71,8 @@ def assert_figure_follows(fig, tr):
         assert eq(every_step(t["floor"], n), log2_or_nan(tr.fmt.underflow_boundary / tr.scale.astype(np.float64)))
     for kind in ("saturated", "underflowed", "subnormal"):
         c = getattr(tr, kind)
-        assert eq(every_step(t[kind], n), np.where(c > 0, 100.0 * c / tr.size, np.nan)), kind
+        with np.errstate(divide="ignore"):
+            assert eq(every_step(t[kind], n), np.where(c > 0, np.log10(100.0 * c / tr.size), np.nan)), kind
     bad = np.flatnonzero(~np.isfinite(tr.amax))
     assert ("nonfinite" in t) == bool(bad.size) and (not bad.size or eq(t["nonfinite"].x, bad))
     meta = fig.layout.meta
@@ -338,7 +340,7 @@ def test_the_figure_sends_numbers_not_texts_and_marks_the_lone_steps():
                 and (i == tr.steps - 1 or c[i + 1] == 0)]
         marks = t[f"{kind} alone"]
         assert list(np.asarray(marks.x, int)) == lone and marks.mode == "markers", kind
-        assert np.array_equal(marks.y, 100.0 * c[lone] / tr.size) and np.array_equal(marks.customdata, c[lone])
+        assert np.array_equal(marks.y, np.log10(100.0 * c[lone] / tr.size)) and np.array_equal(marks.customdata, c[lone])
         assert t[kind].mode == "lines" and np.array_equal(t[kind].customdata, c)
         some_runs += len(lone) < int((c > 0).sum())  # steps in runs are drawn by the line, not marked
     assert len(t["saturated alone"].x) > 0 and some_runs >= 1  # the spikes saturate alone
@@ -378,3 +380,23 @@ def test_the_spike_grows_against_still_axes():
         plot_fp8_scaling(low, hold=[1])
     with pytest.raises(TypeError, match="legend_counts must be True or False"):
         plot_fp8_scaling(low, legend_counts=None)
+
+
+def test_the_share_axis_reads_as_a_log_axis_in_percent():
+    """The share panel draws log10 of each percent on a linear axis: every power of ten in its
+    range is a tick labelled with that percent (as a log axis would be), and 10^y of a share's
+    point is its percent; the range reaches down below one value in ``size``."""
+    from ampviz.plots import plot_fp8_scaling
+
+    lab = Fp8ScalingLab(history_len=16, spike_log2=8)
+    ax = lab.figure.layout.yaxis3
+    lo, hi = ax.range
+    assert ax.type == "linear" and lo < math.log10(100.0 / lab.trace.size) and hi > 2
+    assert list(ax.tickvals) == list(range(math.ceil(lo), math.floor(hi) + 1))
+    assert [float(t) for t in ax.ticktext] == [10.0 ** k for k in ax.tickvals]
+    assert list(ax.ticktext)[-3:] == ["1", "10", "100"]
+    t = {d.meta["kind"]: d for d in plot_fp8_scaling(lab.trace).data}
+    y, c = np.asarray(t["underflowed"].y, np.float64), np.asarray(t["underflowed"].customdata)
+    shown = np.isfinite(y)
+    assert np.allclose(10.0 ** y[shown], 100.0 * c[shown] / lab.trace.size, rtol=1e-12)
+    assert np.array_equal(shown, c > 0)
