@@ -2001,7 +2001,10 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
     # first and last step of each run of one scale: drawn "hv", the same line as through every
     # step, in a fraction of the points under delayed scaling (46 runs in 2,000 steps at
     # Transformer Engine's defaults); the lines of every step start at step 0, one apart (x0, dx)
-    runs = _run_ends(scale)
+    runs = _run_ends(scale).astype(np.int32)
+    # the lines' points travel as float32 (the steps as int32): a slider move sends half the
+    # bytes of float64, and plotly, drawing at screen resolution, draws the same figure
+    ceiling, floor, log_amax, log_scale = (np.asarray(v, np.float32) for v in (ceiling, floor, log_amax, log_scale))
     # hover texts from numbers (a template over customdata: the float32 amaxes and scales, the
     # counts as int32): 2,000 strings per trace made every slider move send and draw 0.6 MB
     data = [
@@ -2033,7 +2036,7 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
                                 ("underflowed", trace.underflowed, "underflowed (became 0)"),
                                 ("subnormal", trace.subnormal, "subnormal")):
         c = np.asarray(counts)
-        share = _log_percent_or_gap(c, size)
+        share = _log_percent_or_gap(c, size).astype(np.float32)
         hover = f"step %{{x:,}} · {kind} %{{customdata:,}} of {size:,}<extra></extra>"
         data.append({"type": "scatter", "x0": 0, "dx": 1, "y": share, "mode": "lines",
                      "name": f"{label}: {int((c > 0).sum()):,} steps" if legend_counts else label, "yaxis": "y3",
@@ -2042,7 +2045,8 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
         # a step with some, between steps with none, has no line to show it: a marker each (a
         # marker on all 2,000 steps would cost every redraw thousands of shapes)
         some = c > 0
-        alone = np.flatnonzero(some & ~np.r_[False, some[:-1]] & ~np.r_[some[1:], False]) if n else np.zeros(0, int)
+        alone = (np.flatnonzero(some & ~np.r_[False, some[:-1]] & ~np.r_[some[1:], False]) if n
+                 else np.zeros(0, int)).astype(np.int32)
         data.append({"type": "scatter", "x": alone, "y": share[alone], "mode": "markers", "showlegend": False,
                      "yaxis": "y3", "legendgroup": kind,
                      "marker": {"size": 4, "color": FP8_COLORS[kind]}, "cliponaxis": False,

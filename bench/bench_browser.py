@@ -46,7 +46,9 @@ TARGET = 1.3
 FLOOR_CELL = """
 import ipywidgets as W, plotly.graph_objects as go
 floor_figure = go.FigureWidget(go.Scatter(x=[0, 1], y=[0, 0.5]), layout=dict(height=300))
-floor_slider = W.FloatSlider(value=0.5, min=0, max=1, step=0.005)
+# 500 positions to the right: enough for every tab of the app at the default moves (a floor
+# whose slider reached its end would never repaint)
+floor_slider = W.FloatSlider(value=0.5, min=0, max=1, step=0.001)
 floor_slider.add_class("bench-floor-slider")
 def _floor_move(change):
     floor_figure.data[0].y = [0, change["new"]]
