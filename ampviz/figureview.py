@@ -212,8 +212,8 @@ function decode(v) {
 
 // A move that changes only the traces' points and what their hover shows, under the layout
 // already drawn and on axes whose ranges are fixed, is drawn by moving those traces
-// (Plotly.animate without a redraw): plotly then skips the layout's defaults, the axes, the
-// legend and the annotations, about half of a full redraw. Anything else takes Plotly.react.
+// (Plotly.animate without a redraw): plotly then skips drawing the axes, the legend and the
+// annotations, about half of a full redraw. Anything else takes Plotly.react.
 const POINT_KEYS = ["x", "y", "customdata", "hovertext", "text"];
 
 function fixedAxis(layout, drawn, ref, letter, matched) {
@@ -269,10 +269,18 @@ async function drawFigure(Plotly, div, data, layout, config, before, sameLayout)
       return u;
     });
     // with no duration plotly moves the traces at once, right after it says it is transitioning
-    const movedNow = new Promise((resolve) => div.once("plotly_transitioning", () => Promise.resolve().then(resolve)));
+    let onTransition = null;
+    const movedNow = new Promise((resolve) => {
+      onTransition = () => Promise.resolve().then(resolve);
+      div.once("plotly_transitioning", onTransition);
+    });
     const settled = Plotly.animate(div, {data: moved, traces: data.map((_, i) => i)},
                                    {transition: {duration: 0}, frame: {duration: 0, redraw: false}, mode: "immediate"});
-    await Promise.race([movedNow, settled]);
+    try {
+      await Promise.race([movedNow, settled]);
+    } finally {
+      div.removeListener("plotly_transitioning", onTransition);  // a move that never began leaves none
+    }
     return {data, moved: true, settled};
   }
   await Plotly.react(div, data, layout, config);

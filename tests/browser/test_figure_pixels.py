@@ -107,6 +107,7 @@ MOVE = """async ([first, second, sameLayout, fresh]) => {
   await drawn.settled;
   const final = svg();
   return {calls, moved: drawn.moved, sameAtReturn: atReturn === final,
+          listening: div._ev ? div._ev.listeners("plotly_transitioning").length : null,
           atEvent: atEvent.now === undefined ? null : [atEvent.now === final, atEvent.next === final],
           customdata: div._fullData.map((t) => t.customdata ? Array.from(t.customdata) : null),
           points: div.calcdata.map((c) => c.length)};
@@ -210,6 +211,7 @@ def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser, figure
     assert moved["moved"] and not full["moved"] and not again["moved"]
     assert moved["sameAtReturn"] and full["sameAtReturn"]  # drawn when drawFigure returns
     assert moved["atEvent"] == [False, True]  # (marked at the event itself, it would be too early)
+    assert moved["listening"] == 0  # drawFigure leaves no listener behind
     assert moved["customdata"] == full["customdata"] and moved["points"] == full["points"]
     assert moved_shot == full_shot
     assert wrong_shot != full_shot
