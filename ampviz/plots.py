@@ -1643,12 +1643,12 @@ def _block_element_format(result, codes: np.ndarray, values: np.ndarray, step: n
                      "mx_quantize returned for x")
 
 
-def _log2_magnitude(values) -> np.ndarray:
-    """log2 |v| for each finite nonzero v, NaN for 0, inf and NaN (float64)."""
+def _finite_log2(values) -> np.ndarray:
+    """log2 |values| (float64), with 0, inf and NaN as NaN (a gap in a line)."""
     a = np.abs(np.asarray(values, np.float64))
-    drawn = np.isfinite(a) & (a > 0)
     out = np.full(a.shape, np.nan)
-    out[drawn] = np.log2(a[drawn])
+    ok = np.isfinite(a) & (a > 0)
+    out[ok] = np.log2(a[ok])
     return out
 
 
@@ -1703,7 +1703,7 @@ def _block_parts(x, result, what: str = "x") -> dict:
 def _block_extents(parts: dict) -> np.ndarray:
     """The finite log2 magnitudes ``plot_blocks`` draws on its value axis for ``parts``: the
     row's, the dequantized values' and each block's largest and smallest nonzero value."""
-    logs = np.concatenate([_log2_magnitude(parts[k]) for k in ("xs", "values", "top", "least")])
+    logs = np.concatenate([_finite_log2(parts[k]) for k in ("xs", "values", "top", "least")])
     return logs[np.isfinite(logs)]
 
 
@@ -1717,12 +1717,12 @@ def plot_blocks(x, result, *, title=None, legend_counts: bool = True, hold=()) -
     largest value (element max × block scale, solid) and its smallest nonzero one (the element
     format's smallest subnormal × block scale, dotted), and its scale written above it (2^k for
     MX's E8M0 scale; for NVFP4 the E4M3 block scale, which the tensor scale, given in the default
-    title, multiplies). A
-    value of 0 sits on a row of its own, labelled 0, under the axis's powers of two. An element
-    beyond its block's range is held at it (saturated: a triangle); a nonzero element that
-    dequantizes to 0 is flushed (a cross on the 0 row): an outlier lifts its block's range, and
-    the neighbours that fall below the range's floor are flushed. Bottom panel: each element's
-    relative error |q - x| / |x| (0 where x is 0) as a filled step one element wide.
+    title, multiplies). A value of 0 sits on a row of its own, labelled 0, under the axis's
+    powers of two. An element beyond its block's range is held at it (saturated: a triangle); a
+    nonzero element that dequantizes to 0 is flushed (a cross on the 0 row): an outlier lifts its
+    block's range, and the neighbours that fall below the range's floor are flushed. Bottom
+    panel: each element's relative error |q - x| / |x| (0 where x is 0) as a filled step one
+    element wide.
 
     The per-element rows are single paths where they can be, not a mark per element: the
     dequantized row's points are ``(i - 0.35, log2|q_i|), (i + 0.35, log2|q_i|), gap`` for each
@@ -1773,7 +1773,7 @@ def plot_blocks(x, result, *, title=None, legend_counts: bool = True, hold=()) -
 
     def on_axis(v):
         """log2 |v|, with 0 on the zero row (inf and NaN: not drawn)."""
-        y = _log2_magnitude(v)
+        y = _finite_log2(v)
         y[np.asarray(v) == 0] = zero_y
         return y
 
@@ -1796,7 +1796,7 @@ def plot_blocks(x, result, *, title=None, legend_counts: bool = True, hold=()) -
 
     def block_steps(v):
         y = np.full(3 * blocks, np.nan)
-        y[0::3] = y[1::3] = _log2_magnitude(v)
+        y[0::3] = y[1::3] = _finite_log2(v)
         return y
 
     data = [
@@ -1899,15 +1899,6 @@ def _fp8_trace(trace):
     return trace
 
 
-def _finite_log2(values) -> np.ndarray:
-    """log2 |values| (float64), with 0, inf and NaN as NaN (a gap in a line)."""
-    a = np.abs(np.asarray(values, np.float64))
-    out = np.full(a.shape, np.nan)
-    ok = np.isfinite(a) & (a > 0)
-    out[ok] = np.log2(a[ok])
-    return out
-
-
 def _run_ends(values) -> np.ndarray:
     """The first and last index of each run of equal ``values`` (NaN equal to NaN), in order: a
     step line ("hv") through these points is the step line through every point."""
@@ -1922,8 +1913,7 @@ def _log_percent_or_gap(counts, size: int) -> np.ndarray:
     """log10(100 · counts / size), with 0 as NaN: where a share sits on ``plot_fp8_scaling``'s
     share axis."""
     c = np.asarray(counts, np.float64)
-    with np.errstate(divide="ignore"):
-        return np.where(c > 0, np.log10(100.0 * np.where(c > 0, c, 1.0) / size), np.nan)
+    return np.where(c > 0, np.log10(100.0 * np.where(c > 0, c, 1.0) / size), np.nan)
 
 
 def _percent_decades(lo: float, hi: float) -> dict:

@@ -529,3 +529,20 @@ def test_plot_blocks_refuses_a_hold_that_is_not_rows_and_their_results(hold, mes
     assert one_line(str(info.value))
     with pytest.raises(TypeError, match="legend_counts must be True or False"):
         plot_blocks(x, mx_quantize(x, "fp8_e4m3"), legend_counts="no")
+
+
+def test_lesson_13s_static_figure_shows_what_its_text_says():
+    """Lesson 13's static figure (the row of its section 1: N(0, 1) from seed 0 with 2^10 at
+    element 37, MXFP4 in blocks of 32): block 1's scale is 2^8, its range runs from 2^7 (dotted)
+    to 6 × 2^8 (solid), far above its other 31 values, which sit on the 0 row as crosses; the
+    other blocks keep 2^-1."""
+    x = np.random.default_rng(0).standard_normal(128).astype(np.float32)
+    x[37] = 2.0**10
+    fig = plot_blocks(x, mx_quantize(x, "fp4_e2m1"))
+    t = traces(fig)
+    assert list(t["scale"].text) == ["2^-1", "2^8", "2^-1", "2^-1"]
+    assert np.asarray(t["least"].y, float)[3] == 7 and np.asarray(t["range"].y, float)[3] == np.log2(6 * 2.0**8)
+    others = np.array([i for i in range(32, 64) if i != 37])
+    assert set(np.asarray(t["flushed"].x, int).tolist()) >= set(others.tolist())
+    assert np.all(np.asarray(t["original"].y, float)[others] < 7)  # below the dotted step
+    assert np.all(dequantized(fig)[others] == 0) and np.all(on_axis(fig, dequantized(fig)[others]) == fig.layout.meta["zero_y"])

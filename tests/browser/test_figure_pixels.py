@@ -96,7 +96,7 @@ MOVE = """async ([first, second, sameLayout, fresh]) => {
   // moment the traces have not moved yet, a microtask later they have
   const svg = () => Array.from(div.querySelectorAll(".main-svg"), (e) => e.outerHTML).join("");
   const atEvent = {};
-  div.once && div.once("plotly_transitioning", () => {
+  if (!fresh) div.once("plotly_transitioning", () => {  // (a div plotly has not drawn has no events)
     atEvent.now = svg();
     Promise.resolve().then(() => { atEvent.next = svg(); });
   });
