@@ -263,9 +263,11 @@ async function drawFigure(Plotly, div, data, layout, config, before, sameLayout)
   const moving = sameLayout && div._transitionData && div._fullLayout && Array.isArray(div.data)
     && pointsOnly(before, data, layout, {layout: div._fullLayout, data: div.data});
   if (moving) {
+    // as plain arrays: plotly's animate walks a typed array's every index as an object's key
+    // (about 13 ms a move for Fp8ScalingLab's lines of 2,000 steps), and a plain array not at all
     const moved = data.map((t) => {
       const u = {};
-      for (const k of POINT_KEYS) if (k in t) u[k] = t[k];
+      for (const k of POINT_KEYS) if (k in t) u[k] = ArrayBuffer.isView(t[k]) ? Array.from(t[k]) : t[k];
       return u;
     });
     // with no duration plotly moves the traces at once, right after it says it is transitioning

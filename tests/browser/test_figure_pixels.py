@@ -79,10 +79,15 @@ def test_fp8_step_lines_through_run_ends_draw_the_pixels_of_every_step(browser):
 MOVE = """async ([first, second, sameLayout, fresh]) => {
   %s
   const div = document.getElementById("g");
-  const calls = [];
+  const calls = [], typed = [];
   for (const name of ["react", "animate"]) {
     if (!Plotly["__" + name]) Plotly["__" + name] = Plotly[name];
-    Plotly[name] = (...a) => { calls.push(name); return Plotly["__" + name](...a); };
+    Plotly[name] = (...a) => {
+      calls.push(name);
+      // typed arrays in a frame: plotly's animate walks each one's every index as a key
+      if (name === "animate") typed.push(a[1].data.flatMap((t) => Object.values(t)).filter((v) => ArrayBuffer.isView(v)).length);
+      return Plotly["__" + name](...a);
+    };
   }
   Plotly.purge(div);
   let shown = null;
@@ -92,6 +97,7 @@ MOVE = """async ([first, second, sameLayout, fresh]) => {
     await shown.settled;
   }
   calls.length = 0;
+  typed.length = 0;
   // FigureView counts a move drawn a microtask after plotly says it is transitioning: at that
   // moment the traces have not moved yet, a microtask later they have
   const svg = () => Array.from(div.querySelectorAll(".main-svg"), (e) => e.outerHTML).join("");
@@ -106,7 +112,7 @@ MOVE = """async ([first, second, sameLayout, fresh]) => {
   const atReturn = svg();
   await drawn.settled;
   const final = svg();
-  return {calls, moved: drawn.moved, sameAtReturn: atReturn === final,
+  return {calls, typed, moved: drawn.moved, sameAtReturn: atReturn === final,
           listening: div._ev ? div._ev.listeners("plotly_transitioning").length : null,
           atEvent: atEvent.now === undefined ? null : [atEvent.now === final, atEvent.next === final],
           customdata: div._fullData.map((t) => t.customdata ? Array.from(t.customdata) : null),
@@ -208,6 +214,9 @@ def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser, figure
     finally:
         page.close()
     assert moved["calls"] == ["animate"] and full["calls"] == ["react"] and again["calls"] == ["react"]
+    # the frame's points are plain arrays: as typed arrays (as they travel) plotly's animate takes
+    # ~13 ms longer a move for Fp8ScalingLab's lines (bench/bench_browser.py)
+    assert moved["typed"] == [0]
     assert moved["moved"] and not full["moved"] and not again["moved"]
     assert moved["sameAtReturn"] and full["sameAtReturn"]  # drawn when drawFigure returns
     assert moved["atEvent"] == [False, True]  # (marked at the event itself, it would be too early)
