@@ -45,8 +45,8 @@ _WIRE = {"float64": "f8", "float32": "f4", "int32": "i4", "int16": "i2", "int8":
 
 
 def _narrowest_int(a: np.ndarray) -> np.ndarray:
-    """A 64-bit integer array in the narrowest integer type that holds every value (steps 0..1999
-    travel as int16: a quarter of the bytes), or as float64 beyond 32 bits."""
+    """An integer array in the narrowest integer type that holds every value (steps 0..1999 travel
+    as int16: a quarter of an int64's bytes, half an int32's), or as float64 beyond 32 bits."""
     lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 0)
     for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32):
         info = np.iinfo(t)
@@ -64,8 +64,8 @@ def _pack_array(a: np.ndarray):
         a = a.astype(np.uint8)
     elif a.dtype.kind == "f" and a.dtype.name not in _WIRE:
         a = a.astype(np.float64 if a.dtype.itemsize > 4 else np.float32)
-    elif a.dtype.kind in "iu" and a.dtype.name not in _WIRE:
-        a = _narrowest_int(a)
+    elif a.dtype.kind in "iu":
+        a = _narrowest_int(a)  # any integer type: counts of 4,096 values travel as int16
     elif a.dtype.kind not in "fiu":
         raise TypeError(f"cannot send an array of dtype {a.dtype} to a figure: use numbers or strings")
     a = np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"), copy=False))
