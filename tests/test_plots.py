@@ -1,5 +1,6 @@
 """Figure builders: band edges, bars and printed shares come from the core's own numbers."""
 
+import json
 import math
 import re
 import subprocess
@@ -212,6 +213,26 @@ def test_plot_census_band_shapes_and_edge_labels():
     assert _annotation(fig, "smallest_subnormal").text.startswith("2^-24")
     assert _annotation(fig, "smallest_normal").text.startswith("2^-14")
     assert _annotation(fig, "max").text.startswith("65504")
+
+
+def test_plot_census_legend_names_the_bands_or_is_left_out():
+    """The legend keys the four bands; ``legend=False`` leaves it out (no band in a legend, none
+    drawn) and keeps the same plot area, the bands, bars and labels; anything but a bool is one
+    line."""
+    with_legend, without = plot_census(TINY, "fp16"), plot_census(TINY, "fp16", legend=False)
+    rects = lambda fig: [s for s in fig.layout.shapes if s.type == "rect"]  # noqa: E731
+    assert [s.name for s in rects(with_legend) if s.showlegend] == list(BAND_CATEGORIES)
+    assert with_legend.layout.showlegend is True
+    assert not any(s.showlegend for s in rects(without)) and without.layout.showlegend is False
+    area = lambda fig: fig.layout.height - fig.layout.margin.t - fig.layout.margin.b  # noqa: E731
+    assert area(without) == area(with_legend) and without.layout.height < with_legend.layout.height
+    strip = lambda fig: json.loads(fig.update_layout(showlegend=None, height=None, margin_b=None)  # noqa: E731
+                                   .update_shapes(showlegend=None).to_json())
+    assert strip(without) == strip(with_legend)  # nothing else differs
+    for bad in (None, 1, "no", [False]):
+        with pytest.raises(TypeError, match="legend must be True or False") as info:
+            plot_census(TINY, "fp16", legend=bad)
+        assert "\n" not in str(info.value)
 
 
 def test_plot_census_accepts_result_profile_and_values_alike():

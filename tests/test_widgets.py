@@ -84,6 +84,23 @@ def test_range_explorer_slider_redraws_as_census_predicts(range_explorer, k):
     assert f"2^{k}" in text(ex.scale_label)
 
 
+def test_range_explorer_readout_is_the_figures_key(range_explorer):
+    """The explorer's figure has no legend (a redraw without one is quicker); the readout keys the
+    bands instead: before each band's name, a swatch in the band's colour at the bands' opacity,
+    in the bands' order."""
+    from ampviz.plots import BAND_OPACITY
+
+    ex = range_explorer
+    assert ex.figure.layout.showlegend is False
+    assert not any(s.showlegend for s in ex.figure.layout.shapes)
+    fills = {s.name: (s.fillcolor, s.opacity) for s in ex.figure.layout.shapes if s.type == "rect"}
+    swatches = re.findall(r'class="ampviz-swatch" style="[^"]*background:([^;]+);opacity:([0-9.]+)"></span>'
+                          r'<b style="color:[^"]+">(\w+)</b>', ex.readout.value)
+    assert [(name, (color, float(opacity))) for color, opacity, name in swatches] == \
+        [(cat, fills[cat]) for cat in BAND_CATEGORIES]
+    assert all(opacity == BAND_OPACITY for _, opacity in fills.values())
+
+
 def test_range_explorer_shares_change_when_the_scale_rescues_gradients(range_explorer):
     ex = range_explorer
     before = ex.result.fractions["underflow"]

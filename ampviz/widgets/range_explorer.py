@@ -12,6 +12,7 @@ from ampviz.formats import CATEGORIES, get_format
 
 from ampviz.plots import (
     BAND_CATEGORIES,
+    BAND_OPACITY,
     CATEGORY_COLORS,
     census_x_range,
     format_pow2,
@@ -22,6 +23,13 @@ from ampviz.plots import (
 from ampviz.widgets.base import _Explorer, _shown, _whole
 
 
+def _swatch(category: str) -> str:
+    """A band's colour as the census figure fills it (its colour at the bands' opacity)."""
+    return (f'<span class="ampviz-swatch" style="display:inline-block;width:0.9em;height:0.9em;'
+            f'margin-right:0.3em;vertical-align:-0.1em;background:{CATEGORY_COLORS[category]};'
+            f'opacity:{BAND_OPACITY}"></span>')
+
+
 # ----- a census under a loss scale -----
 class RangeExplorer(_Explorer):
     """Where a set of gradients lands in a low-precision format as the loss scale changes.
@@ -30,7 +38,8 @@ class RangeExplorer(_Explorer):
     ``ampviz-scale-slider``) and ``format_dropdown`` (fp16, bf16, fp8_e4m3, fp8_e5m2). On every
     change it takes ``census(profile, fmt, 2**k)``, keeps it as ``.result``, writes the shares into
     ``readout`` and draws ``plot_census`` into ``output`` (kept as ``.figure``). The x axis stays
-    fixed while the scale moves (it changes only with the format).
+    fixed while the scale moves (it changes only with the format). The figure has no legend: the
+    readout is its key, each band's name after a swatch of its colour.
     """
 
     FORMAT_CHOICES = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
@@ -119,7 +128,7 @@ class RangeExplorer(_Explorer):
             return state
         scale = 2.0 ** int(log2_scale)
         result = census(self.profile, name, scale)
-        fig = plot_census(result, x_range=key[2])
+        fig = plot_census(result, x_range=key[2], legend=False)  # the readout names the bands
         state = (result, f"scale = {html.escape(format_pow2(scale))}", self._readout_html(result), fig,
                  FigureView.prepare(fig))
         return self._keep_state(key, state, self.KEPT_DRAWN)
@@ -135,8 +144,10 @@ class RangeExplorer(_Explorer):
     def _readout_html(self, result=None) -> str:
         r = self.result if result is None else result
         shown = [k for k in CATEGORIES if k in BAND_CATEGORIES or r.counts[k]]
+        # each band's swatch as the figure fills the band (the figure has no legend: this is its key)
         cells = "".join(
-            f'<span style="margin-right:1.2em"><b style="color:{CATEGORY_COLORS[k]}">{k}</b> '
+            f'<span style="margin-right:1.2em">{_swatch(k) if k in BAND_CATEGORIES else ""}'
+            f'<b style="color:{CATEGORY_COLORS[k]}">{k}</b> '
             f"{format_share(r.fractions[k])} <small>({r.counts[k]:,})</small></span>"
             for k in shown
         )
