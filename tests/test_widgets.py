@@ -698,6 +698,27 @@ def test_a_move_sends_the_figure_before_the_readout(make, slider, value):
     assert sent[:1] == ["figure"] and "readout" in sent, sent
 
 
+@pytest.mark.parametrize("press", [
+    lambda ex: ex.bit_buttons[-1].click(),  # a bit pressed (the button's own click)
+    lambda ex: setattr(ex.hex_input, "value", "0x3C00"),
+    lambda ex: setattr(ex.format_dropdown, "value", "bf16"),
+])
+def test_a_format_explorer_change_sends_the_figure_first(press):
+    """FormatExplorer sends a change's figure before anything else it changes (the bit buttons,
+    the hex and decimal boxes, the readouts), so the browser starts plotly's draw first."""
+    ex = FormatExplorer("fp16", 0.1)
+    sent = []
+    ex.view.observe(lambda change: sent.append("figure"), names="revision")
+    for name, w in (("readout", ex.readout), ("bits", ex.bits_readout), ("hex", ex.hex_input),
+                    ("decimal", ex.decimal_input)):
+        w.observe(lambda change, name=name: sent.append(name), names="value")
+    for b in ex.bit_buttons:
+        b.observe(lambda change: sent.append("button"), names="description")
+    press(ex)
+    assert ex.error is None
+    assert sent[:1] == ["figure"] and "readout" in sent and len(sent) > 2, sent
+
+
 def test_scaler_lab_counts_skips_in_its_readout_not_its_legend():
     """ScalerLab's figure names each scaler without counts (a move then keeps its layout); the
     readout says how many steps were skipped and, when the marks are thinned, how many are marked,

@@ -223,6 +223,9 @@ class FormatExplorer(_Explorer):
     def refresh(self, decimal_text: str | None = None) -> None:
         """Bring every control, the readout and the figure in line with the state."""
         f, bits, stored = self.fmt, self.bits, self.value
+        # the figure first: its message leaves before the controls' and the readouts', and the
+        # browser starts plotly's draw, the slow part of a repaint, while they are on their way
+        self._draw(plot_value(f, stored, typed=self.typed))
         self._syncing = True
         try:
             self.format_dropdown.value = f.name
@@ -240,7 +243,6 @@ class FormatExplorer(_Explorer):
         self.bits_readout.value = self._bits_html()
         self.readout.value = self._readout_html()
         self._clear_error()
-        self._draw(plot_value(f, stored, typed=self.typed))
 
     def _bits_html(self) -> str:
         f, bits = self.fmt, self.bits
