@@ -1998,12 +1998,13 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
     # first and last step of each run of one scale: drawn "hv", the same line as through every
     # step, in a fraction of the points under delayed scaling (46 runs in 2,000 steps at
     # Transformer Engine's defaults); the lines of every step start at step 0, one apart (x0, dx)
-    runs = _run_ends(scale).astype(np.int32)
-    # the lines' points travel as float32 (the steps as int32): a slider move sends half the
-    # bytes of float64, and plotly, drawing at screen resolution, draws the same figure
+    runs = _run_ends(scale)
+    # the lines' points travel as float32: a slider move sends half the bytes of float64, and
+    # plotly, drawing at screen resolution, draws the same figure (integers, the steps and the
+    # counts, travel in the narrowest type that holds them: FigureView and plotly narrow them)
     ceiling, floor, log_amax, log_scale = (np.asarray(v, np.float32) for v in (ceiling, floor, log_amax, log_scale))
     # hover texts from numbers (a template over customdata: the float32 amaxes and scales, the
-    # counts as int32): 2,000 strings per trace made every slider move send and draw 0.6 MB
+    # counts): 2,000 strings per trace made every slider move send and draw 0.6 MB
     data = [
         {"type": "scatter", "x": runs, "y": ceiling[runs], "mode": "lines", "name": "max / scale (above: saturates)",
          "line": {"color": FP8_COLORS["ceiling"], "width": 1.5, "shape": "hv"}, "hoverinfo": "skip",
@@ -2038,16 +2039,15 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
         data.append({"type": "scatter", "x0": 0, "dx": 1, "y": share, "mode": "lines",
                      "name": f"{label}: {int((c > 0).sum()):,} steps" if legend_counts else label, "yaxis": "y3",
                      "legendgroup": kind, "line": {"color": FP8_COLORS[kind], "width": 1},
-                     "customdata": c.astype(np.int32), "hovertemplate": hover, "meta": {"kind": kind}})
+                     "customdata": c, "hovertemplate": hover, "meta": {"kind": kind}})
         # a step with some, between steps with none, has no line to show it: a marker each (a
         # marker on all 2,000 steps would cost every redraw thousands of shapes)
         some = c > 0
-        alone = (np.flatnonzero(some & ~np.r_[False, some[:-1]] & ~np.r_[some[1:], False]) if n
-                 else np.zeros(0, int)).astype(np.int32)
+        alone = np.flatnonzero(some & ~np.r_[False, some[:-1]] & ~np.r_[some[1:], False]) if n else np.zeros(0, int)
         data.append({"type": "scatter", "x": alone, "y": share[alone], "mode": "markers", "showlegend": False,
                      "yaxis": "y3", "legendgroup": kind,
                      "marker": {"size": 4, "color": FP8_COLORS[kind]}, "cliponaxis": False,
-                     "customdata": c[alone].astype(np.int32),
+                     "customdata": c[alone],
                      "hovertemplate": hover, "meta": {"kind": f"{kind} alone"}})
     worst = trace.worst_step
     share_range = [math.log10(50.0 / max(size, 1)), 2.05]

@@ -130,9 +130,9 @@ def test_exact_bits_and_gaps():
 
 
 def test_integers_travel_in_the_narrowest_type_that_holds_them():
-    """Counts of 4,096 values and steps 0..1,999 travel as int16 whatever type they were made in
-    (Fp8ScalingLab's move is ~20 KB lighter than with its int32 counts as they are); values that
-    need more keep more, and every value arrives."""
+    """Counts of 4,096 values and steps 0..1,999 travel as int16 whatever integer type they were
+    made in (a plot need not choose one for the wire); values that need more keep more, and every
+    value arrives."""
     cases = [(np.array([0, 4096], np.int32), "i2"), (np.arange(2000, dtype=np.int64), "i2"),
              (np.array([0, 200], np.int32), "u1"), (np.array([-1, 70_000], np.int32), "i4"),
              (np.array([0, 70_000], np.uint32), "i4"), (np.array([0, 2**32 - 1], np.uint32), "u4"), (np.array([-3, 3], np.int16), "i1"),
