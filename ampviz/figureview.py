@@ -12,10 +12,11 @@ Updates assign ``data`` or ``layout``; the browser draws at once when it is idle
 that arrives while a draw runs only asks for one more draw of the newest state when it ends: when
 updates come faster than it can draw, the intermediate ones are skipped and the last one always
 wins. An update that changes only the traces' points and hover values (``x``, ``y``,
-``customdata``, ``hovertext``) under the layout already drawn, on axes whose ranges are fixed and
-shown as given, is drawn by moving those traces (``Plotly.animate`` without a redraw), in about
+``customdata``, ``hovertext``, ``text``) of scatter traces (and of bar traces drawn with no
+opacity, which only carry a hover) under the layout already drawn, on axes whose ranges are fixed
+and shown as given, is drawn by moving those traces (``Plotly.animate`` without a redraw), in about
 half the time of a full ``Plotly.react``; a figure that keeps its names and ranges while a slider
-moves (ScalerLab's) is drawn that way.
+moves (ScalerLab's, RangeExplorer's) is drawn that way.
 
 plotly.js itself (about 4.8 MB, from the plotly Python package) is sent once per browser page, on
 the first view's request, instead of with every widget.
@@ -236,6 +237,14 @@ function pointCount(trace) {
   return x && x.length !== undefined ? x.length : y && y.length !== undefined ? y.length : 0;
 }
 
+// A scatter trace moves as a full redraw would draw it. A bar trace does only where nothing of it
+// shows (no opacity: the census's counts, there for the hover): plotly rounds bars' edges to whole
+// pixels in a full redraw and not in a move.
+function movable(trace) {
+  const type = trace.type || "scatter";
+  return type === "scatter" || (type === "bar" && trace.opacity === 0);
+}
+
 // ``drawn``: the figure as plotly holds it now (``layout``: its axes' ranges as shown; ``data``:
 // its traces, with a trace the learner hid from the legend marked so)
 function pointsOnly(before, data, layout, drawn) {
@@ -243,9 +252,12 @@ function pointsOnly(before, data, layout, drawn) {
   for (let i = 0; i < data.length; i++) {
     const a = before.data[i], b = data[i];
     if (drawn.data[i].visible !== b.visible) return false;  // a full redraw shows it again, as before
-    // an empty trace has no legend entry: one in the legend that empties or fills changes it
-    if (b.showlegend !== false && (pointCount(a) === 0) !== (pointCount(b) === 0)) return false;
-    if ((a.type || "scatter") !== "scatter" || (b.type || "scatter") !== "scatter") return false;
+    // a trace that empties: moved, it would keep its last markers drawn (plotly removes a point
+    // that has no place only in a full redraw)
+    if (pointCount(a) > 0 && pointCount(b) === 0) return false;
+    // an empty trace has no legend entry: one in the legend that fills changes it
+    if (b.showlegend !== false && pointCount(a) === 0 && pointCount(b) > 0) return false;
+    if (!movable(a) || !movable(b)) return false;
     for (const k of new Set([...Object.keys(a), ...Object.keys(b)])) {
       if (POINT_KEYS.includes(k) ? !(k in b) : JSON.stringify(a[k]) !== JSON.stringify(b[k])) return false;
     }

@@ -171,6 +171,26 @@ def _bars(fig):
     return [t for t in fig.data if t.type == "bar"][0]
 
 
+def _drawn_bars(fig) -> dict:
+    """``{binade: (count, band)}`` as the band outlines draw the bars: each piece of a band's trace
+    (between NaN gaps) must be one bar, foot, top, top, foot."""
+    drawn = {}
+    for t in fig.data:
+        if t.meta["kind"] != "bars":
+            continue
+        x, y = np.asarray(t.x, np.float64), np.asarray(t.y, np.float64)
+        assert x.shape == y.shape and (x.size == 0 or (x.size + 1) % 5 == 0)
+        for px, py in zip(np.split(x, np.flatnonzero(np.isnan(x))), np.split(y, np.flatnonzero(np.isnan(y)))):
+            px, py = px[~np.isnan(px)], py[~np.isnan(py)]
+            if not px.size:
+                continue
+            left = px[0]
+            assert list(px) == [left, left, left + 1, left + 1] and py[0] == py[3] == 0 and py[1] == py[2] > 0
+            assert int(left) not in drawn  # each binade drawn once
+            drawn[int(left)] = (int(py[1]), t.meta["band"])
+    return drawn
+
+
 def _annotation(fig, name):
     return [a for a in fig.layout.annotations if a.name == name][0]
 
@@ -183,6 +203,10 @@ def test_plot_census_bars_and_shares_match_census(fmt, scale):
     bars = _bars(fig)
     assert list(np.asarray(bars.x) - 0.5) == result.log2_bins.tolist()
     assert list(bars.y) == result.log2_counts.tolist()
+    # the counts' bars carry the hover and show nothing; the band outlines draw the same bars
+    assert bars.opacity == 0 and len(bars.hovertext) == len(bars.x)
+    assert {e: c for e, (c, _) in _drawn_bars(fig).items()} == dict(zip(result.log2_bins.tolist(),
+                                                                      result.log2_counts.tolist()))
     shares = _annotation(fig, "shares").text
     for cat in BAND_CATEGORIES:
         assert f"{cat} {format_share(result.fractions[cat])}" in shares
@@ -232,6 +256,27 @@ def test_plot_census_legend_names_the_bands_or_is_left_out():
     for bad in (None, 1, "no", [False]):
         with pytest.raises(TypeError, match="legend must be True or False") as info:
             plot_census(TINY, "fp16", legend=bad)
+        assert "\n" not in str(info.value)
+
+
+def test_plot_census_shares_line_is_left_out_on_request():
+    """``shares=False`` leaves out the shares line (and the counts of bands too small to see under
+    it) and keeps the plot area; the shares stay in the layout's meta; anything but a bool is one
+    line."""
+    values = np.concatenate([np.full(1_000, 1.5), np.full(3, 2.0**-26)]).astype(np.float32)
+    for legend in (True, False):
+        shown, left_out = plot_census(values, "fp16", legend=legend), plot_census(values, "fp16", legend=legend,
+                                                                                 shares=False)
+        assert "underflow 3 values" in _annotation(shown, "shares").text
+        assert [a.name for a in left_out.layout.annotations] == [a.name for a in shown.layout.annotations
+                                                                 if a.name != "shares"]
+        area = lambda fig: fig.layout.height - fig.layout.margin.t - fig.layout.margin.b  # noqa: E731
+        assert area(left_out) == area(plot_census(np.ones(4, np.float32), "fp16", legend=legend))
+        assert left_out.layout.meta == shown.layout.meta
+        assert json.loads(left_out.to_json())["data"] == json.loads(shown.to_json())["data"]
+    for bad in (None, 0, "yes", [True]):
+        with pytest.raises(TypeError, match="shares must be True or False") as info:
+            plot_census(TINY, "fp16", shares=bad)
         assert "\n" not in str(info.value)
 
 
@@ -612,15 +657,20 @@ def test_census_bars_show_the_bands_and_small_counts():
     the axis and its count under the shares line."""
     values = np.concatenate([np.full(10_000, 1.5), np.full(3, 2.0**17 * 1.5), np.full(20, 2.0**-26)]).astype(np.float32)
     fig = plot_census(values, "fp16")
-    bars = _bars(fig)
-    colors = dict(zip(np.asarray(bars.x) - 0.5, bars.marker.color))
-    assert colors == {0: CATEGORY_COLORS["normal"], 17: CATEGORY_COLORS["overflow"], -26: CATEGORY_COLORS["underflow"]}
+    drawn = _drawn_bars(fig)
+    assert {e: band for e, (_, band) in drawn.items()} == {0: "normal", 17: "overflow", -26: "underflow"}
+    assert {e: count for e, (count, _) in drawn.items()} == {0: 10_000, 17: 3, -26: 20}
+    for t in fig.data:
+        if t.meta["kind"] == "bars":
+            assert t.fillcolor == CATEGORY_COLORS[t.meta["band"]]
     assert fig.layout.yaxis.range[1] >= 1.4 * 10_000  # the tallest bar ends under the labels' rows
     lowest_label = min(a.y for a in fig.layout.annotations if a.yref == "paper" and a.name != "shares")
     assert 10_000 / fig.layout.yaxis.range[1] < lowest_label - 0.1
-    few = [t for t in fig.data if t.name == "few values"][0]
-    assert list(few.x) == [-25.5, 17.5] and list(few.y) == [0, 0]
-    assert list(few.marker.color) == [CATEGORY_COLORS["underflow"], CATEGORY_COLORS["overflow"]]
+    few = {t.meta["band"]: t for t in fig.data if t.meta["kind"] == "few"}
+    assert list(few) == list(BAND_CATEGORIES)  # every band has its trace, empty or not
+    assert {band: list(t.x) for band, t in few.items()} == {"underflow": [-25.5], "subnormal": [], "normal": [],
+                                                             "overflow": [17.5]}
+    assert all(list(t.y) == [0] * len(t.x) and t.marker.color == CATEGORY_COLORS[band] for band, t in few.items())
     shares = _annotation(fig, "shares").text
     assert "overflow 3 values" in shares and "underflow 20 values" in shares
     assert "values" not in _annotation(plot_census(np.ones(5, np.float32), "fp16"), "shares").text

@@ -9,7 +9,7 @@ import pytest
 import ampviz.widgets as widgets
 from ampviz.census import census, profile
 from ampviz.formats import CATEGORIES, FORMATS, get_format
-from ampviz.plots import BAND_CATEGORIES, format_share
+from ampviz.plots import BAND_CATEGORIES, format_share, format_shares
 from ampviz.widgets import FormatExplorer, RangeExplorer, parse_number
 from widget_checks import move_quickly, text  # tests/, on the path as pytest runs
 
@@ -77,11 +77,32 @@ def test_range_explorer_slider_redraws_as_census_predicts(range_explorer, k):
     assert list(bars.x) != old_bars  # the histogram moved ...
     assert list(ex.figure.layout.xaxis.range) == old_range  # ... over a fixed axis
     readout = text(ex.readout)
-    shares = [a for a in ex.figure.layout.annotations if a.name == "shares"][0].text
     for cat in BAND_CATEGORIES:
         assert f"{cat} {format_share(expected.fractions[cat])}" in readout
-        assert f"{cat} {format_share(expected.fractions[cat])}" in shares
+    assert ex.figure.layout.meta["shares"] == format_shares(expected)
     assert f"2^{k}" in text(ex.scale_label)
+
+
+def test_range_explorer_keeps_its_layout_while_the_scale_moves(range_explorer):
+    """The shares live in the readout and the scale beside the slider: the figure's layout (less
+    its meta) is the same at every scale whose tallest bar is the same, so FigureView sends only
+    the traces and the browser moves them; a format change sends a new layout."""
+    from ampviz.figureview import FigureView
+
+    ex = range_explorer
+    assert not [a for a in ex.figure.layout.annotations if a.name == "shares"]
+    assert ex.figure.layout.title.text == "2,000 values × the scale above, in fp16"
+    keys = set()
+    for k in (-3, 0, 5, 16):
+        ex.scale_slider.value = k
+        keys.add(FigureView.prepare(ex.figure).layout_key)
+        assert FigureView.prepare(ex.figure).data == FigureView.prepare(ex.figure).data
+    assert len(keys) == 1
+    sent = ex.view.layout
+    ex.scale_slider.value = 6
+    assert ex.view.layout is sent  # not sent again
+    ex.format_dropdown.value = "bf16"
+    assert FigureView.prepare(ex.figure).layout_key not in keys and "bf16" in ex.figure.layout.title.text
 
 
 def test_range_explorer_readout_is_the_figures_key(range_explorer):

@@ -38,8 +38,11 @@ class RangeExplorer(_Explorer):
     ``ampviz-scale-slider``) and ``format_dropdown`` (fp16, bf16, fp8_e4m3, fp8_e5m2). On every
     change it takes ``census(profile, fmt, 2**k)``, keeps it as ``.result``, writes the shares into
     ``readout`` and draws ``plot_census`` into ``output`` (kept as ``.figure``). The x axis stays
-    fixed while the scale moves (it changes only with the format). The figure has no legend: the
-    readout is its key, each band's name after a swatch of its colour.
+    fixed while the scale moves (it changes only with the format). The figure has no legend and no
+    shares line, and its title does not name the scale: the readout is its key, each band's name
+    after a swatch of its colour, with the shares, and the label beside the slider names the scale.
+    So a scale move changes only the figure's points (unless the tallest bar changes), and the
+    browser moves the bars instead of redrawing the figure.
     """
 
     FORMAT_CHOICES = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
@@ -128,7 +131,11 @@ class RangeExplorer(_Explorer):
             return state
         scale = 2.0 ** int(log2_scale)
         result = census(self.profile, name, scale)
-        fig = plot_census(result, x_range=key[2], legend=False)  # the readout names the bands
+        # the readout names the bands and prints the shares, the label beside the slider the
+        # scale: the layout stays while the scale moves, and FigureView moves the bars instead of
+        # redrawing the figure
+        fig = plot_census(result, x_range=key[2], legend=False, shares=False,
+                          title=f"{result.total:,} value{'' if result.total == 1 else 's'} × the scale above, in {name}")
         state = (result, f"scale = {html.escape(format_pow2(scale))}", self._readout_html(result), fig,
                  FigureView.prepare(fig))
         return self._keep_state(key, state, self.KEPT_DRAWN)

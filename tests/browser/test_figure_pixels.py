@@ -9,7 +9,7 @@ import numpy as np
 import plotly
 import pytest
 
-from ampviz.figureview import _ESM, pack
+from ampviz.figureview import _ESM, _figure_parts, pack
 from ampviz.fp8 import simulate_fp8_scaling
 from ampviz.plots import plot_fp8_scaling
 from ampviz.widgets.fp8_lab import lab_stream
@@ -129,8 +129,10 @@ def _most_moved(a, b) -> int:
 
 
 def _packed(fig) -> dict:
-    return json.loads(json.dumps({"data": pack(fig.to_plotly_json()["data"]),
-                                  "layout": pack(fig.to_plotly_json()["layout"])}))
+    """``fig`` as FigureView sends it (its arrays as ``pack`` writes them; not as plotly's
+    ``to_plotly_json`` would, whose arrays plotly.js reads but FigureView's test of a move cannot)."""
+    data, layout = _figure_parts(fig)
+    return json.loads(json.dumps({"data": pack(data), "layout": pack(layout)}))
 
 
 def _scaler_figures() -> list:
@@ -177,9 +179,30 @@ def _fp8_filling_figures() -> list:
     return figs + [lab.figure]
 
 
-@pytest.mark.parametrize("figures", [_scaler_figures, _fp8_figures, _block_figures, _fp8_filling_figures])
+def _range_figures() -> list:
+    """A RangeExplorer scale move from 2^-8 to 2^3 over the beam model's gradients: bars change
+    bands (the subnormal band's outline and its mark of a bar too short to see fill), every
+    count's bar moves."""
+    from ampviz.beam import gradients
+    from ampviz.widgets import RangeExplorer
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    explorer = RangeExplorer(gradients(0).all, log2_scale=-8, log2_scale_range=(-16, 36))
+    figs = [explorer.figure]
+    explorer.scale_slider.value = 3
+    figs.append(explorer.figure)
+    sizes = [{(t.meta["kind"], t.meta.get("band")): len(t.x) for t in f.data} for f in figs]
+    assert sizes[0][("bars", "subnormal")] == sizes[0][("few", "subnormal")] == 0
+    assert sizes[1][("bars", "subnormal")] > 0 and sizes[1][("few", "subnormal")] > 0
+    assert not any(n and not sizes[1][key] for key, n in sizes[0].items())  # nothing empties
+    return figs
+
+
+@pytest.mark.parametrize("figures", [_scaler_figures, _fp8_figures, _block_figures, _fp8_filling_figures,
+                                     _range_figures])
 def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser, figures):
-    """A ScalerLab, Fp8ScalingLab or BlockExplorer move that keeps the layout is drawn by moving the traces
+    """A ScalerLab, Fp8ScalingLab, BlockExplorer or RangeExplorer move that keeps the layout is drawn by moving the traces
     (Plotly.animate, no redraw); the pixels, the hover's numbers and the points plotly holds equal
     a full redraw of the new figure. A move that leaves one trace out (the one whose points change
     most) draws other pixels."""
@@ -226,6 +249,26 @@ def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser, figure
     assert wrong_shot != full_shot
 
 
+@pytest.mark.parametrize("figures", [_fp8_filling_figures, _range_figures])
+def test_a_move_that_empties_a_trace_redraws_the_figure(browser, figures):
+    """The moves above backwards: a trace empties (Fp8ScalingLab's lone saturated step's marker,
+    RangeExplorer's subnormal outline and mark). Moved, plotly would leave the emptied trace's last
+    marker drawn; FigureView redraws the figure instead, and the pixels are a full redraw's."""
+    before, after = figures()
+    page = browser.new_page(viewport={"width": 1000, "height": 800})
+    try:
+        page.set_content('<div id="g" style="width:950px"></div>')
+        page.add_script_tag(path=str(PLOTLY_JS))
+        moved = page.evaluate(MOVE, [_packed(after), _packed(before), True, False])
+        moved_shot = page.locator("#g").screenshot()
+        page.evaluate(MOVE, [_packed(after), _packed(before), True, True])
+        full_shot = page.locator("#g").screenshot()
+    finally:
+        page.close()
+    assert moved_shot == full_shot
+    assert moved["calls"] == ["react"] and not moved["moved"]
+
+
 POINTS_ONLY = """([before, data, layout, drawn, drawnData]) => { %s
   return pointsOnly({data: before}, data, layout, {layout: drawn, data: drawnData || before}); }""" % DECODE
 
@@ -245,6 +288,10 @@ def test_only_points_on_fixed_axes_take_the_fast_path(browser):
         ([line], [{k: v for k, v in line.items() if k != "customdata"}], fixed, False),  # hover values dropped
         ([line], [line, line], fixed, False),
         ([{**line, "type": "bar"}], [{**line, "type": "bar", "y": [2, 1]}], fixed, False),
+        # a bar trace that shows nothing (the census's hover): no pixel of it to round
+        ([{**line, "type": "bar", "opacity": 0}], [{**line, "type": "bar", "opacity": 0, "y": [2, 1]}], fixed, True),
+        ([{**line, "type": "bar", "opacity": 0.5}], [{**line, "type": "bar", "opacity": 0.5, "y": [2, 1]}], fixed,
+         False),
         ([line], [{**line, "y": [2, 1]}], {**fixed, "yaxis": {}}, False),  # autoranged
         ([line], [{**line, "y": [2, 1]}], {**fixed, "yaxis": {"range": [0, 3], "autorange": True}}, False),
         ([{**line, "yaxis": "y2"}], [{**line, "yaxis": "y2", "y": [0.5, 0.2]}], fixed, True),
@@ -259,6 +306,9 @@ def test_only_points_on_fixed_axes_take_the_fast_path(browser):
         ([{**line, "x": [], "y": [], "customdata": []}], [line], fixed, False),
         ([{**line, "x": [], "y": [], "customdata": [], "showlegend": False}], [{**line, "showlegend": False}], fixed,
          True),  # not in the legend
+        # emptied, even out of the legend: plotly would leave its last markers drawn
+        ([{**line, "showlegend": False}], [{**line, "x": [], "y": [], "customdata": [], "showlegend": False}], fixed,
+         False),
         ([{**line, "text": ["a", "b"]}], [{**line, "text": ["c", "d"], "y": [2, 1]}], fixed, True),  # a text trace's texts
     ]
     zoomed = {**fixed, "xaxis": {"range": [0.2, 0.6]}}  # as plotly holds it after a zoom
