@@ -11,11 +11,13 @@ interleaved with the floor's so that a busy machine slows both alike:
 - ``FormatExplorer``: a mantissa bit's button pressed with the keyboard (focus, then Enter: the
   same click event as the mouse's; Playwright's ``click`` first waits for the button to stand still
   over two animation frames, which would add ~30 ms that no learner's click has);
-- ``BlockExplorer`` (MXFP4): the outlier's log2 slider, from 0 up (24 new positions; in the explorer
-  app, which starts at 2^8, 16: at most 15 moves);
+- ``BlockExplorer`` (MXFP4): the outlier's log2 slider, from 0 up (24 new positions);
 - ``Fp8ScalingLab`` (delayed scaling, 2,000 tensors of 4,096 values): the spike size's slider, from
-  2^0 up (16 new positions: at most 15 moves after the warm-up one; in the explorer app, whose lab
-  starts at 2^8, at most 7).
+  2^0 up (16 new positions: at most 15 moves after the warm-up one).
+
+In the explorer app both labs start mid-way along those sliders (2^8); before it is timed, each is
+sent to its slider's start with the Home key, so that it has as many new positions as in the
+notebook.
 
 A move counts as repainted when the explorer's figure in the page has drawn the new state
 (``FigureView`` marks each drawn revision; the floor's trace holds its new point). Measured in
@@ -98,12 +100,15 @@ EXPLORERS = {
                                                                     ("slider", "ampviz-fp8-spike", 16)),
 }
 # The explorer app's tabs (one page each is measured against the floor): its two labs start
-# mid-way along these sliders, so they have fewer new positions than the notebook's.
+# mid-way along these sliders (2^8); the Home key sends each to the slider's start first (untimed),
+# where the notebook's start.
 APP_EXPLORERS = {
     **{name: EXPLORERS[name] for name in list(EXPLORERS)[:3]},
-    "Fp8ScalingLab in the app (spike slider from 2^8)": (".ampviz-fp8-lab", ("slider", "ampviz-fp8-spike", 8)),
-    "BlockExplorer in the app (outlier slider from 2^8)": (".ampviz-block-explorer",
-                                                           ("slider", "ampviz-blocks-outlier", 16)),
+    "Fp8ScalingLab in the app (spike slider, from 2^0 after Home)": (".ampviz-fp8-lab",
+                                                                     ("slider", "ampviz-fp8-spike", 16, "Home")),
+    "BlockExplorer in the app (outlier slider, from 2^0 after Home)": (".ampviz-block-explorer",
+                                                                       ("slider", "ampviz-blocks-outlier", None,
+                                                                        "Home")),
 }
 
 
@@ -114,6 +119,7 @@ class Mover:
         self.page, self.name, self.root = page, name, root
         kind, target = action[:2]
         self.limit = action[2] if len(action) > 2 else None  # new positions the slider has
+        self.start = action[3] if len(action) > 3 else None  # a key that sends the slider to its start
         scope = page.locator(root).first if root else page
         if kind == "slider":
             self.handle = scope.locator(f".{target} .noUi-handle").first
@@ -129,6 +135,11 @@ class Mover:
 
     def ready(self):
         self.page.wait_for_function(f"() => ({self.js})() !== null", timeout=180_000)
+        if self.start:  # to the slider's start, untimed, once its figure shows that position
+            before = self.page.evaluate(self.js)
+            self.handle.focus()
+            self.handle.press(self.start)
+            self.page.wait_for_function(f"(prev) => ({self.js})() !== prev", arg=before, timeout=60_000)
         if self.root is None:
             self.page.evaluate(FLOOR_TIMER)
 
@@ -276,8 +287,8 @@ def main():
                 tabs = {"Formats": "FormatExplorer (a bit pressed)",
                         "Ranges": "RangeExplorer, 84,608 gradients (scale slider)",
                         "Loss scaling": "ScalerLab, 1,000,000 steps (backoff slider)",
-                        "FP8 scaling": "Fp8ScalingLab in the app (spike slider from 2^8)",
-                        "Block scaling": "BlockExplorer in the app (outlier slider from 2^8)"}
+                        "FP8 scaling": "Fp8ScalingLab in the app (spike slider, from 2^0 after Home)",
+                        "Block scaling": "BlockExplorer in the app (outlier slider, from 2^0 after Home)"}
                 for tab, name in tabs.items():  # each tab against the floor measured beside it
                     page.get_by_role("tab", name=tab).click()
                     all_ratios += report(f"the explorer app (Voila), {tab} tab",
