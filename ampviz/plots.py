@@ -2039,7 +2039,8 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
     # the step lines of the scale (and of max and the underflow boundary over it) through the
     # first and last step of each run of one scale: drawn "hv", the same line as through every
     # step, in a fraction of the points under delayed scaling (46 runs in 2,000 steps at
-    # Transformer Engine's defaults); the lines of every step start at step 0, one apart (x0, dx)
+    # Transformer Engine's defaults); amax's line of every step starts at step 0, one apart (x0,
+    # dx), and the share lines keep each run of gaps as its first step (below)
     runs = _run_ends(scale)
     # the lines' points travel as float32: a slider move sends half the bytes of float64, and
     # plotly, drawing at screen resolution, draws the same figure (integers, the steps and the
@@ -2078,10 +2079,15 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
         c = np.asarray(counts)
         share = _log_percent_or_gap(c, size).astype(np.float32)
         hover = f"step %{{x:,}} · {kind} %{{customdata:,}} of {size:,}<extra></extra>"
-        data.append({"type": "scatter", "x0": 0, "dx": 1, "y": share, "mode": "lines",
+        # a step with none is a gap in its line; a run of such steps travels as its first step
+        # alone: plotly draws and hovers the same line, and a slider move has fewer points to send
+        # and draw (the saturated line is mostly gaps: 2,000 steps become a few dozen points)
+        gap = np.isnan(share)
+        kept = np.flatnonzero(~gap | ~np.r_[False, gap[:-1]])
+        data.append({"type": "scatter", "x": kept, "y": share[kept], "mode": "lines",
                      "name": f"{label}: {int((c > 0).sum()):,} steps" if legend_counts else label, "yaxis": "y3",
                      "legendgroup": kind, "line": {"color": FP8_COLORS[kind], "width": 1},
-                     "customdata": c, "hovertemplate": hover, "meta": {"kind": kind}})
+                     "customdata": c[kept], "hovertemplate": hover, "meta": {"kind": kind}})
         # a step with some, between steps with none, has no line to show it: a marker each (a
         # marker on all 2,000 steps would cost every redraw thousands of shapes)
         some = c > 0

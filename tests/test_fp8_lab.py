@@ -52,14 +52,20 @@ def f32(v):
 
 def every_step(t, n):
     """A line trace's value at each of ``n`` steps: ``y`` itself for a line of every step (from
-    x0 = 0, dx = 1), the "hv" step line through its points (x, y) otherwise."""
+    x0 = 0, dx = 1), the "hv" step line through its points (x, y), or a line whose runs of gaps
+    travel as their first step alone (every step with a value is there, and a step missing lies
+    in a run of gaps: the point before it is a gap)."""
     y = np.asarray(t.y, np.float64)
     if t.x is None:
         assert t.x0 == 0 and t.dx == 1 and y.size == n
         return y
     x = np.asarray(t.x, np.int64)
-    assert t.line.shape == "hv" and x.size == y.size and np.all(np.diff(x) > 0)
-    assert not n or (x[0], x[-1]) == (0, n - 1)
+    assert x.size == y.size and np.all(np.diff(x) > 0) and (not n or x[0] == 0)
+    if t.line.shape == "hv":
+        assert not n or x[-1] == n - 1
+    else:
+        assert np.all(np.isnan(y[:-1][np.diff(x) > 1])) and (not n or x[-1] == n - 1 or np.isnan(y[-1]))
+        assert not np.any(np.isnan(y[:-1]) & np.isnan(y[1:]) & (np.diff(x) == 1))  # one point a run
     return y[np.searchsorted(x, np.arange(n), side="right") - 1]
 
 
@@ -348,7 +354,10 @@ def test_the_figure_sends_numbers_not_texts_and_marks_the_lone_steps():
         assert list(np.asarray(marks.x, int)) == lone and marks.mode == "markers", kind
         assert np.array_equal(marks.y, f32(np.log10(100.0 * c[lone] / tr.size)))
         assert np.array_equal(marks.customdata, c[lone])
-        assert t[kind].mode == "lines" and np.array_equal(t[kind].customdata, c)
+        assert t[kind].mode == "lines" and np.array_equal(t[kind].customdata, c[np.asarray(t[kind].x)])
+        # each run of steps with none travels as its first step (a gap), the steps with some all
+        kept = np.asarray(t[kind].x)
+        assert set(kept.tolist()) == {i for i in range(tr.steps) if c[i] > 0 or i == 0 or c[i - 1] > 0}
         some_runs += len(lone) < int((c > 0).sum())  # steps in runs are drawn by the line, not marked
     assert len(t["saturated alone"].x) > 0 and some_runs >= 1  # the spikes saturate alone
 

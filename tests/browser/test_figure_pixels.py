@@ -1,6 +1,8 @@
 """What the explorers send less of draws the same pixels: plot_fp8_scaling's step lines through the
-ends of each run of one scale (and its lines of every step given as y from x0, dx) render, in
-Chromium's plotly, exactly as the same figure with every step's point written out."""
+ends of each run of one scale, its share lines that send a run of gaps as one point, and its
+amax line given as y from x0, dx render, in Chromium's plotly, exactly as the same figure with
+every step's point written out; and a move drawn by moving the traces draws what a full redraw
+draws."""
 
 import json
 from pathlib import Path
@@ -28,7 +30,9 @@ DRAW = """async (figure) => {
 
 
 def _every_step(fig) -> dict:
-    """``fig`` with every line trace written out at every step (x = 0..n-1, "hv" lines held)."""
+    """``fig`` with every line trace written out at every step (x = 0..n-1): a line through
+    some steps holds each point's value up to the next (an "hv" line's runs; a share line's run
+    of gaps, sent as its first step)."""
     n = fig.layout.meta["steps"]
     steps = np.arange(n)
     data = []
@@ -52,6 +56,8 @@ def test_fp8_step_lines_through_run_ends_draw_the_pixels_of_every_step(browser):
     trace = simulate_fp8_scaling(lab_stream(0, 6, "some"), "delayed", history_len=16)
     fig = plot_fp8_scaling(trace)
     assert len(fig.data[0].x) < trace.steps  # the runs are fewer points than the steps
+    saturated = [t for t in fig.data if t.meta["kind"] == "saturated"][0]
+    assert len(saturated.x) < trace.steps / 10 and np.isnan(saturated.y).any()  # runs of gaps, one point each
     sent = {"data": pack(fig.to_plotly_json()["data"]), "layout": pack(fig.to_plotly_json()["layout"])}
     page = browser.new_page(viewport={"width": 1000, "height": 800})
     try:
@@ -68,10 +74,20 @@ def test_fp8_step_lines_through_run_ends_draw_the_pixels_of_every_step(browser):
                 t["line"]["shape"] = "linear"
         page.evaluate(DRAW, wrong)
         shots.append(page.locator("#g").screenshot())
+        # another: the share lines' gaps left out (their lines drawn across the steps with none)
+        wrong = {"data": [], "layout": sent["layout"]}
+        for t in fig.data:
+            d = t.to_plotly_json()
+            if d["meta"]["kind"] in ("saturated", "underflowed", "subnormal"):
+                y = np.asarray(d["y"], np.float64)
+                d["x"], d["y"], d["customdata"] = (np.asarray(d[k])[~np.isnan(y)] for k in ("x", "y", "customdata"))
+            wrong["data"].append(d)
+        page.evaluate(DRAW, json.loads(json.dumps({"data": pack(wrong["data"]), "layout": wrong["layout"]})))
+        shots.append(page.locator("#g").screenshot())
     finally:
         page.close()
     assert shots[0] == shots[1]
-    assert shots[2] != shots[0]
+    assert shots[2] != shots[0] and shots[3] != shots[0]
 
 
 # FigureView's drawing of a figure after another (its module's drawFigure), counting which of
