@@ -561,8 +561,8 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None, *, legend
     counted = " · ".join(  # a share too small to see as a bar also says how many values it is
         f"{k} {_count_label(result.counts[k])}" for k in BAND_CATEGORIES if 0 < result.fractions[k] < 0.01
     ) if shares else ""
-    annotations.extend([
-        {
+    if shares:
+        annotations.append({
             "name": "shares",
             "x": 0,
             "xref": "paper",
@@ -575,8 +575,7 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None, *, legend
             "font": {"size": 13},
             "align": "left",
             "text": share_line + (f"<br><span style='font-size:11px'>({counted})</span>" if counted else ""),
-        }
-    ] if shares else [])
+        })
 
     n = max(result.total, 1)
     hover = [

@@ -14,6 +14,7 @@ from ampviz.plots import (
     BAND_CATEGORIES,
     BAND_OPACITY,
     CATEGORY_COLORS,
+    _count_label,
     census_x_range,
     format_pow2,
     format_share,
@@ -134,9 +135,8 @@ class RangeExplorer(_Explorer):
         # the readout names the bands and prints the shares, the label beside the slider the
         # scale: the layout stays while the scale moves, and FigureView moves the bars instead of
         # redrawing the figure
-        values = f"{result.total:,} value{'' if result.total == 1 else 's'}"
         fig = plot_census(result, x_range=key[2], legend=False, shares=False,
-                          title=f"{values} × the scale above, in {name}")
+                          title=f"{_count_label(result.total)} × the scale above, in {name}")
         state = (result, f"scale = {html.escape(format_pow2(scale))}", self._readout_html(result), fig,
                  FigureView.prepare(fig))
         return self._keep_state(key, state, self.KEPT_DRAWN)

@@ -29,6 +29,13 @@ DRAW = """async (figure) => {
 }""" % DECODE
 
 
+def _packed(fig) -> dict:
+    """``fig`` as FigureView sends it (its arrays as ``pack`` writes them; not as plotly's
+    ``to_plotly_json`` would, whose arrays plotly.js reads but FigureView's test of a move cannot)."""
+    data, layout = _figure_parts(fig)
+    return json.loads(json.dumps({"data": pack(data), "layout": pack(layout)}))
+
+
 def _every_step(fig) -> dict:
     """``fig`` with every line trace written out at every step (x = 0..n-1): a line through
     some steps holds each point's value up to the next (an "hv" line's runs; a share line's run
@@ -58,7 +65,7 @@ def test_fp8_step_lines_through_run_ends_draw_the_pixels_of_every_step(browser):
     assert len(fig.data[0].x) < trace.steps  # the runs are fewer points than the steps
     saturated = [t for t in fig.data if t.meta["kind"] == "saturated"][0]
     assert len(saturated.x) < trace.steps / 10 and np.isnan(saturated.y).any()  # runs of gaps, one point each
-    sent = {"data": pack(fig.to_plotly_json()["data"]), "layout": pack(fig.to_plotly_json()["layout"])}
+    sent = _packed(fig)
     page = browser.new_page(viewport={"width": 1000, "height": 800})
     try:
         page.set_content('<div id="g" style="width:950px"></div>')
@@ -142,13 +149,6 @@ def _most_moved(a, b) -> int:
         s, t = np.asarray(s if s is not None else [], np.float64), np.asarray(t if t is not None else [], np.float64)
         return np.inf if s.shape != t.shape else float(np.nansum(np.abs(s - t)))
     return int(np.argmax([gap(s.y, t.y) for s, t in zip(a.data, b.data)]))
-
-
-def _packed(fig) -> dict:
-    """``fig`` as FigureView sends it (its arrays as ``pack`` writes them; not as plotly's
-    ``to_plotly_json`` would, whose arrays plotly.js reads but FigureView's test of a move cannot)."""
-    data, layout = _figure_parts(fig)
-    return json.loads(json.dumps({"data": pack(data), "layout": pack(layout)}))
 
 
 def _scaler_figures() -> list:
