@@ -19,6 +19,9 @@ In the explorer app both labs start mid-way along those sliders (2^8); before it
 sent to its slider's start with the Home key, so that it has as many new positions as in the
 notebook.
 
+A move is timed from its key press to its repaint. The control is focused before the clock starts
+(focusing scrolls the page to it: in JupyterLab, across the notebook between the floor's cell and
+the explorer's, which cost each move about 75 ms of scrolling, the floor's too, before 2026-11-27).
 A move counts as repainted when the explorer's figure in the page has drawn the new state
 (``FigureView`` marks each drawn revision; the floor's trace holds its new point). Measured in
 JupyterLab, in Voila (the same notebook), in the explorer app (``ExplorerApp``, a page of its own
@@ -90,6 +93,8 @@ FLOOR_DRAW_MS = """() => { const gd = document.querySelector('.bench-floor .js-p
     return gd && gd.dataset.drawMs ? Number(gd.dataset.drawMs) : null; }"""
 FLOOR_Y = """() => { const gd = document.querySelector('.bench-floor .js-plotly-plot');
     return gd && gd.data && gd.data[0] ? JSON.stringify(gd.data[0].y) : null; }"""
+# two animation frames: the page has drawn what came before
+SETTLED = "() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))"
 EXPLORERS = {
     # name: (root CSS class, what moves it)
     "ScalerLab, 1,000,000 steps (backoff slider)": (".ampviz-scaler-lab", ("slider", "ampviz-scaler-backoff")),
@@ -123,10 +128,12 @@ class Mover:
         scope = page.locator(root).first if root else page
         if kind == "slider":
             self.handle = scope.locator(f".{target} .noUi-handle").first
-            self.press = lambda: (self.handle.focus(), self.handle.press("ArrowRight"))
+            self.focus = self.handle.focus
+            self.press = lambda: self.handle.press("ArrowRight")
         else:
             button = scope.locator(target).first
-            self.press = lambda: (button.focus(), button.press("Enter"))
+            self.focus = button.focus
+            self.press = lambda: button.press("Enter")
         self.js = FLOOR_Y if root is None else REVISION.format(root=root)
         self.draw_js = FLOOR_DRAW_MS if root is None else DRAW_MS.format(root=root)
         self.times: list = []
@@ -145,6 +152,11 @@ class Mover:
 
     def move(self):
         before = self.page.evaluate(self.js)
+        # focused before the clock starts: focusing a control scrolls the page to it (in JupyterLab
+        # the notebook between the floor's cell and the explorer's, ~75 ms a move), which is no
+        # part of a move's round trip
+        self.focus()
+        self.page.evaluate(SETTLED)
         t0 = time.perf_counter()
         self.press()
         try:
@@ -217,8 +229,9 @@ def while_training(page, moves: int) -> list:
     shown = []
     for _ in range(moves):
         for expect in ("Resume", "Pause"):
-            t0 = time.perf_counter()
             button.focus()
+            page.evaluate(SETTLED)
+            t0 = time.perf_counter()
             button.press("Enter")
             page.wait_for_function(f"() => document.querySelector('.ampviz-live-pause').innerText.includes('{expect}')",
                                    timeout=60_000, polling="raf")
