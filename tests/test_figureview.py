@@ -197,3 +197,59 @@ def test_layout_meta_stays_with_the_figure():
     assert sent == ["data", "data"] and "meta" not in view.layout and view.layout["title"]["text"] == "t"
     view.set_layout({"title": {"text": "u"}, "meta": {"worst": 4}})
     assert "meta" not in view.layout and sent[-1] == "layout"
+
+
+# ----- the browser says which revision it drew -----
+def _drawn(view, revision):
+    """What a view in the browser sends after it draws (figureview's _ESM: model.send)."""
+    view._on_custom(view, {"type": "drawn", "revision": revision}, [])
+
+
+def test_wait_drawn_returns_at_once_when_no_view_ever_drew():
+    import time
+
+    view = FigureView(go.Figure(go.Scatter(y=[1, 2])))
+    t = time.monotonic()
+    assert view.wait_drawn(5) is False and view.drawn_revision is None
+    assert time.monotonic() - t < 1  # nothing in a browser to wait for: no wait
+
+
+def test_wait_drawn_waits_for_the_current_revision_and_keeps_the_newest():
+    import threading
+    import time
+
+    view = FigureView(go.Figure(go.Scatter(y=[1, 2])))
+    _drawn(view, view.revision)
+    assert view.wait_drawn(0) is True
+    view.update(go.Figure(go.Scatter(y=[3, 4])))  # a new revision, not drawn yet
+    t = time.monotonic()
+    assert view.wait_drawn(0.2) is False and time.monotonic() - t >= 0.15
+    # drawn while a thread waits: the wait ends then, long before its timeout
+    threading.Timer(0.1, _drawn, (view, view.revision)).start()
+    t = time.monotonic()
+    assert view.wait_drawn(10) is True and time.monotonic() - t < 5
+    _drawn(view, view.revision - 1)  # an older view's report does not move it back
+    assert view.drawn_revision == view.revision
+    # stop() ends the wait early
+    view.update(go.Figure(go.Scatter(y=[5, 6])))
+    t = time.monotonic()
+    assert view.wait_drawn(10, stop=lambda: True) is False and time.monotonic() - t < 5
+
+
+@pytest.mark.parametrize("content", [{"type": "drawn"}, {"type": "drawn", "revision": "3"},
+                                     {"type": "drawn", "revision": True}, {"type": "drawn", "revision": 2.0},
+                                     {"type": "other", "revision": 5}, "drawn", None, [1]])
+def test_a_malformed_report_is_ignored(content):
+    view = FigureView(go.Figure(go.Scatter(y=[1, 2])))
+    view._on_custom(view, content, [])
+    assert view.drawn_revision is None
+
+
+@pytest.mark.parametrize("timeout, stop, error", [(-1, None, ValueError), ("1", None, ValueError),
+                                                   (float("nan"), None, ValueError), (True, None, ValueError),
+                                                   (1, 3, TypeError)])
+def test_wait_drawn_refuses_bad_arguments_in_one_line(timeout, stop, error):
+    view = FigureView()
+    with pytest.raises(error) as e:
+        view.wait_drawn(timeout, stop=stop)
+    assert "\n" not in str(e.value)

@@ -50,6 +50,30 @@ def parse_number(text) -> float:
         ) from None
 
 
+def _wait_until_sent(timeout: float = 0.25) -> bool:
+    """Wait (at most ``timeout`` seconds, the GIL released) until the kernel's IOPub thread has
+    sent every message queued so far; True when it has, False outside a kernel or on timeout.
+
+    A redraw's messages leave through that thread, which needs the GIL for each one: work done
+    at once after a redraw (the next positions drawn ahead) held it, and the figure's message
+    left 14 ms after it was queued (in Voila, BlockExplorer's outlier slider, measured in the
+    kernel), a delay the learner sees on every move."""
+    try:
+        from ipykernel.kernelbase import Kernel
+
+        if not Kernel.initialized():
+            return False
+        thread = getattr(Kernel.instance(), "iopub_thread", None)
+        schedule = getattr(thread, "schedule", None)
+        if schedule is None:
+            return False
+        sent = threading.Event()
+        schedule(sent.set)  # run by that thread after the messages queued before it
+        return sent.wait(timeout)
+    except Exception:  # another kernel or version: nothing to wait for
+        return False
+
+
 def _shown(value, limit: int = 40) -> str:
     """``value`` as a message shows it: its repr on one line, cut to ``limit`` characters."""
     if isinstance(value, str):
@@ -123,6 +147,10 @@ class _Explorer:
     Python (``slider.value = ...``) redraws at once, before the assignment returns."""
 
     ui: W.Widget
+    #: Once a browser's moves are drawn, the worker draws the moved slider's next positions ahead;
+    #: it first waits (at most this many seconds) until a view in the browser reports the figure
+    #: drawn: on two cores, that work done at once took the CPU from the browser drawing the move.
+    DRAWN_WAIT = 0.3
 
     def _init_common(self, *, view: bool = True) -> None:
         """``view=False``: the explorer shows its figures in views of its own (``view`` is None)."""
@@ -227,6 +255,9 @@ class _Explorer:
                 idle_done = False
                 continue
             idle_done = True
+            _wait_until_sent()  # the redraw's messages leave before the work ahead takes the GIL
+            if self.view is not None:  # and the browser draws them before it takes the CPU
+                self.view.wait_drawn(self.DRAWN_WAIT, stop=lambda: self._pending)
             with self._update_lock:  # the moves are drawn: work ahead for the next one
                 try:
                     self._after_browser_update()
