@@ -762,3 +762,27 @@ def test_scaler_lab_counts_skips_in_its_readout_not_its_legend():
     part = _marked_part(lab.MARKS, run.skipped_count)
     cells = re.findall(r"<td[^>]*>([^<]*)</td>", lab.readout.value)
     assert cells[:2] == ["your settings", f"{run.skipped_count:,} ({part} marked)"] and part.startswith("1 in ")
+
+
+def test_wait_until_sent_waits_for_the_iopub_thread_and_only_in_a_kernel(monkeypatch):
+    """Outside a kernel there is nothing to wait for; in one, the wait ends when the IOPub thread
+    runs what was scheduled after the queued messages (and not before: a thread that never gets to
+    it makes the wait time out)."""
+    import time
+    import types
+
+    from ipykernel.kernelbase import Kernel
+
+    from ampviz.widgets.base import _wait_until_sent
+
+    assert _wait_until_sent(5) is False  # these tests run outside a kernel
+    ran = []
+    thread = types.SimpleNamespace(schedule=lambda f: (ran.append(f), f()))
+    monkeypatch.setattr(Kernel, "initialized", classmethod(lambda cls: True))
+    monkeypatch.setattr(Kernel, "instance", classmethod(lambda cls: types.SimpleNamespace(iopub_thread=thread)))
+    assert _wait_until_sent(5) is True and len(ran) == 1
+    thread.schedule = lambda f: None  # a thread that never runs it
+    t = time.monotonic()
+    assert _wait_until_sent(0.2) is False and time.monotonic() - t >= 0.15
+    monkeypatch.setattr(Kernel, "instance", classmethod(lambda cls: types.SimpleNamespace()))
+    assert _wait_until_sent(5) is False  # a kernel without an IOPub thread to ask
