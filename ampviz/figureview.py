@@ -359,7 +359,9 @@ export default {
       div.dataset.revision = String(revision);
       // the kernel hears which revision a view has drawn: work it does ahead for the next move
       // waits for it, instead of taking the CPU from this draw
-      model.send({type: "drawn", revision});
+      try {
+        model.send({type: "drawn", revision});
+      } catch (e) { /* no kernel to tell (a page without one, a closed comm): the figure stands */ }
       await shown.settled;  // the next draw starts once plotly is done with this one
     };
     // Draw at once when idle; while a draw runs, later updates only ask for one more draw of the
