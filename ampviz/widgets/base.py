@@ -56,7 +56,7 @@ def _wait_until_sent(timeout: float = 0.25) -> bool:
 
     A redraw's messages leave through that thread, which needs the GIL for each one: work done
     at once after a redraw (the next positions drawn ahead) held it, and the figure's message
-    left 14 ms after it was queued (in Voila, BlockExplorer's outlier slider, measured in the
+    left up to 14 ms after it was queued (in Voila, BlockExplorer's outlier slider, measured in the
     kernel), a delay the learner sees on every move."""
     try:
         from ipykernel.kernelbase import Kernel
