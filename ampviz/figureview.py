@@ -359,9 +359,11 @@ export default {
       div.dataset.revision = String(revision);
       // the kernel hears which revision a view has drawn: work it does ahead for the next move
       // waits for it, instead of taking the CPU from this draw
-      try {
-        model.send({type: "drawn", revision});
-      } catch (e) { /* no kernel to tell (a page without one, a closed comm): the figure stands */ }
+      if (model.get("report_drawn")) {
+        try {
+          model.send({type: "drawn", revision});
+        } catch (e) { /* no kernel to tell (a page without one, a closed comm): the figure stands */ }
+      }
       await shown.settled;  // the next draw starts once plotly is done with this one
     };
     // Draw at once when idle; while a draw runs, later updates only ask for one more draw of the
@@ -429,6 +431,9 @@ class FigureView(anywidget.AnyWidget):
     layout = traitlets.Dict().tag(sync=True, to_json=_to_json)
     config = traitlets.Dict().tag(sync=True, to_json=_to_json)
     revision = traitlets.Int(0).tag(sync=True)
+    #: Whether each view tells the kernel the revision it has drawn (``drawn_revision``,
+    #: ``wait_drawn``): a small message per draw, asked for by the explorers that work ahead.
+    report_drawn = traitlets.Bool(False).tag(sync=True)
 
     def __init__(self, figure=None, *, config=None, **kwargs):
         data, layout = _figure_parts(figure) if figure is not None else ([], {})
@@ -458,7 +463,8 @@ class FigureView(anywidget.AnyWidget):
         return self._drawn_revision
 
     def wait_drawn(self, timeout: float = 0.3, stop=None) -> bool:
-        """Wait (the GIL released) until a view in a browser has drawn the current revision; at
+        """Wait (the GIL released) until a view in a browser has drawn the current revision (views
+        report it when ``report_drawn`` is True); at
         most ``timeout`` seconds, and no longer once ``stop()`` (a callable, optional) is true.
         True when it has; False at once when no view has ever reported a draw (nothing in a
         browser to wait for), or when the time ran out or ``stop()`` ended the wait.

@@ -253,3 +253,10 @@ def test_wait_drawn_refuses_bad_arguments_in_one_line(timeout, stop, error):
     with pytest.raises(error) as e:
         view.wait_drawn(timeout, stop=stop)
     assert "\n" not in str(e.value)
+
+
+def test_only_explorer_views_ask_for_drawn_reports():
+    from ampviz.widgets import Fp8ScalingLab
+
+    assert FigureView().report_drawn is False  # a plain view (LiveTrainer's) sends no report
+    assert Fp8ScalingLab().view.report_drawn is True

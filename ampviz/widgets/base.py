@@ -158,7 +158,7 @@ class _Explorer:
         self.figure = None
         self.message = W.HTML(value="")
         self.message.add_class("ampviz-message")
-        self.view = FigureView() if view else None
+        self.view = FigureView(report_drawn=True) if view else None  # drawn revisions: see DRAWN_WAIT
         self._update_lock = threading.RLock()  # one redraw at a time (worker or caller)
         self._queue_lock = threading.Lock()
         self._pending = False

@@ -13,12 +13,12 @@ PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 # the module's render() with a model holding the given states in turn; returns what the view sent
 # and what the page shows after each state is drawn
-RENDER = """async ([src, states, throwing]) => {
+RENDER = """async ([src, states, throwing, report]) => {
   const mod = await import(URL.createObjectURL(new Blob([src], {type: "text/javascript"})));
   let state = states[0];
   const handlers = {}, sent = [], shown = [];
   const model = {
-    get: (k) => state[k],
+    get: (k) => k === "report_drawn" ? report : state[k],
     on: (ev, f) => { (handlers[ev] = handlers[ev] || []).push(f); },
     off: (ev, f) => { handlers[ev] = (handlers[ev] || []).filter((g) => g !== f); },
     send: (msg) => { if (throwing) throw new Error("the comm is closed"); sent.push(msg); },
@@ -52,13 +52,13 @@ def _state(y, revision):
     return {"data": pack(data), "layout": pack(layout), "config": {}, "revision": revision}
 
 
-def _render(browser, throwing):
+def _render(browser, throwing, report=True):
     page = browser.new_page()
     try:
         page.set_content('<div id="g" style="width:600px"></div>')
         page.add_script_tag(path=str(PLOTLY_JS))
         states = [_state([1, 2, 3], 1), _state([4, 5, 6], 2), _state([7, 8, 9], 5)]
-        return page.evaluate(RENDER, [_ESM, states, throwing])
+        return page.evaluate(RENDER, [_ESM, states, throwing, report])
     finally:
         page.close()
 
@@ -74,3 +74,10 @@ def test_a_kernel_that_cannot_be_told_leaves_the_figure_drawn(browser):
     out = _render(browser, throwing=True)
     assert [s["y"] for s in out["shown"]] == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
     assert not any(s["text"] for s in out["shown"])
+
+
+def test_a_view_not_asked_to_report_sends_nothing(browser):
+    """(LiveTrainer's views, which redraw many times a second, do not add a message to each.)"""
+    out = _render(browser, throwing=False, report=False)
+    assert [s["y"] for s in out["shown"]] == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert out["sent"] == []
