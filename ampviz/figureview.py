@@ -358,7 +358,7 @@ export default {
       div.dataset.drawnBy = shown.moved ? "moving" : "redrawing";
       div.dataset.revision = String(revision);
       // the kernel hears which revision a view has drawn: work it does ahead for the next move
-      // waits for it, instead of taking the CPU from this draw
+      // waits for it, to stay off the CPU while this draw runs
       if (model.get("report_drawn")) {
         try {
           model.send({type: "drawn", revision});
@@ -469,8 +469,8 @@ class FigureView(anywidget.AnyWidget):
         True when it has; False at once when no view has ever reported a draw (nothing in a
         browser to wait for), or when the time ran out or ``stop()`` ended the wait.
 
-        An explorer waits so before it works ahead for the next move: on two cores, that work
-        took the CPU from the browser drawing this move."""
+        An explorer waits so before it works ahead for the next move, to keep that work off the
+        CPU while the browser draws this one (see ``_Explorer.DRAWN_WAIT``)."""
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout >= 0:
             raise ValueError(f"timeout must be a number of seconds, at least 0, got {timeout!r}")
         if stop is not None and not callable(stop):

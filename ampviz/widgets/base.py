@@ -149,7 +149,9 @@ class _Explorer:
     ui: W.Widget
     #: Once a browser's moves are drawn, the worker draws the moved slider's next positions ahead;
     #: it first waits (at most this many seconds) until a view in the browser reports the figure
-    #: drawn: on two cores, that work done at once took the CPU from the browser drawing the move.
+    #: drawn, so that on a machine of few cores that work stays off the CPU while the browser
+    #: draws. (In one Voila page on two cores, two Fp8ScalingLabs, one waiting and one not, moved
+    #: alike over three runs: the gain, if any, is below the bench's noise.)
     DRAWN_WAIT = 0.3
 
     def _init_common(self, *, view: bool = True) -> None:
