@@ -72,7 +72,7 @@ test: $(VENV)/.test-installed $(VENV)/$(VOILA_TEMPLATE)/.installed browser-deps
 	$(BIN)/python -m pytest -q tests
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) notebooks
 
-bench: $(VENV)/.test-installed $(VENV)/$(VOILA_TEMPLATE)/.installed
+bench: $(VENV)/.test-installed $(VENV)/$(VOILA_TEMPLATE)/.installed browser-deps
 	$(BIN)/python bench/bench_census.py
 	$(BIN)/python bench/bench_scaling.py
 	$(BIN)/python bench/bench_blocks.py
