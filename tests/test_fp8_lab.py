@@ -421,8 +421,8 @@ def test_the_share_axis_reads_as_a_log_axis_in_percent():
 
 def test_work_ahead_waits_for_the_browser_to_draw_the_move(monkeypatch):
     """With a view in a browser (one that has reported a draw), the worker draws the next
-    positions ahead only once the browser reports this move drawn: done at once, it took the CPU
-    from that draw. The positions are then drawn ahead as before."""
+    positions ahead only once the browser reports this move drawn (that work stays off the CPU
+    while the browser draws). The positions are then drawn ahead as before."""
     monkeypatch.setattr(Fp8ScalingLab, "DRAWN_WAIT", 30.0)
     lab = Fp8ScalingLab(spike_log2=8)
     lab.view._on_custom(lab.view, {"type": "drawn", "revision": lab.view.revision}, [])
