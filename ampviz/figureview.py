@@ -27,8 +27,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import threading
-import time
 import zlib
 from functools import lru_cache
 from pathlib import Path
@@ -357,13 +355,6 @@ export default {
       div.dataset.drawMs = (performance.now() - start).toFixed(1);
       div.dataset.drawnBy = shown.moved ? "moving" : "redrawing";
       div.dataset.revision = String(revision);
-      // the kernel hears which revision a view has drawn: work it does ahead for the next move
-      // waits for it, to stay off the CPU while this draw runs
-      if (model.get("report_drawn")) {
-        try {
-          model.send({type: "drawn", revision});
-        } catch (e) { /* no kernel to tell (a page without one, a closed comm): the figure stands */ }
-      }
       await shown.settled;  // the next draw starts once plotly is done with this one
     };
     // Draw at once when idle; while a draw runs, later updates only ask for one more draw of the
@@ -431,17 +422,12 @@ class FigureView(anywidget.AnyWidget):
     layout = traitlets.Dict().tag(sync=True, to_json=_to_json)
     config = traitlets.Dict().tag(sync=True, to_json=_to_json)
     revision = traitlets.Int(0).tag(sync=True)
-    #: Whether each view tells the kernel the revision it has drawn (``drawn_revision``,
-    #: ``wait_drawn``): a small message per draw, asked for by the explorers that work ahead.
-    report_drawn = traitlets.Bool(False).tag(sync=True)
 
     def __init__(self, figure=None, *, config=None, **kwargs):
         data, layout = _figure_parts(figure) if figure is not None else ([], {})
         super().__init__(data=data, layout=layout,
                          config={"displaylogo": False, **(config or {})}, **kwargs)
         self._shown_layout = _layout_key(self.layout)
-        self._drawn = threading.Condition()
-        self._drawn_revision: int | None = None
         self.on_msg(self._on_custom)
 
     def _on_custom(self, widget, content, buffers) -> None:
@@ -449,44 +435,6 @@ class FigureView(anywidget.AnyWidget):
             return
         if content.get("type") == "plotly.js?":
             self.send({"type": "plotly.js"}, buffers=[_plotly_js()])
-        elif content.get("type") == "drawn":
-            revision = content.get("revision")
-            if isinstance(revision, int) and not isinstance(revision, bool):
-                with self._drawn:
-                    if self._drawn_revision is None or revision > self._drawn_revision:
-                        self._drawn_revision = revision
-                    self._drawn.notify_all()
-
-    @property
-    def drawn_revision(self) -> int | None:
-        """The newest revision a view in a browser has reported drawn, or None when none has."""
-        return self._drawn_revision
-
-    def wait_drawn(self, timeout: float = 0.3, stop=None) -> bool:
-        """Wait (the GIL released) until a view in a browser has drawn the current revision (views
-        report it when ``report_drawn`` is True); at
-        most ``timeout`` seconds, and no longer once ``stop()`` (a callable, optional) is true.
-        True when it has; False at once when no view has ever reported a draw (nothing in a
-        browser to wait for), or when the time ran out or ``stop()`` ended the wait.
-
-        An explorer waits so before it works ahead for the next move, to keep that work off the
-        CPU while the browser draws this one (see ``_Explorer.DRAWN_WAIT``)."""
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout >= 0:
-            raise ValueError(f"timeout must be a number of seconds, at least 0, got {timeout!r}")
-        if stop is not None and not callable(stop):
-            raise TypeError(f"stop must be a function that returns True to stop waiting, got {type(stop).__name__}")
-        end = time.monotonic() + min(float(timeout), 1e6)
-        with self._drawn:
-            while True:
-                if self._drawn_revision is None:
-                    return False
-                if self._drawn_revision >= self.revision:
-                    return True
-                left = end - time.monotonic()
-                if left <= 0 or (stop is not None and stop()):
-                    return False
-                # in short slices: ``stop`` is polled, nothing notifies of it
-                self._drawn.wait(min(left, 0.01))
 
     @staticmethod
     def prepare(figure) -> "Prepared":

@@ -4,7 +4,6 @@ coalesced; every bad input is a one-line message."""
 
 import json
 import math
-import time
 
 import numpy as np
 import pytest
@@ -417,32 +416,3 @@ def test_the_share_axis_reads_as_a_log_axis_in_percent():
     shown = np.isfinite(y)
     assert np.allclose(10.0 ** y[shown], 100.0 * c[shown] / lab.trace.size, rtol=1e-6)
     assert np.array_equal(shown, c > 0)
-
-
-def test_work_ahead_waits_for_the_browser_to_draw_the_move(monkeypatch):
-    """With a view in a browser (one that has reported a draw), the worker draws the next
-    positions ahead only once the browser reports this move drawn (that work stays off the CPU
-    while the browser draws). The positions are then drawn ahead as before."""
-    monkeypatch.setattr(Fp8ScalingLab, "DRAWN_WAIT", 30.0)
-    lab = Fp8ScalingLab(spike_log2=8)
-    lab.view._on_custom(lab.view, {"type": "drawn", "revision": lab.view.revision}, [])
-    lab.spike_slider.set_state({"value": 10})
-    deadline = time.monotonic() + 30
-    while lab.view.revision < 2 and time.monotonic() < deadline:  # the move is drawn and sent
-        time.sleep(0.01)
-    time.sleep(0.3)
-    keys = [dict(k)["spike_log2"] for k in lab._drawn_states]
-    assert 10 in keys and 11 not in keys and not lab.settle(0)  # waiting: nothing ahead yet
-    lab.view._on_custom(lab.view, {"type": "drawn", "revision": lab.view.revision}, [])
-    assert lab.settle(30)
-    keys = [dict(k)["spike_log2"] for k in lab._drawn_states]
-    assert 11 in keys and 9 in keys
-
-
-def test_without_a_browser_work_ahead_does_not_wait(monkeypatch):
-    monkeypatch.setattr(Fp8ScalingLab, "DRAWN_WAIT", 30.0)
-    lab = Fp8ScalingLab(spike_log2=8)
-    t = time.monotonic()
-    lab.spike_slider.set_state({"value": 10})
-    assert lab.settle(20) and time.monotonic() - t < 20
-    assert 11 in [dict(k)["spike_log2"] for k in lab._drawn_states]

@@ -147,20 +147,13 @@ class _Explorer:
     Python (``slider.value = ...``) redraws at once, before the assignment returns."""
 
     ui: W.Widget
-    #: Once a browser's moves are drawn, the worker draws the moved slider's next positions ahead;
-    #: it first waits (at most this many seconds) until a view in the browser reports the figure
-    #: drawn, so that on a machine of few cores that work stays off the CPU while the browser
-    #: draws. (In one Voila page on two cores, two Fp8ScalingLabs, one waiting and one not, moved
-    #: alike over three runs: the gain, if any, is below the bench's noise.)
-    DRAWN_WAIT = 0.3
-
     def _init_common(self, *, view: bool = True) -> None:
         """``view=False``: the explorer shows its figures in views of its own (``view`` is None)."""
         self.error: str | None = None
         self.figure = None
         self.message = W.HTML(value="")
         self.message.add_class("ampviz-message")
-        self.view = FigureView(report_drawn=True) if view else None  # drawn revisions: see DRAWN_WAIT
+        self.view = FigureView() if view else None
         self._update_lock = threading.RLock()  # one redraw at a time (worker or caller)
         self._queue_lock = threading.Lock()
         self._pending = False
@@ -258,8 +251,6 @@ class _Explorer:
                 continue
             idle_done = True
             _wait_until_sent()  # the redraw's messages leave before the work ahead takes the GIL
-            if self.view is not None:  # and the browser draws them before it takes the CPU
-                self.view.wait_drawn(self.DRAWN_WAIT, stop=lambda: self._pending)
             with self._update_lock:  # the moves are drawn: work ahead for the next one
                 try:
                     self._after_browser_update()

@@ -1,6 +1,6 @@
 """FigureView's view in Chromium, rendered from its module with a stand-in for the widget model:
-after each draw it tells the kernel which revision it drew (the explorers wait for that before
-they work ahead), and a kernel that cannot be told leaves the figure drawn."""
+each revision is drawn in turn, and a view whose plotly.js is already on the page sends the kernel
+nothing."""
 
 from pathlib import Path
 
@@ -13,15 +13,15 @@ PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 # the module's render() with a model holding the given states in turn; returns what the view sent
 # and what the page shows after each state is drawn
-RENDER = """async ([src, states, throwing, report]) => {
+RENDER = """async ([src, states]) => {
   const mod = await import(URL.createObjectURL(new Blob([src], {type: "text/javascript"})));
   let state = states[0];
   const handlers = {}, sent = [], shown = [];
   const model = {
-    get: (k) => k === "report_drawn" ? report : state[k],
+    get: (k) => state[k],
     on: (ev, f) => { (handlers[ev] = handlers[ev] || []).push(f); },
     off: (ev, f) => { handlers[ev] = (handlers[ev] || []).filter((g) => g !== f); },
-    send: (msg) => { if (throwing) throw new Error("the comm is closed"); sent.push(msg); },
+    send: (msg) => { sent.push(msg); },
   };
   const el = document.getElementById("g");
   mod.default.render({model, el});
@@ -52,32 +52,15 @@ def _state(y, revision):
     return {"data": pack(data), "layout": pack(layout), "config": {}, "revision": revision}
 
 
-def _render(browser, throwing, report=True):
+def test_each_revision_is_drawn_in_turn_and_nothing_is_sent(browser):
     page = browser.new_page()
     try:
         page.set_content('<div id="g" style="width:600px"></div>')
         page.add_script_tag(path=str(PLOTLY_JS))
         states = [_state([1, 2, 3], 1), _state([4, 5, 6], 2), _state([7, 8, 9], 5)]
-        return page.evaluate(RENDER, [_ESM, states, throwing, report])
+        out = page.evaluate(RENDER, [_ESM, states])
     finally:
         page.close()
-
-
-def test_the_view_tells_the_kernel_each_revision_it_drew(browser):
-    out = _render(browser, throwing=False)
-    assert [s["y"] for s in out["shown"]] == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
-    drawn = [m for m in out["sent"] if m.get("type") == "drawn"]
-    assert [m["revision"] for m in drawn] == [1, 2, 5]
-
-
-def test_a_kernel_that_cannot_be_told_leaves_the_figure_drawn(browser):
-    out = _render(browser, throwing=True)
     assert [s["y"] for s in out["shown"]] == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
     assert not any(s["text"] for s in out["shown"])
-
-
-def test_a_view_not_asked_to_report_sends_nothing(browser):
-    """(LiveTrainer's views, which redraw many times a second, do not add a message to each.)"""
-    out = _render(browser, throwing=False, report=False)
-    assert [s["y"] for s in out["shown"]] == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
     assert out["sent"] == []
