@@ -392,6 +392,31 @@ def test_the_next_outlier_positions_are_drawn_ahead_and_are_exact():
     assert len(ex._drawn_states) <= ex.KEPT_DRAWN
 
 
+def test_the_work_ahead_waits_for_the_front_end_and_a_new_move_ends_the_wait():
+    """After a browser's move is drawn and sent, the worker waits AHEAD_DELAY before it draws
+    the next positions ahead (on two cores that work took the CPU from the server relaying the
+    move and the browser drawing it); a move that comes meanwhile is drawn at once."""
+    import time
+
+    ex = BlockExplorer()
+    ex.AHEAD_DELAY = 30.0
+    ex.outlier_slider.set_state({"value": 10})
+    deadline = time.monotonic() + 30
+    while int(ex.outlier_slider.value) != 10 or ex.result is None or int(ex.result.scales[1]) != 10 - 8 + 127:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.3)
+    assert not ex.settle(0)  # waiting: the worker is alive, and nothing is drawn ahead yet
+    assert [dict(k)["log2_outlier"] for k in ex._drawn_states] == [8, 10]
+    t = time.monotonic()
+    ex.AHEAD_DELAY = 0.0
+    ex.outlier_slider.set_state({"value": 12})  # ends the wait: drawn at once, then worked ahead
+    assert ex.settle(20) and time.monotonic() - t < 20
+    assert int(ex.result.scales[1]) == 12 - 8 + 127
+    keys = [dict(k)["log2_outlier"] for k in ex._drawn_states]
+    assert 13 in keys and 11 in keys
+
+
 def test_a_move_made_in_python_redraws_before_it_returns():
     ex = BlockExplorer()
     ex.outlier_slider.value = 12
