@@ -19,9 +19,14 @@ In the explorer app both labs start mid-way along those sliders (2^8); before it
 sent to its slider's start with the Home key, so that it has as many new positions as in the
 notebook.
 
-A move is timed from its key press to its repaint. The control is focused before the clock starts
-(focusing scrolls the page to it: in JupyterLab, across the notebook between the floor's cell and
-the explorer's, which cost each move about 75 ms of scrolling, the floor's too, before 2026-11-27).
+A move is timed from its key press to its repaint. Before the clock starts, the control is brought
+to the top of the view, with what it redraws below it in view as a learner sees it, and focused.
+Until 2026-11-27 the focus was timed, and focusing scrolled the page to the control (in JupyterLab
+across the notebook between the floor's cell and the explorer's, about 75 ms a move, the floor's
+too). Focusing alone, untimed, then left each control wherever focusing had scrolled it: often at
+the view's bottom edge, its own figure mostly out of view and the explorer above it in view, and
+the same move cost more at some places in the page than at others (two identical BlockExplorers,
+one below the other in one JupyterLab page, gave 1.55 and 1.06 times the floor).
 A move counts as repainted when the explorer's figure in the page has drawn the new state
 (``FigureView`` marks each drawn revision; the floor's trace holds its new point). Measured in
 JupyterLab, in Voila (the same notebook), in the explorer app (``ExplorerApp``, a page of its own
@@ -93,6 +98,9 @@ FLOOR_DRAW_MS = """() => { const gd = document.querySelector('.bench-floor .js-p
     return gd && gd.dataset.drawMs ? Number(gd.dataset.drawMs) : null; }"""
 FLOOR_Y = """() => { const gd = document.querySelector('.bench-floor .js-plotly-plot');
     return gd && gd.data && gd.data[0] ? JSON.stringify(gd.data[0].y) : null; }"""
+# a control brought to the top of the view (the notebook's scroller or the page's): what it redraws,
+# below it, is in view, and every move of that control starts from the same scroll position
+SCROLL = "(e) => e.scrollIntoView({block: 'start', inline: 'nearest'})"
 # two animation frames: the page has drawn what came before
 SETTLED = "() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))"
 EXPLORERS = {
@@ -128,11 +136,10 @@ class Mover:
         scope = page.locator(root).first if root else page
         if kind == "slider":
             self.handle = scope.locator(f".{target} .noUi-handle").first
-            self.focus = self.handle.focus
+            self.control = self.handle
             self.press = lambda: self.handle.press("ArrowRight")
         else:
-            button = scope.locator(target).first
-            self.focus = button.focus
+            self.control = button = scope.locator(target).first
             self.press = lambda: button.press("Enter")
         self.js = FLOOR_Y if root is None else REVISION.format(root=root)
         self.draw_js = FLOOR_DRAW_MS if root is None else DRAW_MS.format(root=root)
@@ -152,10 +159,12 @@ class Mover:
 
     def move(self):
         before = self.page.evaluate(self.js)
-        # focused before the clock starts: focusing a control scrolls the page to it (in JupyterLab
-        # the notebook between the floor's cell and the explorer's, ~75 ms a move), which is no
-        # part of a move's round trip
-        self.focus()
+        # in view and focused before the clock starts, the control at the top of the view and what
+        # it redraws below it, as a learner sees it while moving it (scrolling there, across the
+        # notebook between the floor's cell and the explorer's in JupyterLab, ~75 ms a move, is no
+        # part of its round trip)
+        self.control.evaluate(SCROLL)
+        self.control.focus()
         self.page.evaluate(SETTLED)
         t0 = time.perf_counter()
         self.press()
