@@ -273,7 +273,7 @@ class _Explorer:
             _wait_until_sent()  # the redraw's messages leave before the work ahead takes the GIL
             if self._wait_or_move(self.AHEAD_DELAY):  # and the front end takes them in and draws
                 continue
-            with self._update_lock:  # the moves are drawn: work ahead for the next one
+            with self._update_lock:  # the wait is over and no move came: work ahead for the next
                 try:
                     self._after_browser_update()
                 except Exception:  # work ahead only: the next move computes what it needs
