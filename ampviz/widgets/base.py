@@ -7,7 +7,6 @@ import html
 import math
 import re
 import threading
-import time
 from collections import OrderedDict
 
 import numpy as np
@@ -164,6 +163,7 @@ class _Explorer:
         self.view = FigureView() if view else None
         self._update_lock = threading.RLock()  # one redraw at a time (worker or caller)
         self._queue_lock = threading.Lock()
+        self._move_came = threading.Condition(self._queue_lock)  # notified when a browser's move is pending
         self._pending = False
         self._worker: threading.Thread | None = None
         self._drawn_states: OrderedDict = OrderedDict()  # settings -> what a redraw there shows
@@ -228,6 +228,7 @@ class _Explorer:
         if getattr(owner, "_property_lock", None):
             with self._queue_lock:
                 self._pending = True
+                self._move_came.notify_all()
                 if self._worker is not None:
                     return
                 self._worker = threading.Thread(target=self._drain, name="ampviz-explorer-redraw",
@@ -246,15 +247,8 @@ class _Explorer:
 
     def _wait_or_move(self, seconds: float) -> bool:
         """Wait ``seconds``, or less when a move comes; True when one came (it is pending)."""
-        end = time.monotonic() + seconds
-        while True:
-            with self._queue_lock:
-                if self._pending:
-                    return True
-            left = end - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(left, 0.005))
+        with self._move_came:
+            return self._move_came.wait_for(lambda: self._pending, timeout=seconds)
 
     def _drain(self) -> None:
         idle_done = False
