@@ -1760,25 +1760,28 @@ def plot_blocks(x, result, *, title=None, legend_counts: bool = True, hold=()) -
     ``MXBlocks`` or ``nvfp4_quantize``'s ``NVFP4Blocks`` of the same row), element by element.
 
     Top panel, magnitudes on a log2 axis (block scaling keeps the sign; what it loses is size):
-    each original |value| (an open circle) and its dequantized one (a short level across the
-    element), the blocks delimited by dotted lines, each block's range as two grey steps, its
+    each original |value| (a thin black level across the element) and its dequantized one (a
+    shorter, thicker green level over it: where the two agree only the black level's ends show
+    beside the green), the blocks delimited by dotted lines, each block's range as two grey steps, its
     largest value (element max × block scale, solid) and its smallest nonzero one (the element
     format's smallest subnormal × block scale, dotted), and its scale written above it (2^k for
     MX's E8M0 scale; for NVFP4 the E4M3 block scale, which the tensor scale, given in the default
     title, multiplies). A value of 0 sits on a row of its own, labelled 0, under the axis's
-    powers of two. An element beyond its block's range is held at it (saturated: a triangle); a
-    nonzero element that dequantizes to 0 is flushed (a cross on the 0 row): an outlier lifts its
+    powers of two. An element beyond its block's range is held at it (saturated: a thick orange
+    level at the block's largest value); a nonzero element that dequantizes to 0 is flushed (a
+    thick blue level on the 0 row): an outlier lifts its
     block's range, and the neighbours that fall below the range's floor are flushed. Bottom
     panel: each element's relative error |q - x| / |x| (0 where x is 0) as a filled step one
     element wide.
 
-    The per-element rows are single paths where they can be, not a mark per element: the
-    dequantized row's points are ``(i - 0.35, log2|q_i|), (i + 0.35, log2|q_i|), gap`` for each
-    element i (its ``customdata`` holds, per point, the block scale's text and q); the error
-    row's are ``(-0.5, e_0)``, then ``(i, e_i)`` for each element, then ``(n - 0.5, e_{n-1})``,
-    drawn as a centred step (its ``customdata`` holds the element). The originals' ``customdata``
-    holds each element's block and value. The scale texts are a text trace (kind "scale") above
-    the value panel.
+    Every per-element row is a single path, not a mark per element: the dequantized row's points
+    are ``(i - 0.35, log2|q_i|), (i + 0.35, log2|q_i|), gap`` for each element i (its
+    ``customdata`` holds, per point, the block scale's text and q); the originals', the saturated
+    and the flushed elements' are the same with ``i ± 0.45`` (the originals' ``customdata`` holds,
+    per point, the element's block and value; NaN at the gaps); the error row's are
+    ``(-0.5, e_0)``, then ``(i, e_i)`` for each element, then ``(n - 0.5, e_{n-1})``, drawn as a
+    centred step (its ``customdata`` holds the element). The scale texts are a text trace (kind
+    "scale") above the value panel.
 
     The value axis's range is fixed, out to whole ticks, over this row and the ``(x, result)``
     pairs given in ``hold`` (BlockExplorer passes the rows at its outlier slider's ends, so that
@@ -1830,10 +1833,20 @@ def plot_blocks(x, result, *, title=None, legend_counts: bool = True, hold=()) -
             return "NaN"
         return format_number(p["block_scale"][b]) if nvfp4 else _pow2_short(p["block_scale"][b])
 
-    # the dequantized values as levels 0.7 elements wide, one path (see the docstring)
-    tick_x = np.repeat(idx.astype(np.float64), 3) + np.tile([-0.35, 0.35, np.nan], n)
-    tick_y = np.repeat(on_axis(values), 3)
-    tick_y[2::3] = np.nan
+    def levels(at, y, half):
+        """Points of one path drawing a level from i - half to i + half at height y_i for each
+        element i of ``at``, a gap after each."""
+        lx = np.repeat(at.astype(np.float64), 3) + np.tile([-half, half, np.nan], at.size)
+        ly = np.repeat(np.asarray(y, np.float64), 3)
+        ly[2::3] = np.nan
+        return lx, ly
+
+    # the originals and the dequantized values as levels across their elements, one path each
+    # (see the docstring): a mark per element costs the browser more to draw at every move
+    orig_x, orig_y = levels(idx, on_axis(xs), 0.45)
+    orig_data = np.repeat(np.column_stack([idx // bs, xs.astype(np.float64)]), 3, axis=0)
+    orig_data[2::3] = np.nan
+    tick_x, tick_y = levels(idx, on_axis(values), 0.35)
     scale_texts = [scale_text(b) for b in range(blocks)]
     tick_data = np.empty((3 * n, 2), dtype=object)
     tick_data[:, 0] = np.repeat(np.array(scale_texts, dtype=object)[idx // bs], 3)
@@ -1856,10 +1869,9 @@ def plot_blocks(x, result, *, title=None, legend_counts: bool = True, hold=()) -
          "hoverinfo": "skip", "meta": {"kind": "least"}},
         # hover texts are templates over numbers (and each element's block scale as text), not a
         # string per element: a slider move sends less than half the bytes
-        {"type": "scatter", "x": idx, "y": on_axis(xs), "mode": "markers", "name": "original",
-         "marker": {"symbol": "circle-open", "size": 8, "color": BLOCK_COLORS["original"]},
-         "customdata": np.column_stack([idx // bs, xs.astype(np.float64)]),
-         "hovertemplate": "element %{x} (block %{customdata[0]}) · x = %{customdata[1]:.4~g}<extra></extra>",
+        {"type": "scatter", "x": orig_x, "y": orig_y, "mode": "lines", "name": "original",
+         "line": {"color": BLOCK_COLORS["original"], "width": 1.5}, "customdata": orig_data, "hoveron": "points",
+         "hovertemplate": "element %{x:.0f} (block %{customdata[0]}) · x = %{customdata[1]:.4~g}<extra></extra>",
          "meta": {"kind": "original"}},
         {"type": "scatter", "x": tick_x, "y": tick_y, "mode": "lines", "name": "dequantized",
          "line": {"color": BLOCK_COLORS["dequantized"], "width": 2.5},
@@ -1868,17 +1880,16 @@ def plot_blocks(x, result, *, title=None, legend_counts: bool = True, hold=()) -
                           "<extra></extra>",
          "meta": {"kind": "dequantized"}},
     ]
-    for kind, flags, symbol, label in (("saturated", p["saturated"], "triangle-up",
-                                        "saturated (held at the block's max)"),
-                                       ("flushed", p["flushed"], "x", "flushed to 0")):
+    for kind, flags, label in (("saturated", p["saturated"], "saturated (held at the block's max)"),
+                               ("flushed", p["flushed"], "flushed to 0")):
         at = np.flatnonzero(flags)
-        data.append({"type": "scatter", "x": at, "y": on_axis(values[at]), "mode": "markers",
+        lx, ly = levels(at, on_axis(values[at]), 0.45)
+        texts = [f"element {i} {kind}: x = {format_number(xs[i], 4)} → {format_number(values[i], 4)}"
+                 for i in at.tolist()]
+        data.append({"type": "scatter", "x": lx, "y": ly, "mode": "lines",
                      "name": f"{label}: {at.size}" if legend_counts else label,
-                     "marker": {"symbol": symbol, "size": 11, "color": BLOCK_COLORS[kind],
-                                "line": {"width": 1.5, "color": BLOCK_COLORS[kind]}},
-                     "hovertext": [f"element {i} {kind}: x = {format_number(xs[i], 4)} → "
-                                   f"{format_number(values[i], 4)}" for i in at.tolist()],
-                     "hoverinfo": "text", "cliponaxis": False,
+                     "line": {"color": BLOCK_COLORS[kind], "width": 5},
+                     "hovertext": [s for t in texts for s in (t, t, "")], "hoverinfo": "text", "hoveron": "points",
                      "meta": {"kind": kind}})
     # the relative error as a filled step one element wide around each element (see the docstring)
     data.append({"type": "scatter", "x": np.concatenate([[-0.5], idx, [n - 0.5]]),

@@ -278,10 +278,13 @@ format_error_table(layer, ("mxfp8_e4m3", "mxfp4"), rounding="rceil")
 # ## Try it
 #
 # Pick a scheme, the scale rounding, the data and the outlier's size; tick the Hadamard box for
-# NVFP4. The upper panel draws sizes on a log2 axis: each block's range lies between its grey
-# steps, its largest value (solid) and its smallest nonzero one (dotted), and a value at most half
-# the dotted step is flushed to 0 (a cross on the 0 row). Watch the outlier's block: its range
-# rises with the outlier, its neighbours fall below its floor, and their errors rise with it.
+# NVFP4. The upper panel draws sizes on a log2 axis: each element's original size is a thin black
+# level and its dequantized one a green level over it (where they agree, only the black ends show).
+# Each block's range lies between its grey steps, its largest value (solid) and its smallest
+# nonzero one (dotted); a value beyond the solid step is held at it (saturated: a thick orange
+# level), and a value at most half the dotted step is flushed to 0 (a thick blue level on the 0
+# row). Watch the outlier's block: its range rises with the outlier, its neighbours fall below its
+# floor, and their errors rise with it.
 
 # %%
 BlockExplorer()
@@ -289,7 +292,7 @@ BlockExplorer()
 # %% [markdown]
 # The same point as a static figure: the row of section 1 in MXFP4, blocks of 32. Block 1's scale
 # is 2^8, so its range runs from 2^7 (dotted) to 6 × 2^8 (solid), far above its other values,
-# which sit on the 0 row (crosses):
+# which sit on the 0 row (thick blue levels):
 
 # %%
 plot_blocks(x, mx_quantize(x, "fp4_e2m1"))

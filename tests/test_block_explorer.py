@@ -90,6 +90,39 @@ def dequantized(fig) -> np.ndarray:
     return q
 
 
+def level_elements(t, half: float) -> np.ndarray:
+    """The elements a trace of levels draws (a level from i - half to i + half for each element i,
+    a gap after each, one path), checked to be that shape, with their heights."""
+    x, y = np.asarray(t.x, float), np.asarray(t.y, float)
+    assert x.size % 3 == 0 and t.mode == "lines" and t.type == "scatter"
+    at = np.rint(x[0::3] + half)
+    assert np.array_equal(x[0::3], at - half) and np.array_equal(x[1::3], at + half)
+    assert np.isnan(x[2::3]).all() and np.isnan(y[2::3]).all()
+    assert np.array_equal(y[0::3], y[1::3], equal_nan=True)
+    return at.astype(int), y[0::3]
+
+
+def originals(fig) -> tuple:
+    """The original row as ``plot_blocks`` draws it (a level from i - 0.45 to i + 0.45 at
+    log2 |x_i| for each element, each element's block and x in its hover data), checked to be that
+    shape: the heights, the blocks and the values, one per element."""
+    t = traces(fig)["original"]
+    at, y = level_elements(t, 0.45)
+    assert np.array_equal(at, np.arange(at.size))
+    data = np.asarray(t.customdata, np.float64)
+    assert np.array_equal(data[0::3], data[1::3], equal_nan=True) and np.isnan(data[2::3]).all()
+    return y, data[0::3, 0], data[0::3, 1]
+
+
+def marked(fig, kind: str) -> np.ndarray:
+    """The elements ``plot_blocks`` marks saturated or flushed (a thick level from i - 0.45 to
+    i + 0.45 at the dequantized value), checked to be that shape and to sit on the dequantized
+    values."""
+    at, y = level_elements(traces(fig)[kind], 0.45)
+    assert np.array_equal(y, on_axis(fig, dequantized(fig)[at]), equal_nan=True)
+    return at
+
+
 def errors(fig) -> np.ndarray:
     """The relative-error row as ``plot_blocks`` draws it (a centred step from -0.5 to n - 0.5,
     filled to 0), checked to be that shape, as one value per element."""
@@ -108,8 +141,9 @@ def assert_figure_follows(fig, x, result, fmt):
     t = traces(fig)
     n, blocks = x.size, result.scales.size
     bs = n // blocks
-    assert np.array_equal(np.asarray(t["original"].y), on_axis(fig, x), equal_nan=True)
-    assert np.array_equal(np.asarray(t["original"].customdata)[:, 1], x.astype(np.float64), equal_nan=True)
+    orig_y, orig_block, orig_x = originals(fig)
+    assert np.array_equal(orig_y, on_axis(fig, x), equal_nan=True)
+    assert np.array_equal(orig_x, x.astype(np.float64), equal_nan=True)
     assert np.array_equal(dequantized(fig), result.values, equal_nan=True)
     s = scale_values(result)
     top = get_format(fmt).max * s.astype(np.float64)
@@ -128,8 +162,7 @@ def assert_figure_follows(fig, x, result, fmt):
     sat = np.flatnonzero(np.abs(x.astype(np.float64)) > np.repeat(top, bs))
     flushed = np.flatnonzero((x != 0) & (result.values == 0))
     for kind, want in (("saturated", sat), ("flushed", flushed)):
-        got = np.asarray(t[kind].x)
-        assert np.array_equal(got, want), kind
+        assert np.array_equal(marked(fig, kind), want), kind
     with np.errstate(divide="ignore", invalid="ignore"):
         err = np.where(x != 0, np.abs(result.values.astype(np.float64) - x) / np.abs(x.astype(np.float64)), 0.0)
     assert np.allclose(errors(fig), err, rtol=0, atol=0, equal_nan=True)
@@ -138,7 +171,7 @@ def assert_figure_follows(fig, x, result, fmt):
     assert len([s for s in fig.layout.shapes if s.type == "line"]) == blocks - 1
     # hovering an element names its block, and its dequantized value its block's scale (the text
     # written above the block)
-    assert np.array_equal(np.asarray(t["original"].customdata)[:, 0], np.arange(n) // bs)
+    assert np.array_equal(orig_block, np.arange(n) // bs)
     above = list(t["scale"].text)
     assert len(above) == blocks and np.array_equal(t["scale"].x, np.arange(blocks) * bs + (bs - 1) / 2)
     assert [row[0] for row in t["dequantized"].customdata] == [above[i // bs] if k < 2 else None
@@ -273,9 +306,9 @@ def test_fp4_flushes_the_neighbours_that_fp8_keeps():
     assert set(range(32, 64)) - {37} <= set(flushed.tolist())  # the whole block of the outlier
     assert (expected("fp4_e2m1", k=0)[1].values[32:64] == 0).sum() <= 2  # without the outlier: one or two
     ex = BlockExplorer("fp4_e2m1", log2_outlier=12)
-    assert np.array_equal(np.asarray(traces(ex.figure)["flushed"].x), flushed)
+    assert np.array_equal(marked(ex.figure, "flushed"), flushed)
     ex.scheme_dropdown.value = "fp8_e4m3"
-    kept = np.asarray(traces(ex.figure)["flushed"].x)
+    kept = marked(ex.figure, "flushed")
     assert ((kept >= 32) & (kept < 64)).sum() <= 2  # E4M3 keeps the outlier's neighbours
 
 
@@ -431,8 +464,8 @@ def test_plot_blocks_marks_saturation_under_floor():
     r = mx_quantize(x, "fp8_e4m3", 32, "floor")
     fig = plot_blocks(x, r)
     assert_figure_follows(fig, x, r, "fp8_e4m3")
-    assert np.asarray(traces(fig)["saturated"].x).tolist() == [5] and dequantized(fig)[5] == 448
-    assert len(traces(plot_blocks(x, mx_quantize(x, "fp8_e4m3", 32, "rceil")))["saturated"].x) == 0
+    assert marked(fig, "saturated").tolist() == [5] and dequantized(fig)[5] == 448
+    assert marked(plot_blocks(x, mx_quantize(x, "fp8_e4m3", 32, "rceil")), "saturated").size == 0
     assert plot_blocks(x, r, title="mine").layout.title.text == "mine"
 
 
@@ -535,7 +568,7 @@ def test_the_dotted_floor_is_where_values_flush(scheme):
     bs = fig.layout.meta["block_size"]
     least = 2.0 ** np.repeat(np.asarray(traces(fig)["least"].y, float)[0::3], bs)
     flushed = np.zeros(x.size, bool)
-    flushed[np.asarray(traces(fig)["flushed"].x, int)] = True
+    flushed[marked(fig, "flushed")] = True
     assert flushed.any() and (~flushed & (x != 0)).any()
     assert np.array_equal(flushed, (x != 0) & (np.abs(x) <= least / 2))
     assert np.array_equal(flushed, (x != 0) & (r.values == 0))
@@ -559,7 +592,7 @@ def test_plot_blocks_refuses_a_hold_that_is_not_rows_and_their_results(hold, mes
 def test_lesson_13s_static_figure_shows_what_its_text_says():
     """Lesson 13's static figure (the row of its section 1: N(0, 1) from seed 0 with 2^10 at
     element 37, MXFP4 in blocks of 32): block 1's scale is 2^8, its range runs from 2^7 (dotted)
-    to 6 × 2^8 (solid), far above its other 31 values, which sit on the 0 row as crosses; the
+    to 6 × 2^8 (solid), far above its other 31 values, which sit on the 0 row, flushed; the
     other blocks keep 2^-1."""
     x = np.random.default_rng(0).standard_normal(128).astype(np.float32)
     x[37] = 2.0**10
@@ -568,6 +601,6 @@ def test_lesson_13s_static_figure_shows_what_its_text_says():
     assert list(t["scale"].text) == ["2^-1", "2^8", "2^-1", "2^-1"]
     assert np.asarray(t["least"].y, float)[3] == 7 and np.asarray(t["range"].y, float)[3] == np.log2(6 * 2.0**8)
     others = np.array([i for i in range(32, 64) if i != 37])
-    assert set(np.asarray(t["flushed"].x, int).tolist()) >= set(others.tolist())
-    assert np.all(np.asarray(t["original"].y, float)[others] < 7)  # below the dotted step
+    assert set(marked(fig, "flushed").tolist()) >= set(others.tolist())
+    assert np.all(originals(fig)[0][others] < 7)  # below the dotted step
     assert np.all(dequantized(fig)[others] == 0) and np.all(on_axis(fig, dequantized(fig)[others]) == fig.layout.meta["zero_y"])
