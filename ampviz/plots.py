@@ -1983,6 +1983,8 @@ def _percent_decades(lo: float, hi: float) -> dict:
 
 
 _FP8_PANELS = 520  # plot_fp8_scaling's three panels and the gaps between them, in px
+_FP8_SHARE_DOMAIN = 0.28  # the share panel's share of them
+_LONE_TICK_PX = 5  # a lone step's share is drawn this many px above and below it
 
 
 def _fp8_lines(trace) -> tuple:
@@ -2012,8 +2014,9 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
     at the top of the panel. Middle: log2 of the scale in force (a step line). Bottom: the share
     of each step's values saturated, underflowed and subnormal, in percent on a log scale (``y``
     is log10 of the percent, on a linear axis labelled in percent at each power of ten; a step
-    with none leaves a gap; a step with some between two with none gets a marker, in a trace of
-    kind "<kind> alone"). Hover texts are templates over ``customdata`` (the numbers), not one
+    with none leaves a gap; a step with some between two with none is a short vertical tick
+    centred on its share, 5 px above and below it: two points of its line at its step, both
+    with its count). Hover texts are templates over ``customdata`` (the numbers), not one
     string per step. The step lines of the scale, of max / scale and of the boundary / scale go
     through the first and last step of each run of one scale (drawn "hv": the same line as
     through every step); the lines of every step give ``y`` only, from step 0 one apart (``x0``,
@@ -2083,6 +2086,9 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
                  "customdata": np.asarray(trace.scale, np.float32)[runs],
                  "hovertemplate": "step %{x:,} · scale %{customdata:.4~g}<extra></extra>",
                  "meta": {"kind": "scale"}})
+    share_range = [math.log10(50.0 / max(size, 1)), 2.05]
+    # a lone step's tick: _LONE_TICK_PX above and below its share, in the share axis's units
+    tick = _LONE_TICK_PX * (share_range[1] - share_range[0]) / (_FP8_SHARE_DOMAIN * _FP8_PANELS)
     for kind, counts, label in (("saturated", trace.saturated, "saturated (held at ±max)"),
                                 ("underflowed", trace.underflowed, "underflowed (became 0)"),
                                 ("subnormal", trace.subnormal, "subnormal")):
@@ -2094,21 +2100,22 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
         # and draw (the saturated line is mostly gaps: 2,000 steps become a few dozen points)
         gap = np.isnan(share)
         kept = np.flatnonzero(~gap | ~np.r_[False, gap[:-1]])
-        data.append({"type": "scatter", "x": kept, "y": share[kept], "mode": "lines",
-                     "name": f"{label}: {int((c > 0).sum()):,} steps" if legend_counts else label, "yaxis": "y3",
-                     "legendgroup": kind, "line": {"color": FP8_COLORS[kind], "width": 1},
-                     "customdata": c[kept], "hovertemplate": hover, "meta": {"kind": kind}})
-        # a step with some, between steps with none, has no line to show it: a marker each (a
-        # marker on all 2,000 steps would cost every redraw thousands of shapes)
+        # a step with some between steps with none has no neighbour to draw a line to: it is
+        # drawn as a short vertical tick centred on its share, two points of the same line at
+        # its step (a marker trace per kind would cost every move a trace more to draw)
         some = c > 0
-        alone = np.flatnonzero(some & ~np.r_[False, some[:-1]] & ~np.r_[some[1:], False]) if n else np.zeros(0, int)
-        data.append({"type": "scatter", "x": alone, "y": share[alone], "mode": "markers", "showlegend": False,
-                     "yaxis": "y3", "legendgroup": kind,
-                     "marker": {"size": 4, "color": FP8_COLORS[kind]}, "cliponaxis": False,
-                     "customdata": c[alone],
-                     "hovertemplate": hover, "meta": {"kind": f"{kind} alone"}})
+        lone = some & ~np.r_[False, some[:-1]] & ~np.r_[some[1:], False]
+        twice = np.repeat(kept, np.where(lone[kept], 2, 1))
+        y = share[twice]
+        first = np.flatnonzero(lone[twice] & np.r_[True, twice[1:] != twice[:-1]])
+        y[first] = np.maximum(y[first] - tick, share_range[0])
+        y[first + 1] = np.minimum(y[first + 1] + tick, share_range[1])
+        data.append({"type": "scatter", "x": twice, "y": y, "mode": "lines",
+                     "name": f"{label}: {int(some.sum()):,} steps" if legend_counts else label, "yaxis": "y3",
+                     # saturation comes in lone steps (the spike's): its ticks drawn wider
+                     "line": {"color": FP8_COLORS[kind], "width": 2 if kind == "saturated" else 1},
+                     "customdata": c[twice], "hovertemplate": hover, "meta": {"kind": kind}})
     worst = trace.worst_step
-    share_range = [math.log10(50.0 / max(size, 1)), 2.05]
     settings = ", ".join(f"{k} {v}" for k, v in trace.settings.items() if k != "convention")
     scales = np.concatenate([s for _, s in held])
     scale_ticks = _log2_ticks(scales)
@@ -2132,7 +2139,8 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
                    **scale_ticks, **({"range": scale_range} if scale_range else {})},
         # the shares' log axis drawn as a linear one over log10(percent), labelled as plotly
         # labels a log axis: the same figure, and a points-only move costs plotly about 6 ms less
-        "yaxis3": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 0.28], "anchor": "x", "title": {"text": "% of values"},
+        "yaxis3": {**_WHITE_AXIS, **_LINEAR, "domain": [0, _FP8_SHARE_DOMAIN], "anchor": "x",
+                   "title": {"text": "% of values"},
                    "range": share_range, **_percent_decades(*share_range)},
         "meta": {"recipe": trace.recipe, "settings": dict(trace.settings), "fmt": f.name, "steps": n, "size": size,
                  "saturated_steps": trace.saturated_steps, "worst_step": worst,

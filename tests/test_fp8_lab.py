@@ -50,22 +50,33 @@ def f32(v):
     return np.asarray(v, np.float32).astype(np.float64)
 
 
-def every_step(t, n):
+def every_step(t, n, ticks=None):
     """A line trace's value at each of ``n`` steps: ``y`` itself for a line of every step (from
     x0 = 0, dx = 1), the "hv" step line through its points (x, y), or a line whose runs of gaps
     travel as their first step alone (every step with a value is there, and a step missing lies
-    in a run of gaps: the point before it is a gap)."""
+    in a run of gaps: the point before it is a gap). ``ticks``: ``(tick, lo, hi)`` for a share
+    line, whose lone steps are two points at their step, max(v - tick, lo) and min(v + tick, hi)
+    (v is given back for them, computed from the point not held at the axis, to within float32)."""
     y = np.asarray(t.y, np.float64)
     if t.x is None:
         assert t.x0 == 0 and t.dx == 1 and y.size == n
         return y
     x = np.asarray(t.x, np.int64)
-    assert x.size == y.size and np.all(np.diff(x) > 0) and (not n or x[0] == 0)
+    step = np.diff(x)
+    if ticks is not None:
+        tick, lo, hi = ticks
+        at = np.flatnonzero(step == 0)  # a lone step's first point; the second follows it
+        assert np.all(y[at] <= y[at + 1]) and (at.size < 2 or np.diff(at).min() > 2)
+        y = y.copy()
+        y[at] = np.where(y[at] > lo, y[at] + tick, y[at + 1] - tick)
+        x, y = np.delete(x, at + 1), np.delete(y, at + 1)
+        step = np.diff(x)
+    assert x.size == y.size and np.all(step > 0) and (not n or x[0] == 0)
     if t.line.shape == "hv":
         assert not n or x[-1] == n - 1
     else:
-        assert np.all(np.isnan(y[:-1][np.diff(x) > 1])) and (not n or x[-1] == n - 1 or np.isnan(y[-1]))
-        assert not np.any(np.isnan(y[:-1]) & np.isnan(y[1:]) & (np.diff(x) == 1))  # one point a run
+        assert np.all(np.isnan(y[:-1][step > 1])) and (not n or x[-1] == n - 1 or np.isnan(y[-1]))
+        assert not np.any(np.isnan(y[:-1]) & np.isnan(y[1:]) & (step == 1))  # one point a run
     return y[np.searchsorted(x, np.arange(n), side="right") - 1]
 
 
@@ -81,10 +92,15 @@ def assert_figure_follows(fig, tr):
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         assert eq(every_step(t["ceiling"], n), f32(log2_or_nan(tr.fmt.max / tr.scale.astype(np.float64))))
         assert eq(every_step(t["floor"], n), f32(log2_or_nan(tr.fmt.underflow_boundary / tr.scale.astype(np.float64))))
+    lo, hi = fig.layout.yaxis3.range
+    ticks = (5 * (hi - lo) / (0.28 * 520), lo, hi)  # 5 px of the share panel's 28% of 520 px
     for kind in ("saturated", "underflowed", "subnormal"):
         c = getattr(tr, kind)
         with np.errstate(divide="ignore"):
-            assert eq(every_step(t[kind], n), f32(np.where(c > 0, np.log10(100.0 * c / tr.size), np.nan))), kind
+            want = f32(np.where(c > 0, np.log10(100.0 * c / tr.size), np.nan))
+        got = every_step(t[kind], n, ticks)
+        lone = (c > 0) & (np.r_[0, c[:-1]] == 0) & (np.r_[c[1:], 0] == 0)
+        assert eq(got[~lone], want[~lone]) and np.allclose(got[lone], want[lone], rtol=0, atol=1e-5), kind
     bad = np.flatnonzero(~np.isfinite(tr.amax))
     assert ("nonfinite" in t) == bool(bad.size) and (not bad.size or eq(t["nonfinite"].x, bad))
     meta = fig.layout.meta
@@ -331,7 +347,8 @@ def test_plot_fp8_scaling_refuses_what_is_not_a_trace(bad, message):
 def test_the_figure_sends_numbers_not_texts_and_marks_the_lone_steps():
     """Hover texts are templates over the numbers (no string per step), and a step with some
     saturated, underflowed or subnormal values between two steps with none (which a line cannot
-    show) gets a marker: exactly those steps, found here by walking the counts."""
+    show) is drawn as a vertical tick centred on its share: exactly those steps, found here by
+    walking the counts."""
     tr = expected(history_len=16)
     fig = plot_fp8_scaling(tr)
     assert all(t.hovertext is None for t in fig.data)
@@ -345,21 +362,32 @@ def test_the_figure_sends_numbers_not_texts_and_marks_the_lone_steps():
     changes = np.flatnonzero(tr.scale[1:] != tr.scale[:-1]) + 1
     assert set(runs.tolist()) == {0, tr.steps - 1} | set(changes.tolist()) | set((changes - 1).tolist())
     assert runs.size < 0.6 * tr.steps and t["ceiling"].x is not None and t["amax"].x is None
+    assert not any("alone" in d.meta["kind"] or d.mode != "lines" for d in fig.data)  # no marker traces
+    lo, hi = fig.layout.yaxis3.range
+    tick = (hi - lo) / (0.28 * 520) * 5  # 5 px of the share panel's 28% of 520 px
     some_runs = 0
     for kind in ("saturated", "underflowed", "subnormal"):
         c = getattr(tr, kind)
+        share = f32(np.log10(100.0 * np.where(c > 0, c, 1) / tr.size))
         lone = [i for i in range(tr.steps) if c[i] > 0 and (i == 0 or c[i - 1] == 0)
                 and (i == tr.steps - 1 or c[i + 1] == 0)]
-        marks = t[f"{kind} alone"]
-        assert list(np.asarray(marks.x, int)) == lone and marks.mode == "markers", kind
-        assert np.array_equal(marks.y, f32(np.log10(100.0 * c[lone] / tr.size)))
-        assert np.array_equal(marks.customdata, c[lone])
-        assert t[kind].mode == "lines" and np.array_equal(t[kind].customdata, c[np.asarray(t[kind].x)])
+        x, y = np.asarray(t[kind].x, int), np.asarray(t[kind].y, np.float64)
+        assert t[kind].mode == "lines" and np.array_equal(t[kind].customdata, c[x])
         # each run of steps with none travels as its first step (a gap), the steps with some all
-        kept = np.asarray(t[kind].x)
-        assert set(kept.tolist()) == {i for i in range(tr.steps) if c[i] > 0 or i == 0 or c[i - 1] > 0}
-        some_runs += len(lone) < int((c > 0).sum())  # steps in runs are drawn by the line, not marked
-    assert len(t["saturated alone"].x) > 0 and some_runs >= 1  # the spikes saturate alone
+        assert set(x.tolist()) == {i for i in range(tr.steps) if c[i] > 0 or i == 0 or c[i - 1] > 0}
+        # a lone step twice: its share less and plus the tick, within the axis
+        twice = [i for i in np.unique(x) if (x == i).sum() == 2]
+        assert twice == lone and (np.bincount(x) <= 2).all(), kind
+        for i in lone:
+            at = np.flatnonzero(x == i)
+            assert at[1] == at[0] + 1, kind
+            assert np.isclose(y[at[0]], max(share[i] - tick, lo), rtol=0, atol=1e-5), kind
+            assert np.isclose(y[at[1]], min(share[i] + tick, hi), rtol=0, atol=1e-5), kind
+        single = np.isin(x, lone, invert=True)
+        assert np.array_equal(y[single], np.where(c[x[single]] > 0, share[x[single]], np.nan), equal_nan=True), kind
+        some_runs += len(lone) < int((c > 0).sum())  # steps in runs are drawn by the line, not ticked
+    assert len(np.unique(t["saturated"].x)) < len(t["saturated"].x) and some_runs >= 1  # the spikes saturate alone
+    assert t["saturated"].line.width > t["underflowed"].line.width  # its ticks drawn wider
 
 
 def test_the_spike_grows_against_still_axes():

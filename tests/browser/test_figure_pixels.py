@@ -39,7 +39,8 @@ def _packed(fig) -> dict:
 def _every_step(fig) -> dict:
     """``fig`` with every line trace written out at every step (x = 0..n-1): a line through
     some steps holds each point's value up to the next (an "hv" line's runs; a share line's run
-    of gaps, sent as its first step)."""
+    of gaps, sent as its first step); a lone step's tick (two points at one step) stays two
+    points."""
     n = fig.layout.meta["steps"]
     steps = np.arange(n)
     data = []
@@ -47,14 +48,19 @@ def _every_step(fig) -> dict:
         d = t.to_plotly_json()
         if d.get("mode") == "lines":
             y = np.asarray(d["y"], np.float64)
+            at = steps
             if "x" in d:
                 x = np.asarray(d["x"], np.int64)
                 at = np.searchsorted(x, steps, side="right") - 1
+                ticked = np.flatnonzero(np.diff(x) == 0)  # a tick's first point; its last is at
+                at = np.sort(np.concatenate([at, ticked]))
                 d["y"] = y[at]
                 if "customdata" in d:
                     d["customdata"] = np.asarray(d["customdata"])[at]
+                d["x"] = x[at]
+            else:
+                d["x"] = steps
             d.pop("x0", None), d.pop("dx", None)
-            d["x"] = steps
         data.append(d)
     return {"data": pack(data), "layout": pack(fig.layout.to_plotly_json())}
 
@@ -183,16 +189,22 @@ def _block_figures() -> list:
 
 
 def _fp8_filling_figures() -> list:
-    """An Fp8ScalingLab move in which a trace kept out of the legend (a lone saturated step's
-    marker) goes from no point to some."""
+    """An Fp8ScalingLab move in which the saturated line gets its first lone step's tick (two
+    points at one step: the line's points change in number)."""
     from ampviz.widgets import Fp8ScalingLab
 
     lab = Fp8ScalingLab(history_len=16, margin=-4, spike_log2=3)
     figs = [lab.figure]
     lab.spike_slider.value = 4
-    alone = [[len(t.y) for t in f.data if t.meta["kind"] == "saturated alone"][0] for f in figs + [lab.figure]]
-    assert alone[0] == 0 < alone[1]
-    return figs + [lab.figure]
+    figs.append(lab.figure)
+    ticks = [int((np.diff([t for t in f.data if t.meta["kind"] == "saturated"][0].x) == 0).sum()) for f in figs]
+    assert ticks[0] == 0 < ticks[1]
+    return figs
+
+
+def _fp8_emptying_figures() -> list:
+    """The move above backwards: the saturated line's tick goes."""
+    return _fp8_filling_figures()[::-1]
 
 
 def _range_figures() -> list:
@@ -216,7 +228,7 @@ def _range_figures() -> list:
 
 
 @pytest.mark.parametrize("figures", [_scaler_figures, _fp8_figures, _block_figures, _fp8_filling_figures,
-                                     _range_figures])
+                                     _fp8_emptying_figures, _range_figures])
 def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser, figures):
     """A ScalerLab, Fp8ScalingLab, BlockExplorer or RangeExplorer move that keeps the layout is drawn by moving the traces
     (Plotly.animate, no redraw); the pixels, the hover's numbers and the points plotly holds equal
@@ -265,12 +277,11 @@ def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser, figure
     assert wrong_shot != full_shot
 
 
-@pytest.mark.parametrize("figures", [_fp8_filling_figures, _range_figures])
-def test_a_move_that_empties_a_trace_redraws_the_figure(browser, figures):
-    """The moves above backwards: a trace empties (Fp8ScalingLab's lone saturated step's marker,
-    RangeExplorer's subnormal outline and mark). Moved, plotly would leave the emptied trace's last
-    marker drawn; FigureView redraws the figure instead, and the pixels are a full redraw's."""
-    before, after = figures()
+def test_a_move_that_empties_a_trace_redraws_the_figure(browser):
+    """The move above backwards: a trace empties (RangeExplorer's subnormal outline and mark).
+    Moved, plotly would leave the emptied trace's last marker drawn; FigureView redraws the
+    figure instead, and the pixels are a full redraw's."""
+    before, after = _range_figures()
     page = browser.new_page(viewport={"width": 1000, "height": 800})
     try:
         page.set_content('<div id="g" style="width:950px"></div>')
