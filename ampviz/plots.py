@@ -20,7 +20,6 @@ Colours are fixed per category (``CATEGORY_COLORS``) and per bit field (``FIELD_
 
 from __future__ import annotations
 
-import copy
 import math
 from functools import lru_cache
 
@@ -263,8 +262,9 @@ def _log2_window(fmts, margin: float = 5.0, step: int = 10) -> tuple[int, int]:
 
 
 def _template(name: str) -> dict:
-    """plotly's template ``name`` as the JSON a validated figure holds (a fresh copy each call)."""
-    return copy.deepcopy(_template_json(name))
+    """plotly's template ``name`` as the JSON a validated figure holds: the one kept, not a copy
+    (``go.Figure`` deep-copies the layout it is built from, so no figure shares it)."""
+    return _template_json(name)
 
 
 @lru_cache(maxsize=None)

@@ -313,6 +313,21 @@ def test_plot_census_fn_format_overflow_band_starts_at_its_boundary():
     assert rects["overflow"].x0 == math.log2(464.0) == math.log2(fmt.overflow_boundary)
 
 
+def test_a_figure_changed_leaves_the_next_figures_template_as_plotly_has_it():
+    """The figures share plotly's template as kept, not a copy each: a learner's change to one
+    figure's template (in place, or a new one) reaches no other figure."""
+    import plotly.io as pio
+
+    want = pio.templates["plotly_white"].to_plotly_json()
+    a = plot_value("fp16", 0.1)
+    a.layout.template.layout.font.size = 99
+    a.layout.template.layout.xaxis.gridcolor = "red"
+    a.update_layout(template={"layout": {"paper_bgcolor": "red"}})
+    b = plot_value("fp16", 0.1)
+    assert b.layout.template.to_plotly_json() == want
+    assert b.layout.template.layout.font.size is None and b.layout.paper_bgcolor is None
+
+
 def test_figures_are_deterministic_and_carry_no_uids():
     for build in (lambda: plot_format_ranges(), lambda: plot_census(TINY), lambda: plot_value("fp16", 0.1, 0.1)):
         a, b = build().to_json(), build().to_json()

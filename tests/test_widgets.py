@@ -728,11 +728,15 @@ def test_a_move_sends_the_figure_before_the_readout(make, slider, value):
     lambda ex: setattr(ex.hex_input, "value", "0x3C00"),
     lambda ex: setattr(ex.format_dropdown, "value", "bf16"),
 ])
-def test_a_format_explorer_change_sends_the_figure_first(press):
+def test_a_format_explorer_change_sends_the_figure_first(press, monkeypatch):
     """FormatExplorer sends a change's figure before anything else it changes (the bit buttons,
-    the hex and decimal boxes, the readouts), so the browser starts plotly's draw first."""
+    the hex and decimal boxes, the readouts), so the browser starts plotly's draw first; and it
+    waits for the kernel to send it before it changes them."""
+    import ampviz.widgets.format_explorer as fe
+
     ex = FormatExplorer("fp16", 0.1)
     sent = []
+    monkeypatch.setattr(fe, "_wait_until_sent", lambda: sent.append("sent"))
     ex.view.observe(lambda change: sent.append("figure"), names="revision")
     for name, w in (("readout", ex.readout), ("bits", ex.bits_readout), ("hex", ex.hex_input),
                     ("decimal", ex.decimal_input)):
@@ -741,7 +745,7 @@ def test_a_format_explorer_change_sends_the_figure_first(press):
         b.observe(lambda change: sent.append("button"), names="description")
     press(ex)
     assert ex.error is None
-    assert sent[:1] == ["figure"] and "readout" in sent and len(sent) > 2, sent
+    assert sent[:2] == ["figure", "sent"] and sent.count("sent") == 1 and "readout" in sent and len(sent) > 3, sent
 
 
 def test_scaler_lab_counts_skips_in_its_readout_not_its_legend():

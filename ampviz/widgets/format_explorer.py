@@ -8,11 +8,12 @@ import operator
 
 import ipywidgets as W
 
+from ampviz.figureview import FigureView
 from ampviz.formats import ALL_FORMATS, CATEGORIES, FORMATS, get_format
 
 from ampviz.plots import CATEGORY_COLORS, FIELD_COLORS, format_number, format_pow2, plot_value
 
-from ampviz.widgets.base import _Explorer, _FIELD_TINTS, _parse_bits, _shows_errors, parse_number
+from ampviz.widgets.base import _Explorer, _FIELD_TINTS, _parse_bits, _shows_errors, _wait_until_sent, parse_number
 
 
 #: What the dropdown says beside each format beyond the course's six (those show their name alone).
@@ -224,8 +225,12 @@ class FormatExplorer(_Explorer):
         """Bring every control, the readout and the figure in line with the state."""
         f, bits, stored = self.fmt, self.bits, self.value
         # the figure first: its message leaves before the controls' and the readouts', and the
-        # browser starts plotly's draw, the slow part of a repaint, while they are on their way
-        self._draw(plot_value(f, stored, typed=self.typed))
+        # browser starts plotly's draw, the slow part of a repaint, while they are on their way;
+        # it leaves now, not once the controls are done: the kernel's IOPub thread needs the GIL
+        # to send it, which they would hold (5-10 ms in Voila, measured in the kernel)
+        fig = plot_value(f, stored, typed=self.typed)
+        self._draw(fig, FigureView.prepare(fig))  # packed once (its layout, with the template, changes)
+        _wait_until_sent()
         self._syncing = True
         try:
             self.format_dropdown.value = f.name
