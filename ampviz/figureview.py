@@ -411,8 +411,9 @@ class FigureView(anywidget.AnyWidget):
     ``FigureView(fig)`` takes a ``go.Figure`` (or ``{"data": [...], "layout": {...}}``);
     ``update(fig)`` replaces the whole figure, ``set_data(traces)`` only the traces (a list of
     trace dicts, numpy arrays welcome), ``set_layout(layout)`` only the layout. Each sends its
-    part in one message. ``data`` and ``layout`` hold what was last assigned, as given, less the
-    layout's ``meta`` (plotly draws nothing from it; it stays with the figure).
+    part in one message. ``data`` and ``layout`` hold what was last assigned (packed, after
+    ``update``), less the layout's ``meta`` (plotly draws nothing from it; it stays with the
+    figure).
     """
 
     _esm = _ESM
@@ -449,11 +450,10 @@ class FigureView(anywidget.AnyWidget):
         """Replace the whole figure in one message: the traces always, the layout only when it
         differs from the one shown (a slider move usually changes only the data). ``figure``: a
         ``go.Figure``, a dict with data and layout, or what ``prepare`` made of one."""
-        if isinstance(figure, Prepared):
-            data, layout, key = figure
-        else:
-            data, layout = _figure_parts(figure)
-            key = _layout_key(layout)
+        # packed here once: the layout's key and the message are made from the same packing (a
+        # layout with plotly's template costs several ms to pack, and FormatExplorer's changes with
+        # every bit)
+        data, layout, key = figure if isinstance(figure, Prepared) else self.prepare(figure)
         with self.hold_sync():
             self.data = data
             if key != self._shown_layout:

@@ -261,14 +261,10 @@ def _log2_window(fmts, margin: float = 5.0, step: int = 10) -> tuple[int, int]:
     return int(math.floor(lo / step) * step), int(math.ceil(hi / step) * step)
 
 
-def _template(name: str) -> dict:
-    """plotly's template ``name`` as the JSON a validated figure holds: the one kept, not a copy
-    (``go.Figure`` deep-copies the layout it is built from, so no figure shares it)."""
-    return _template_json(name)
-
-
 @lru_cache(maxsize=None)
-def _template_json(name: str) -> dict:
+def _template(name: str) -> dict:
+    """plotly's template ``name`` as the JSON a validated figure holds, made once and kept: no
+    figure shares it (``go.Figure`` deep-copies the layout it is built from)."""
     return pio.templates[name].to_plotly_json()
 
 
@@ -2105,9 +2101,10 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
         # its step (a marker trace per kind would cost every move a trace more to draw)
         some = c > 0
         lone = some & ~np.r_[False, some[:-1]] & ~np.r_[some[1:], False]
-        twice = np.repeat(kept, np.where(lone[kept], 2, 1))
+        points = np.where(lone[kept], 2, 1)
+        twice = np.repeat(kept, points)
         y = share[twice]
-        first = np.flatnonzero(lone[twice] & np.r_[True, twice[1:] != twice[:-1]])
+        first = (np.cumsum(points) - points)[lone[kept]]  # where each lone step's two points begin
         y[first] = np.maximum(y[first] - tick, share_range[0])
         y[first + 1] = np.minimum(y[first + 1] + tick, share_range[1])
         data.append({"type": "scatter", "x": twice, "y": y, "mode": "lines",

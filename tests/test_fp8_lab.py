@@ -80,6 +80,13 @@ def every_step(t, n, ticks=None):
     return y[np.searchsorted(x, np.arange(n), side="right") - 1]
 
 
+def share_ticks(fig) -> tuple:
+    """``(tick, lo, hi)``: a lone step's tick is drawn 5 px above and below its share, on the share
+    panel (28% of the figure's 520 px of panels) whose axis runs from lo to hi."""
+    lo, hi = fig.layout.yaxis3.range
+    return 5 * (hi - lo) / (0.28 * 520), lo, hi
+
+
 def assert_figure_follows(fig, tr):
     """Every trace of the figure holds what the core says, value for value, at every step (the
     lines' points as float32, as they travel to the browser)."""
@@ -92,8 +99,7 @@ def assert_figure_follows(fig, tr):
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         assert eq(every_step(t["ceiling"], n), f32(log2_or_nan(tr.fmt.max / tr.scale.astype(np.float64))))
         assert eq(every_step(t["floor"], n), f32(log2_or_nan(tr.fmt.underflow_boundary / tr.scale.astype(np.float64))))
-    lo, hi = fig.layout.yaxis3.range
-    ticks = (5 * (hi - lo) / (0.28 * 520), lo, hi)  # 5 px of the share panel's 28% of 520 px
+    ticks = share_ticks(fig)
     for kind in ("saturated", "underflowed", "subnormal"):
         c = getattr(tr, kind)
         with np.errstate(divide="ignore"):
@@ -363,8 +369,7 @@ def test_the_figure_sends_numbers_not_texts_and_marks_the_lone_steps():
     assert set(runs.tolist()) == {0, tr.steps - 1} | set(changes.tolist()) | set((changes - 1).tolist())
     assert runs.size < 0.6 * tr.steps and t["ceiling"].x is not None and t["amax"].x is None
     assert not any("alone" in d.meta["kind"] or d.mode != "lines" for d in fig.data)  # no marker traces
-    lo, hi = fig.layout.yaxis3.range
-    tick = (hi - lo) / (0.28 * 520) * 5  # 5 px of the share panel's 28% of 520 px
+    tick, lo, hi = share_ticks(fig)
     some_runs = 0
     for kind in ("saturated", "underflowed", "subnormal"):
         c = getattr(tr, kind)

@@ -8,7 +8,6 @@ import operator
 
 import ipywidgets as W
 
-from ampviz.figureview import FigureView
 from ampviz.formats import ALL_FORMATS, CATEGORIES, FORMATS, get_format
 
 from ampviz.plots import CATEGORY_COLORS, FIELD_COLORS, format_number, format_pow2, plot_value
@@ -228,8 +227,7 @@ class FormatExplorer(_Explorer):
         # browser starts plotly's draw, the slow part of a repaint, while they are on their way;
         # it leaves now, not once the controls are done: the kernel's IOPub thread needs the GIL
         # to send it, which they would hold (5-10 ms in Voila, measured in the kernel)
-        fig = plot_value(f, stored, typed=self.typed)
-        self._draw(fig, FigureView.prepare(fig))  # packed once (its layout, with the template, changes)
+        self._draw(plot_value(f, stored, typed=self.typed))
         _wait_until_sent()
         self._syncing = True
         try:
