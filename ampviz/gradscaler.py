@@ -37,7 +37,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ampviz.lessons import Check, Table, check, number
+from ampviz.lessons import Check, Table, check, measured, number
 from ampviz.scaling import ScalerTrace, TorchGradScaler, _shown, simulate
 from ampviz.training import _flag, _real, _real_array, _whole
 
@@ -740,13 +740,15 @@ def clipping_norms(unscale_first: bool = True, max_norm: float = 1.0, weights=(3
 
 
 def clipping_table(max_norm: float = 1.0, **kwargs) -> Table:
-    """``clipping_norms`` in both orders, one row each."""
+    """``clipping_norms`` in both orders, one row each, at the digits every CPU reproduces (the
+    optimizer's last bits depend on the CPU): the norms before clipping at 6 significant digits,
+    the applied norm and the weights at 4, an applied norm within them of a power of two as that power."""
     max_norm = _real("max_norm", max_norm)
     rows = []
     for first, order in ((True, "unscale_ → clip → step (right)"), (False, "clip → step (wrong)")):
         r = clipping_norms(first, max_norm, **kwargs)
-        rows.append((order, number(r["backward"]), number(r["clipped"]), number(r["applied"]),
-                     _vec_np(r["weight"])))
+        rows.append((order, measured(r["backward"], 6), measured(r["clipped"], 6), measured(r["applied"], pow2=True),
+                     "[" + ", ".join(measured(w) for w in r["weight"]) + "]"))
     return Table(("order", "‖grad‖ after backward", "‖grad‖ clip_grad_norm_ saw",
                   "‖grad‖ the optimizer applied", "w after step"), rows,
                  title=f"clip_grad_norm_(max_norm={number(max_norm)}) at scale "

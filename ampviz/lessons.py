@@ -37,6 +37,7 @@ from ampviz.formats import FP32, get_format
 __all__ = [
     "Table",
     "number",
+    "measured",
     "format_table",
     "cast_table",
     "cast_rules_table",
@@ -103,6 +104,41 @@ def number(x, *, digits: int = 8, pow2: bool = False) -> str:
     if mant == 0.5 and (not -2 <= exp - 1 <= 16 or (pow2 and exp != 1)):
         return f"{'-' if x < 0 else ''}2^{exp - 1}"
     return f"{x:.{digits}g}"
+
+
+#: How far (relative) a measured value may move on another CPU without changing its printed text.
+MEASURED_REL = 1e-6
+
+
+def measured(x, digits: int = 4, *, pow2: bool = False) -> str:
+    """A value that float arithmetic computed (a norm, a loss, an error), printed as a lesson shows
+    it: ``digits`` significant digits, the same text on every CPU.
+
+    Another vendor's BLAS or vector kernels sum in another order, so the last bits of such a value
+    differ between machines. The text is the same for every value within ``MEASURED_REL`` (1e-6,
+    relative) of ``x``; a value that sits closer than that to a rounding boundary at ``digits``
+    digits raises ``ValueError`` (print it with fewer digits, or print a verdict instead). Zero,
+    infinities and NaN print as ``number`` prints them. With ``pow2=True``, a value that is a power
+    of two at ``digits`` digits (0.99999982 × 2^-16) prints as ``number`` prints that power (2^-16).
+    """
+    if isinstance(digits, bool) or not isinstance(digits, (int, np.integer)) or not 1 <= digits <= 9:
+        raise ValueError(f"digits must be a whole number from 1 to 9, not {digits!r}")
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"measured takes one real number, not {type(x).__name__}") from None
+    if x == 0 or not math.isfinite(x):
+        return number(x)
+    if pow2:
+        power = math.ldexp(1.0, round(math.log2(abs(x))))
+        if measured(abs(x) / power, digits) == "1":
+            return number(math.copysign(power, x), pow2=True)
+    text = f"{x:.{digits}g}"
+    for near in (x * (1 - MEASURED_REL), x * (1 + MEASURED_REL)):
+        if f"{near:.{digits}g}" != text:
+            raise ValueError(f"{x!r} sits within {MEASURED_REL:g} (relative) of a rounding boundary at {digits} "
+                             "significant digits, so another CPU may print it otherwise: print fewer digits or a verdict")
+    return text
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 
+from ampviz.lessons import measured
 from ampviz.scaling import _shown
 
 __all__ = ["Outcome", "outcome_of", "quiet_trainer", "versions"]
@@ -50,7 +51,7 @@ class Outcome:
     def __str__(self) -> str:
         if self.failed:
             return f"{self.name}: {self.error_type}: {self.message}"
-        loss = "" if self.loss is None else f", loss {self.loss:.6g}"
+        loss = "" if self.loss is None else f", loss {measured(self.loss)}"  # the same on every CPU
         return f"{self.name}: ran{loss}"
 
 
