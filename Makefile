@@ -5,7 +5,10 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 --nbval-sanitize-with tests/nbval_sanitize.cfg
+# A kernel starts in about 1 s on 2 cores even with 4 busy processes beside it; nbval's 60 s default
+# was still lost once to a start-up under heavy load, so the course's notebooks wait up to 180 s.
+NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 --nbval-kernel-startup-timeout=180 \
+          --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 .PHONY: lab explorer test bench clean browser-deps
 

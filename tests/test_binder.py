@@ -23,7 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from checked_outputs import differences, variant_env
+
 ROOT = Path(__file__).resolve().parents[1]
+VARIANT = "AVX2 kernels, 2 threads"
 BINDER = ROOT / "binder"
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 EXTENSIONS = ("@jupyter-widgets/jupyterlab-manager", "anywidget", "jupyterlab-plotly", "jupyterlab-jupytext")
@@ -312,6 +315,8 @@ RUNNER = textwrap.dedent("""
     errors = [f"cell {i}: {o.ename}: {o.evalue}" for i, c in enumerate(nb.cells)
               if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     prefix = "".join(o.get("text", "") for o in probe.outputs if o.output_type == "stream").strip()
+    nb.cells.remove(probe)
+    nbformat.write(nb, out + ".ipynb")
     with open(out, "w") as f:
         json.dump({"failure": failure, "errors": errors, "kernel_prefix": prefix,
                    "seconds": time.monotonic() - started}, f)
@@ -319,7 +324,8 @@ RUNNER = textwrap.dedent("""
 
 
 def _run_notebook(binder_env, notebook: Path) -> dict:
-    tmp, env = binder_env["tmp"], binder_env["env"]
+    tmp = binder_env["tmp"]
+    env = {**binder_env["env"], **variant_env(VARIANT, tmp / "variant")}
     runner = tmp / "run_notebook.py"
     out = tmp / f"{notebook.stem}.json"
     proc = subprocess.run([str(binder_env["venv"] / "bin" / "python"), str(runner), str(notebook), str(out),
@@ -327,11 +333,16 @@ def _run_notebook(binder_env, notebook: Path) -> dict:
                           timeout=3600)
     if proc.returncode != 0 or not out.exists():
         return {"failure": f"runner exited {proc.returncode}:\n{_tail(proc.stderr)}", "errors": [],
-                "kernel_prefix": "", "seconds": 0.0}
-    return json.loads(out.read_text())
+                "kernel_prefix": "", "seconds": 0.0, "differences": []}
+    stored = json.loads(notebook.read_text())["cells"]
+    run = json.loads(Path(f"{out}.ipynb").read_text())["cells"]
+    return {**json.loads(out.read_text()), "differences": differences(stored, run)}
 
 
-def test_every_notebook_runs_in_the_binder_environment(binder_env):
+def test_every_notebook_runs_in_the_binder_environment_as_on_another_machine(binder_env):
+    """Every notebook, top to bottom, in the fresh environment's own kernel, which computes as
+    another machine would (tests/checked_outputs.py: AVX2 kernels, 2 threads): no cell raises and
+    every checked cell's outputs equal the stored ones."""
     notebooks = sorted((binder_env["repo"] / "notebooks").glob("*.ipynb"))
     assert len(notebooks) >= 9
     (binder_env["tmp"] / "run_notebook.py").write_text(RUNNER)
@@ -347,6 +358,8 @@ def test_every_notebook_runs_in_the_binder_environment(binder_env):
         if r["failure"] or r["errors"]:
             traceback = re.sub(r"\x1b\[[0-9;]*m", "", r["failure"] or "")  # IPython colours it
             problems.append(f"{name}: {'; '.join(r['errors'])}\n{_tail(traceback, 3000)}")
+        elif r["differences"]:
+            problems.append(f"{name}, checked outputs with {VARIANT}:\n" + "\n".join(r["differences"]))
         elif os.path.realpath(r["kernel_prefix"]) != venv:
             problems.append(f"{name}: the kernel ran in {r['kernel_prefix']!r}, not the fresh env {venv}")
     assert not problems, "\n\n".join(problems)

@@ -1,11 +1,15 @@
 """Every lesson ends with exercises whose checkers work, and 00_start_here links every lesson.
 
+The run that answers the exercises is also a lesson's run on another machine: its kernel computes
+with SSE4.2 kernels in MKL and oneDNN, torch's plain C++ kernels and 3 threads
+(``tests/checked_outputs.py``), and every checked cell's outputs must equal the stored ones.
+
 An exercise cell is a code cell with the line ``answer = None`` followed by a checker call, which
 answers with one fixed line. ``tests/exercise_solutions.py`` holds, for each lesson
 (``notebooks/0N_*.ipynb``), ``SOLUTIONS``: for each exercise cell, found by a phrase that only that
 cell contains, a correct answer and a plausible wrong one, as source text.
 
-``test_checkers_answer_three_ways`` takes the lesson's cells with two copies of each exercise cell
+``test_checkers_answer_three_ways_and_checked_outputs_hold_on_another_machine`` takes the lesson's cells with two copies of each exercise cell
 inserted after it (``answer = <wrong>``, ``answer = <right>``), executes them once in a fresh
 kernel of this environment, and reads the three lines: "not answered yet", "✗ not quite" and
 "✓ correct".
@@ -28,7 +32,10 @@ LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
 
 sys.path.insert(0, str(ROOT / "tools"))  # the refresh tool, imported as the tools import each other
 import run_notebooks  # noqa: E402  (executes with its SlicedPollClient: no stall on widget output)
-from exercise_solutions import SOLUTIONS  # noqa: E402  (tests/, on the path as pytest runs the tests)
+from checked_outputs import differences, variant_env  # noqa: E402  (tests/, on the path as pytest runs them)
+from exercise_solutions import SOLUTIONS  # noqa: E402
+
+VARIANT = "SSE4.2 kernels, plain C++ kernels, 3 threads"
 
 
 def lesson_cells(path: Path) -> list[tuple[str, str]]:
@@ -85,11 +92,14 @@ def answered(text: str, answer: str) -> str:
     return "\n".join(f"answer = {answer}" if line.strip() == UNANSWERED else line for line in text.splitlines())
 
 
-def with_answers(lesson: list[tuple[str, str]], solutions: dict):
-    """(the cells with a wrong and a right copy after each exercise, [(cell index, key, status)])."""
+def with_answers(lesson: list[tuple[str, str]], solutions: dict, where: dict | None = None):
+    """(the cells with a wrong and a right copy after each exercise, [(cell index, key, status)]);
+    ``where``, a dict, gets each lesson cell's index among the cells."""
     keys = solution_keys(lesson, solutions)
     cells, expect = [], []
     for i, (kind, text) in enumerate(lesson):
+        if where is not None:
+            where[i] = len(cells)
         cells.append((kind, text))
         if i in keys:
             right, wrong = solutions[keys[i]]
@@ -170,10 +180,12 @@ def test_missing_solutions_are_found():
 
 # ----- every checker answers three ways (one kernel per notebook) -----
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
-def test_checkers_answer_three_ways(path):
-    solutions = SOLUTIONS[path.stem]
-    cells, expect = with_answers(lesson_cells(path), solutions)
-    nb = run_notebooks.execute(notebook_of(path, cells))
+def test_checkers_answer_three_ways_and_checked_outputs_hold_on_another_machine(path, tmp_path):
+    solutions, where = SOLUTIONS[path.stem], {}
+    cells, expect = with_answers(lesson_cells(path), solutions, where)
+    nb = run_notebooks.execute(notebook_of(path, cells), env=variant_env(VARIANT, tmp_path))
+    differ = differences(nbformat.read(path, as_version=4).cells, nb.cells, where)
+    assert not differ, f"{path.name} with {VARIANT}:\n" + "\n".join(differ)
     wrong = []
     for index, key, status in expect:
         text = printed(nb.cells[index])

@@ -63,8 +63,9 @@ class SlicedPollClient(NotebookClient):
         return kc
 
 
-def execute(nb: nbformat.NotebookNode, timeout: int = 300) -> nbformat.NotebookNode:
-    """Run every cell of ``nb`` in place, in a fresh kernel of this environment, from notebooks/."""
+def execute(nb: nbformat.NotebookNode, timeout: int = 300, env: dict | None = None) -> nbformat.NotebookNode:
+    """Run every cell of ``nb`` in place, in a fresh kernel of this environment, from notebooks/;
+    ``env``: environment variables the kernel gets on top of this process's."""
     if not isinstance(nb, nbformat.NotebookNode):
         raise TypeError(f"execute needs an nbformat notebook (nbformat.read), not {type(nb).__name__}")
     env_path = os.path.dirname(sys.executable)
@@ -74,7 +75,7 @@ def execute(nb: nbformat.NotebookNode, timeout: int = 300) -> nbformat.NotebookN
     # the strip (metadata.widgets), so nothing of it is kept.
     client = SlicedPollClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
                               record_timing=False, resources={"metadata": {"path": str(NOTEBOOKS)}})
-    client.execute()
+    client.execute(**({"env": {**os.environ, **env}} if env else {}))
     return nb
 
 
