@@ -27,13 +27,18 @@ Part 1, the loops people write, each shown right and wrong and measured:
 * ``skipped_step_report``: telling a skipped step by comparing ``get_scale()`` across
   ``update()``, the ``lr_scheduler.step()`` warning after skipped first steps, the scale as a log.
 
-Part 2, the loop checker: a learner writes ``train_step(model, optimizers, scaler, batches,
-max_norm)`` (one optimizer step; ``reference_step`` is a correct one) and, for the resume scenario,
-``save(model, optimizers, scaler)`` and ``load(checkpoint, model, optimizers, scaler)``.
-``check_loop`` runs it through adversarial ``SCENARIOS`` beside the reference and compares the
-weights, the scale and which optimizer steps were skipped after every iteration, bit for bit;
-``check_train_loop`` is the exercise checker (``ampviz.lessons.Check``). ``mistaken_loop(name)``
-writes a loop with one classic mistake (``MISTAKES``) to run through the checker.
+Part 2, the loop checker (``ampviz.loopcheck_checker``): a learner writes ``train_step(model,
+optimizers, scaler, batches, max_norm)`` (one optimizer step; ``reference_step`` is a correct one)
+and, for the resume scenario, ``save(model, optimizers, scaler)`` and ``load(checkpoint, model,
+optimizers, scaler)``. ``check_loop`` runs it through adversarial ``SCENARIOS`` (and, when named,
+``MORE_SCENARIOS``: a gradient penalty, a learning-rate scheduler, each passed to a step that
+takes ``penalty=`` or ``schedulers=``) beside the reference and compares the weights, the scale,
+which optimizer steps were skipped and the learning rates after every iteration: bit for bit, or
+within rounding (``ROUNDING``), which the verdict notes. Spies (``ampviz.loopcheck_spies``) name
+the mistake behind a difference; each call of the learner's functions has a time limit and
+cannot leak torch's global state into the reference run. ``check_train_loop`` is the exercise
+checker (``ampviz.lessons.Check``). ``mistaken_loop(name)`` writes a loop with one classic
+mistake (``MISTAKES``) to run through the checker.
 
 Part 3, the questions of notebook 05 (``check_accumulation_scale``, ``check_order_of_updates``,
 ``check_scale_test_with_two_optimizers``, ``check_resume_burst``): each expected answer comes from
@@ -43,8 +48,10 @@ Every result is computed by a real run. The runs use a handful of 4×2 float16 m
 so they give the same bits on one or two torch threads (the tests check it), and the reports print
 the same text on torch's default, AVX2 and AVX512 CPU kernels; the skipped-step counts and scales
 depend only on which gradients overflow, and each overflow (or not) holds by a factor of 1.3 or
-more. Reading the scaler's state uses its private attributes (``_scale``,
-``_growth_tracker``): that state is the subject.
+more; a value torch computes (a norm, a penalty) prints at 4 significant digits
+(``ampviz.lessons.measured``), the same on every CPU. Reading the scaler's state uses its private
+attributes (``_scale``, ``_growth_tracker``): that state is the subject. ``LoopNet``,
+``reference_step`` and the checkpoint functions live in ``ampviz.loopcheck_problem``.
 """
 
 from __future__ import annotations
@@ -52,17 +59,19 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from types import MappingProxyType
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from ampviz.explain import explain
 from ampviz.gradscaler import _capture, _check, _SpyScaler
 from ampviz.lessons import Check, Table, _yes_no, check, number
+from ampviz.loopcheck_checker import (MAX_SCENARIOS, MISTAKES, MORE_SCENARIOS, ROUNDING, SCENARIOS,  # noqa: F401
+                                      CheckReport, Scenario, ScenarioResult, check_loop, check_train_loop,
+                                      mistaken_loop)
+from ampviz.loopcheck_problem import (LARGE_TARGETS, MAX_ITERATIONS, MAX_MICRO_BATCHES, PART1_SCALE,  # noqa: F401
+                                      SPIKE, _PARTS, LoopNet, _error, _factor, _measured, _params, _setup, _Setup,
+                                      load_checkpoint, reference_step, save_checkpoint)
 from ampviz.scaling import _shown
 from ampviz.training import _flag, _real, _seed, _whole
 
@@ -85,6 +94,8 @@ __all__ = [
     "skipped_step_report",
     "Scenario",
     "SCENARIOS",
+    "MORE_SCENARIOS",
+    "ROUNDING",
     "ScenarioResult",
     "CheckReport",
     "check_loop",
@@ -96,192 +107,6 @@ __all__ = [
     "check_scale_test_with_two_optimizers",
     "check_resume_burst",
 ]
-
-#: A loss spike: targets shifted by this much make the scaled float16 backward overflow at any
-#: scale of 8 or more (the bias gradient alone is about 10^4 × scale).
-SPIKE = 1e4
-#: The targets of a run whose scale settles lower: shifted by this much, the largest gradient is
-#: 170 to 176 × scale, so scales of 512 and above overflow and 256 does not (each by a factor of
-#: 1.3 or more).
-LARGE_TARGETS = 170.0
-#: The scale the part-1 reports start from: the gradients of the plain problem are below 2.4, so
-#: 2^10 leaves a factor of about 25 below float16's overflow.
-PART1_SCALE = 2.0**10
-#: The longest run a report or a scenario takes (each iteration costs about a millisecond).
-MAX_ITERATIONS = 64
-#: The most micro-batches a step of a scenario takes.
-MAX_MICRO_BATCHES = 16
-#: The most scenarios one ``check_loop`` runs.
-MAX_SCENARIOS = 32
-_PARTS = ("a", "b")
-
-
-# --------------------------------------------------------------------------------------------
-# The problem
-# --------------------------------------------------------------------------------------------
-
-
-class LoopNet(nn.Module):
-    """Two linear parts, ``a`` and ``b`` (4 inputs, 2 outputs each), each fit to two of the four
-    target columns: ``model(x, y)`` is the loss, the sum of both parts' mean squared errors;
-    ``model.losses(x, y)`` gives them one by one (``a`` on ``y[:, :2]``, ``b`` on ``y[:, 2:]``)."""
-
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(4, 2)
-        self.b = nn.Linear(4, 2)
-
-    def losses(self, x, y):
-        return F.mse_loss(self.a(x), y[:, :2]), F.mse_loss(self.b(x), y[:, 2:])
-
-    def forward(self, x, y):
-        loss_a, loss_b = self.losses(x, y)
-        return loss_a + loss_b
-
-
-def _params(optimizer) -> list:
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def reference_step(model, optimizers, scaler, batches, max_norm=None):
-    """One correct optimizer step with a GradScaler (the model answer of the loop exercise).
-
-    ``batches``: the micro-batches ``(x, y)`` of this step (gradient accumulation when there are
-    several); ``optimizers``: a list (one per part of the model, or one for all); ``max_norm``:
-    clip each optimizer's gradients to this norm, or None. Zero the gradients once, scale every
-    micro-batch's loss (divided by the number of micro-batches: the step's loss is their mean),
-    then per optimizer ``unscale_`` (only to clip) and ``step``, and ``update()`` once.
-    """
-    _step_args(model, optimizers, scaler, batches, max_norm)
-    for optimizer in optimizers:
-        optimizer.zero_grad()
-    for x, y in batches:
-        with torch.autocast("cpu", dtype=torch.float16):
-            loss = model(x, y) / len(batches)
-        scaler.scale(loss).backward()
-    for optimizer in optimizers:
-        if max_norm is not None:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(_params(optimizer), max_norm)
-        scaler.step(optimizer)
-    scaler.update()
-
-
-def save_checkpoint(model, optimizers, scaler) -> dict:
-    """A checkpoint as a correct loop saves it: the model's, every optimizer's and the scaler's
-    state dicts."""
-    _step_args(model, optimizers, scaler)
-    return {"model": model.state_dict(), "optimizers": [opt.state_dict() for opt in optimizers],
-            "scaler": scaler.state_dict()}
-
-
-def load_checkpoint(checkpoint, model, optimizers, scaler) -> None:
-    """Restore what ``save_checkpoint`` saved into a fresh model, optimizers and scaler."""
-    _step_args(model, optimizers, scaler)
-    if not isinstance(checkpoint, dict) or not {"model", "optimizers", "scaler"} <= set(checkpoint):
-        raise TypeError(f"checkpoint must be a dict from save_checkpoint (keys model, optimizers, scaler), "
-                        f"not {_shown(checkpoint)}")
-    try:
-        model.load_state_dict(checkpoint["model"])
-        for optimizer, state in zip(optimizers, checkpoint["optimizers"], strict=True):
-            optimizer.load_state_dict(state)
-        scaler.load_state_dict(checkpoint["scaler"])
-    except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as exc:
-        raise ValueError(f"the checkpoint does not fit this model, these optimizers and this scaler "
-                         f"(save it with save_checkpoint from the same kind of objects): {_error(exc)}") from None
-
-
-def _step_args(model, optimizers, scaler, batches=None, max_norm=None):
-    """Refuse what a training step cannot take, in one line that says what to pass."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module whose model(x, y) is the loss, not {_shown(model)}")
-    if not isinstance(optimizers, (list, tuple)) or not optimizers or \
-            not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
-        raise TypeError(f"optimizers must be a non-empty list of torch.optim optimizers, not {_shown(optimizers)}")
-    if not isinstance(scaler, torch.amp.GradScaler):
-        raise TypeError(f'scaler must be a torch.amp.GradScaler (e.g. GradScaler("cpu")), not {_shown(scaler)}')
-    if batches is not None:
-        if not isinstance(batches, (list, tuple)) or not batches or not all(
-                isinstance(b, (list, tuple)) and len(b) == 2 and all(isinstance(t, torch.Tensor) for t in b)
-                for b in batches):
-            raise TypeError(f"batches must be a non-empty list of (x, y) tensor pairs (the micro-batches), "
-                            f"not {_shown(batches)}")
-        for x, y in batches:
-            if not (x.is_floating_point() and y.is_floating_point() and x.dim() == y.dim() == 2
-                    and len(x) == len(y) and x.device.type == y.device.type == "cpu"):
-                raise ValueError(f"each micro-batch must be (x, y): two 2-D float CPU tensors with as many rows, "
-                                 f"not shapes {tuple(x.shape)} and {tuple(y.shape)}")
-            if isinstance(model, LoopNet) and (x.shape[1] != 4 or y.shape[1] != 4):
-                raise ValueError(f"a LoopNet takes x and y with 4 columns each, not shapes {tuple(x.shape)} "
-                                 f"and {tuple(y.shape)}")
-    if max_norm is not None:
-        value = _real("max_norm", max_norm)
-        if not value > 0:
-            raise ValueError(f"max_norm must be a number > 0 (or None: no clipping), not {_shown(max_norm)}")
-
-
-@dataclass(eq=False)
-class _Setup:
-    """One run's objects: a fresh seeded model, its optimizers (SGD with momentum), a scaler, the
-    batches of every iteration (a list of micro-batches each) and the optimizer steps that really
-    ran (counted by step post-hooks: a step GradScaler skips never calls them)."""
-
-    model: LoopNet
-    optimizers: list
-    scaler: torch.amp.GradScaler
-    batches: list
-    steps: list
-
-    def weights(self) -> tuple:
-        """A copy of each optimizer's parameters, flattened."""
-        return tuple(torch.cat([p.detach().reshape(-1) for p in _params(o)]).clone() for o in self.optimizers)
-
-
-def _setup(seed: int = 0, *, iterations: int = 1, micro_batches: int = 1, optimizers: int = 1, spikes=(),
-           offset: float = 0.0, lr: float = 0.05, init_scale: float = PART1_SCALE, growth_interval: int = 2000,
-           scaler_class=torch.amp.GradScaler, model_seed: int | None = None) -> _Setup:
-    """A fresh problem. ``spikes``: (iteration, micro-batch, part) triples, part ``"a"``, ``"b"`` or
-    ``"ab"``: those targets shifted by ``SPIKE``. ``offset`` shifts every target (``LARGE_TARGETS``:
-    a run whose scale settles at 256). The model's initialisation comes from ``model_seed``
-    (``seed`` unless given), the data from ``seed + 1``; the caller's random state is left alone."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed if model_seed is None else model_seed)
-        model = LoopNet()
-    gen = torch.Generator().manual_seed(seed + 1)
-    teacher = torch.randn(4, 4, generator=gen) * 0.5
-    batches = []
-    for _ in range(iterations):
-        micro = []
-        for _ in range(micro_batches):
-            x = torch.randn(8, 4, generator=gen)
-            micro.append((x, x @ teacher + offset))
-        batches.append(micro)
-    for i, j, parts in spikes:
-        x, y = batches[i][j]
-        y = y.clone()
-        for part in parts:
-            cols = slice(0, 2) if part == "a" else slice(2, 4)
-            y[:, cols] += SPIKE
-        batches[i][j] = (x, y)
-    if optimizers == 1:
-        opts = [torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)]
-    else:
-        opts = [torch.optim.SGD(getattr(model, part).parameters(), lr=lr, momentum=0.9) for part in _PARTS]
-    steps = [0] * len(opts)
-    for k, opt in enumerate(opts):
-        opt.register_step_post_hook(lambda o, args, kwargs, k=k: steps.__setitem__(k, steps[k] + 1))
-    scaler = scaler_class("cpu", init_scale=init_scale, growth_interval=growth_interval)
-    return _Setup(model, opts, scaler, batches, steps)
-
-
-def _error(exc: BaseException) -> str:
-    """``Type: first line of the message`` (the type alone when the message is empty or unreadable)."""
-    try:
-        lines = str(exc).strip().splitlines()
-    except Exception:  # noqa: BLE001 - an exception whose __str__ fails is still named
-        lines = []
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-
 
 # --------------------------------------------------------------------------------------------
 # Part 1: loops, right and wrong, measured
@@ -440,7 +265,7 @@ def _grad_ratio(reference: _Setup):
     def note(s: _Setup) -> str:
         mine = torch.cat([p.grad.reshape(-1) for p in _params(s.optimizers[1])])
         right = torch.cat([p.grad.reshape(-1) for p in _params(reference.optimizers[1])])
-        return f"b's gradient × {number(float(mine.norm() / right.norm()))} of the right one"
+        return f"b's gradient × {_factor(float(mine.norm() / right.norm()))} of the right one"
     return note
 
 
@@ -504,12 +329,12 @@ class ClippingReport:
 
     @property
     def table(self) -> Table:
-        rows = [("unscale_ → clip → step (right)", number(self.norm), number(self.applied_right)),
-                ("clip → step (unscales after clipping)", number(self.seen_before_unscale),
-                 number(self.applied_wrong))]
+        rows = [("unscale_ → clip → step (right)", _measured(self.norm), _measured(self.applied_right)),
+                ("clip → step (unscales after clipping)", _measured(self.seen_before_unscale),
+                 _measured(self.applied_wrong, pow2=True))]
         return Table(("order", "norm clip_grad_norm_ saw", "norm of the gradient applied"), rows,
                      title=f"clip_grad_norm_(max_norm={number(self.max_norm)}) at scale {number(self.scale)}: "
-                           f"the norm seen before unscale_ is {number(self.ratio)} × too large")
+                           f"the norm seen before unscale_ is {_factor(self.ratio)} × too large")
 
     def __str__(self) -> str:
         return str(self.table)
@@ -561,12 +386,12 @@ class PenaltyReport:
 
     @property
     def table(self) -> Table:
-        rows = [("‖g‖² unscaled by hand (right)", number(self.penalty), "1"),
-                ("‖g‖² of the scaled gradients", number(self.wrong_penalty),
-                 number(self.wrong_penalty / self.penalty, pow2=True)),
-                ("‖g‖ unscaled by hand (right)", number(self.norm), "1"),
-                ("‖g‖ of the scaled gradients", number(self.wrong_norm),
-                 number(self.wrong_norm / self.norm, pow2=True))]
+        rows = [("‖g‖² unscaled by hand (right)", _measured(self.penalty), "1"),
+                ("‖g‖² of the scaled gradients", _measured(self.wrong_penalty),
+                 _factor(self.wrong_penalty / self.penalty, pow2=True)),
+                ("‖g‖ unscaled by hand (right)", _measured(self.norm), "1"),
+                ("‖g‖ of the scaled gradients", _measured(self.wrong_norm),
+                 _factor(self.wrong_norm / self.norm, pow2=True))]
         return Table(("penalty", "value", "× the right one"), rows,
                      title=f"gradient penalty at scale {number(self.scale)}")
 
@@ -821,552 +646,6 @@ def skipped_step_report(guard: bool = False, iterations: int = 12, seed: int = 0
 
     (table, by_scale, really, first_lr), caught = _capture(train)
     return SkippedStepReport(table, by_scale, really, math.nan if first_lr is None else first_lr, caught)
-
-
-# --------------------------------------------------------------------------------------------
-# Part 2: the loop checker
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """An adversarial run for a learner's ``train_step``: ``iterations`` optimizer steps of
-    ``micro_batches`` micro-batches, ``optimizers`` optimizers (1, or 2: one per part), loss
-    ``spikes`` as (iteration, micro-batch, parts), targets shifted by ``offset``, a scaler with
-    ``init_scale`` and ``growth_interval``, clipping at ``max_norm`` (None: none), a checkpoint
-    after ``resume_after`` iterations (None: none), and the hint given when the numbers differ."""
-
-    name: str
-    title: str
-    hint: str
-    iterations: int = 6
-    micro_batches: int = 1
-    optimizers: int = 1
-    spikes: tuple = ()
-    offset: float = 0.0
-    lr: float = 0.05
-    init_scale: float = 2.0**8
-    growth_interval: int = 2
-    max_norm: float | None = None
-    resume_after: int | None = None
-
-    def __post_init__(self):
-        for name in ("name", "title", "hint"):
-            if not isinstance(getattr(self, name), str):
-                raise TypeError(f"{name} must be a string, not {_shown(getattr(self, name))}")
-        iterations = _whole("iterations", self.iterations, 1, MAX_ITERATIONS)
-        micro = _whole("micro_batches", self.micro_batches, 1, MAX_MICRO_BATCHES)
-        optimizers = _whole("optimizers", self.optimizers, 1, 2)
-        spikes = self.spikes
-        if isinstance(spikes, (str, bytes)) or not isinstance(spikes, (tuple, list)):
-            raise TypeError(f"spikes must be a tuple of (iteration, micro_batch, parts) triples, e.g. ((2, 0, 'ab'),), "
-                            f"not {_shown(spikes)}")
-        checked = []
-        for spike in spikes:
-            if not isinstance(spike, (tuple, list)) or len(spike) != 3:
-                raise TypeError(f"each spike must be (iteration, micro_batch, parts), e.g. (2, 0, 'ab'), "
-                                f"not {_shown(spike)}")
-            i = _whole("a spike's iteration", spike[0], 0, iterations - 1)
-            j = _whole("a spike's micro-batch", spike[1], 0, micro - 1)
-            parts = spike[2]
-            if not isinstance(parts, str) or not parts or set(parts) - set(_PARTS):
-                raise ValueError(f"a spike's parts must be 'a', 'b' or 'ab' (the parts whose targets jump), "
-                                 f"not {_shown(parts)}")
-            checked.append((i, j, parts))
-        offset, lr = _real("offset", self.offset), _real("lr", self.lr)
-        if not abs(offset) <= 1e3:
-            raise ValueError(f"offset must be a number from -1000 to 1000, not {_shown(self.offset)}")
-        if not 0 <= lr <= 1:
-            raise ValueError(f"lr must be a number from 0 to 1, not {_shown(self.lr)}")
-        init_scale = _real("init_scale", self.init_scale)
-        if not 2.0**-24 <= init_scale <= 2.0**24:
-            raise ValueError(f"init_scale must be a number from 2^-24 to 2^24, not {_shown(self.init_scale)}")
-        growth_interval = _whole("growth_interval", self.growth_interval, 1, 10**6)
-        max_norm = self.max_norm
-        if max_norm is not None:
-            max_norm = _real("max_norm", max_norm)
-            if not 0 < max_norm < math.inf:
-                raise ValueError(f"max_norm must be a number > 0 (or None: no clipping), not {_shown(self.max_norm)}")
-        resume = self.resume_after
-        if resume is not None:
-            resume = _whole("resume_after", resume, 1, iterations - 1) if iterations > 1 else None
-            if resume is None:
-                raise ValueError("resume_after needs at least 2 iterations (a checkpoint between two of them)")
-        for name, value in (("iterations", iterations), ("micro_batches", micro), ("optimizers", optimizers),
-                            ("spikes", tuple(checked)),
-                            ("offset", offset), ("lr", lr), ("init_scale", init_scale),
-                            ("growth_interval", growth_interval), ("max_norm", max_norm), ("resume_after", resume)):
-            object.__setattr__(self, name, value)
-
-
-#: The checker's scenarios by name (read-only; ``dataclasses.replace`` one to vary it).
-SCENARIOS = MappingProxyType({s.name: s for s in (
-    Scenario("overflow", "a loss spike at iteration 2", spikes=((2, 0, "ab"),),
-             hint="the step whose gradients overflowed must be skipped and the scale halved: step through "
-                  "scaler.step(optimizer) and call scaler.update() once per step"),
-    Scenario("accumulation", "2 micro-batches per step, a spike in the second of iteration 2", micro_batches=2,
-             spikes=((2, 1, "ab"),),
-             hint="accumulate: zero the gradients once per step, scaler.scale(loss / len(batches)).backward() for "
-                  "every micro-batch, then unscale_/step/update once"),
-    Scenario("two_optimizers", "two optimizers, part a's gradients overflow at iteration 2", optimizers=2,
-             spikes=((2, 0, "a"),),
-             hint="with several optimizers: scaler.step(opt) for each, then one scaler.update() after all of them"),
-    Scenario("resume", "a checkpoint after iteration 5 of a run whose scale settled at 256, resumed in fresh "
-                       "objects", iterations=10, offset=LARGE_TARGETS, lr=1e-3, init_scale=2.0**10, growth_interval=3,
-             resume_after=6,
-             hint="save and restore the model's, every optimizer's and the scaler's state_dict()"),
-    Scenario("clipping", "gradient clipping at max_norm=0.5", max_norm=0.5,
-             hint="clip after scaler.unscale_(optimizer) and before scaler.step(optimizer): clipping the scaled "
-                  "gradients clips a norm S times too large"),
-)})
-
-
-class _LoopSpy(_SpyScaler):
-    """A real GradScaler that also records which optimizers were stepped through it."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.stepped = set()
-
-    def step(self, optimizer, *args, **kwargs):
-        self.stepped.add(id(optimizer))
-        return super().step(optimizer, *args, **kwargs)
-
-
-class _Trace:
-    """What a run did after each iteration (weights, scale, skipped per optimizer) and what the
-    spies saw in it (autocast, scale/update calls, stale or lost gradients, steps that bypassed
-    the scaler); ``error``/``error_at``: what it raised, and in which iteration (or "save"/"load")."""
-
-    def __init__(self):
-        self.weights, self.scales, self.skipped, self.findings = [], [], [], []
-        self.error, self.error_at, self.after_load = None, None, None
-
-
-def _watch(s: _Setup, finding: dict):
-    """Spies on the model: autocast in the forward pass; the gradient a parameter holds when a
-    backward pass reaches it (stale at the first of a step, lost at a later one)."""
-    model = s.model
-
-    def forward_hook(module, args, output):
-        finding["forwards"] += 1
-        if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16:
-            finding["autocast"] += 1
-
-    handles = [model.a.register_forward_hook(forward_hook)]
-    for p in model.parameters():
-        def hook(grad, p=p):
-            seen = finding["backwards"].get(id(p), 0)
-            holds = p.grad is not None and bool(p.grad.ne(0).any())
-            if seen == 0 and holds:
-                finding["stale"] = True
-            if seen > 0 and not holds:
-                finding["lost"] = True
-            finding["backwards"][id(p)] = seen + 1
-        handles.append(p.register_hook(hook))
-    return handles
-
-
-def _new_finding() -> dict:
-    return {"forwards": 0, "autocast": 0, "backwards": {}, "stale": False, "lost": False, "scale": 0,
-            "update": 0, "bypassed": False}
-
-
-def _iterate(step, s: _Setup, scenario: Scenario, iterations, trace: _Trace) -> bool:
-    """Run ``step`` over ``iterations`` of ``s``, recording into ``trace``; False once it raised."""
-    for i in iterations:
-        finding = _new_finding()
-        handles = _watch(s, finding)
-        calls = dict(s.scaler.calls)
-        s.scaler.stepped = set()
-        before = list(s.steps)
-        try:
-            step(s.model, s.optimizers, s.scaler, s.batches[i], scenario.max_norm)
-        except Exception as exc:  # noqa: BLE001 - whatever the learner's step raises is the verdict
-            trace.error, trace.error_at = exc, i
-            return False
-        finally:
-            for h in handles:
-                h.remove()
-        finding["scale"] = s.scaler.calls["scale"] - calls["scale"]
-        finding["update"] = s.scaler.calls["update"] - calls["update"]
-        finding["bypassed"] = any(after > b and id(opt) not in s.scaler.stepped
-                                  for opt, after, b in zip(s.optimizers, s.steps, before))
-        trace.findings.append(finding)
-        trace.weights.append(torch.cat([w for w in s.weights()]))
-        trace.scales.append(float(s.scaler.get_scale()))
-        trace.skipped.append(tuple(after == b for after, b in zip(s.steps, before)))
-    return True
-
-
-def _state_after_load(saved: _Setup, fresh: _Setup) -> dict:
-    """What a load restored, part by part, compared with the objects that were saved."""
-    def opt_state(opt):
-        return [t for st in opt.state_dict()["state"].values() for t in st.values() if isinstance(t, torch.Tensor)]
-
-    same_opt = all(len(opt_state(a)) == len(opt_state(b)) and
-                   all(torch.equal(x, y) for x, y in zip(opt_state(a), opt_state(b)))
-                   for a, b in zip(saved.optimizers, fresh.optimizers))
-    return {"model": all(torch.equal(a, b) for a, b in zip(saved.weights(), fresh.weights())),
-            "optimizers": same_opt,
-            "scale": (float(saved.scaler.get_scale()), float(fresh.scaler.get_scale())),
-            "tracker": (int(saved.scaler._get_growth_tracker()), int(fresh.scaler._get_growth_tracker()))}
-
-
-def _run_scenario(step, scenario: Scenario, save, load) -> _Trace:
-    """One scenario with ``step`` (and ``save``/``load`` at the checkpoint), on a fresh problem."""
-    trace = _Trace()
-
-    def make(model_seed=None):
-        spikes = tuple(scenario.spikes)
-        return _setup(0, iterations=scenario.iterations, micro_batches=scenario.micro_batches,
-                      optimizers=scenario.optimizers, spikes=spikes, offset=scenario.offset, lr=scenario.lr,
-                      init_scale=scenario.init_scale, growth_interval=scenario.growth_interval,
-                      scaler_class=_LoopSpy, model_seed=model_seed)
-
-    s = make()
-    cut = scenario.iterations if scenario.resume_after is None else scenario.resume_after
-    if not _iterate(step, s, scenario, range(cut), trace) or scenario.resume_after is None:
-        return trace
-    fresh = make(model_seed=1)  # another initialisation: the checkpoint must restore the weights
-    try:
-        checkpoint = copy.deepcopy(save(s.model, s.optimizers, s.scaler))  # as a file would hold it
-    except Exception as exc:  # noqa: BLE001 - the learner's save raising is the verdict
-        trace.error, trace.error_at = exc, "save"
-        return trace
-    try:
-        load(checkpoint, fresh.model, fresh.optimizers, fresh.scaler)
-    except Exception as exc:  # noqa: BLE001 - the learner's load raising is the verdict
-        trace.error, trace.error_at = exc, "load"
-        return trace
-    trace.after_load = _state_after_load(s, fresh)
-    _iterate(step, fresh, scenario, range(cut, scenario.iterations), trace)
-    return trace
-
-
-class ScenarioResult(NamedTuple):
-    """One scenario's verdict: ``status`` "ok", "wrong" or "not checked"; ``message``: one line,
-    what is wrong and how to fix it; ``iteration``: the first iteration that went wrong (or None);
-    ``scales``/``reference_scales``: the scale after each iteration."""
-
-    name: str
-    title: str
-    status: str
-    message: str
-    iteration: int | None = None
-    scales: tuple = ()
-    reference_scales: tuple = ()
-
-
-def _explained(exc: BaseException, where, scenario: Scenario) -> str:
-    """What was raised, where, and how to fix it (``ampviz.explain``; with gradient accumulation
-    also the scenario's hint, since an error there is usually one call made per micro-batch)."""
-    at = f"in {where}(...)" if where in ("save", "load") else f"in iteration {where}"
-    found = explain(exc)
-    fix = f" Fix: {found.fix}" if found.known else ""
-    if scenario.micro_batches > 1 and where not in ("save", "load"):
-        fix += f" With {scenario.micro_batches} micro-batches per step: {scenario.hint}."
-    return f"raised {_error(exc)} ({at}).{fix}"
-
-
-def _diagnose(trace: _Trace, ref: _Trace, scenario: Scenario, i: int) -> str:
-    """The first thing the spies saw go wrong, else what differs and the scenario's hint."""
-    for k, f in enumerate(trace.findings[:i + 1]):
-        if f["forwards"] == 0:
-            return f"iteration {k} never ran the model: the loss is model(x, y), for each (x, y) in batches"
-        if f["autocast"] < f["forwards"]:
-            return (f"iteration {k} ran the model outside torch.autocast(\"cpu\", dtype=torch.float16): "
-                    "compute the loss under autocast")
-        if f["scale"] == 0:
-            return f"iteration {k} never called scaler.scale: backward from scaler.scale(loss), not from loss"
-        if f["stale"]:
-            return (f"iteration {k} started with the previous step's gradients: zero them once per step "
-                    "(optimizer.zero_grad() for every optimizer)")
-        if f["lost"]:
-            return (f"iteration {k} zeroed the gradients between micro-batches: zero them once, before the "
-                    "first micro-batch")
-        if f["update"] != 1:
-            return (f"iteration {k} called scaler.update() {f['update']} times: call it once per step, after "
-                    "every optimizer's scaler.step")
-        if f["bypassed"]:
-            what = (f"in iteration {i} the gradients overflowed and it stepped anyway"
-                    if any(r and not m for m, r in zip(trace.skipped[i], ref.skipped[i])) else
-                    f"after iteration {i} the weights differ")
-            return (f"the loop calls optimizer.step() itself: {what}; step with scaler.step(optimizer), which "
-                    "skips a step whose gradients overflowed")
-    if scenario.resume_after is not None and i >= scenario.resume_after and trace.after_load:
-        loaded = trace.after_load
-        if loaded["scale"][0] != loaded["scale"][1] or loaded["tracker"][0] != loaded["tracker"][1]:
-            after = slice(scenario.resume_after, None)
-            mine, theirs = sum(map(any, trace.skipped[after])), sum(map(any, ref.skipped[after]))
-            return (f"the scaler's state was not restored: after loading, the scale is {number(loaded['scale'][1])} "
-                    f"(growth tracker {loaded['tracker'][1]}) where it was saved at {number(loaded['scale'][0])} "
-                    f"({loaded['tracker'][0]}), and {mine} of the next {len(trace.skipped[after])} steps were "
-                    f"skipped (the reference skipped {theirs}): save scaler.state_dict() in the checkpoint and "
-                    "restore it with scaler.load_state_dict(...)")
-        if not loaded["model"]:
-            return "after loading, the weights are not those saved: save model.state_dict() and load it"
-        if not loaded["optimizers"]:
-            return ("after loading, the optimizers' state (momentum) is not that saved: save each "
-                    "optimizer.state_dict() and load it")
-    what = []
-    if trace.skipped[i] != ref.skipped[i]:
-        parts = [f"{_PARTS[k] if len(trace.skipped[i]) > 1 else 'the optimizer'} "
-                 f"{'skipped' if mine else 'stepped'} where the reference {'skipped' if theirs else 'stepped'}"
-                 for k, (mine, theirs) in enumerate(zip(trace.skipped[i], ref.skipped[i])) if mine != theirs]
-        what.append("; ".join(parts))
-    if not _same_float(trace.scales[i], ref.scales[i]):
-        what.append(f"scale {number(trace.scales[i])}, the reference's {number(ref.scales[i])}")
-    if not what:
-        what.append("the weights differ")
-    return f"after iteration {i}: {', '.join(what)}: {scenario.hint}"
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit for bit (so NaN equals the same NaN, and 0.0 differs from -0.0)."""
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(torch.int32), b.view(torch.int32))
-
-
-def _same_float(a: float, b: float) -> bool:
-    return a == b or (math.isnan(a) and math.isnan(b))
-
-
-def _compare(trace: _Trace, ref: _Trace, scenario: Scenario) -> ScenarioResult:
-    base = dict(name=scenario.name, title=scenario.title, scales=tuple(trace.scales),
-                reference_scales=tuple(ref.scales))
-    if ref.error is not None:  # never: the reference runs every scenario (tested)
-        raise RuntimeError(f"the reference raised in scenario {scenario.name}: {_error(ref.error)}")
-    for i in range(len(trace.weights)):
-        if not (_same_bits(trace.weights[i], ref.weights[i]) and _same_float(trace.scales[i], ref.scales[i])
-                and trace.skipped[i] == ref.skipped[i]):
-            return ScenarioResult(status="wrong", message=_diagnose(trace, ref, scenario, i), iteration=i, **base)
-    if trace.error is not None:
-        return ScenarioResult(status="wrong", message=_explained(trace.error, trace.error_at, scenario),
-                              iteration=scenario.resume_after if trace.error_at in ("save", "load") else trace.error_at,
-                              **base)
-    return ScenarioResult(status="ok", message="ok", **base)
-
-
-@dataclass(frozen=True, eq=False)
-class CheckReport:
-    """``check_loop``'s answer: one ``ScenarioResult`` per scenario and an overall ``verdict``."""
-
-    results: tuple
-
-    @property
-    def ok(self) -> bool:
-        return all(r.status == "ok" for r in self.results)
-
-    @property
-    def verdict(self) -> str:
-        wrong = [r.name for r in self.results if r.status == "wrong"]
-        unchecked = [r.name for r in self.results if r.status == "not checked"]
-        if wrong:
-            return f"{len(wrong)} of {len(self.results)} scenarios wrong: {', '.join(wrong)}"
-        if unchecked:
-            return f"every checked scenario ok; not checked: {', '.join(unchecked)}"
-        return f"all {len(self.results)} scenarios ok"
-
-    def __getitem__(self, name: str) -> ScenarioResult:
-        for r in self.results:
-            if r.name == name:
-                return r
-        raise KeyError(f"{_shown(name)}: one of {', '.join(_shown(r.name) for r in self.results)}")
-
-    @property
-    def table(self) -> Table:
-        return Table(("scenario", "result"), [(r.name, r.message) for r in self.results], title=self.verdict)
-
-    def __str__(self) -> str:
-        return str(self.table)
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:
-        return self.table._repr_html_()
-
-
-def _scenarios(scenarios) -> list:
-    """The scenarios to run: all for None; names of ``SCENARIOS`` or ``Scenario``s."""
-    if scenarios is None:
-        return list(SCENARIOS.values())
-    if isinstance(scenarios, (str, Scenario)):
-        scenarios = [scenarios]
-    if not isinstance(scenarios, (list, tuple)):
-        raise TypeError(f"scenarios must be a list of scenario names ({', '.join(SCENARIOS)}) or Scenarios, "
-                        f"or None for all, not {_shown(scenarios)}")
-    if len(scenarios) > MAX_SCENARIOS:
-        raise ValueError(f"scenarios must list at most {MAX_SCENARIOS}, not {len(scenarios)}")
-    out = []
-    for item in scenarios:
-        if isinstance(item, Scenario):
-            out.append(item)
-        elif isinstance(item, str) and item in SCENARIOS:
-            out.append(SCENARIOS[item])
-        else:
-            raise ValueError(f"unknown scenario {_shown(item)}: use {', '.join(SCENARIOS)} or a Scenario "
-                             "(e.g. dataclasses.replace(SCENARIOS['overflow'], spikes=((4, 0, 'ab'),)))")
-    return out
-
-
-def _callable(name: str, fn, signature: str):
-    if fn is not None and not callable(fn):
-        raise TypeError(f"{name} must be a function {signature}, not {_shown(fn)}")
-    return fn
-
-
-def check_loop(train_step, *, save=None, load=None, scenarios=None) -> CheckReport:
-    """Run ``train_step(model, optimizers, scaler, batches, max_norm)`` through ``scenarios`` (all
-    of ``SCENARIOS`` for None; names, or ``Scenario`` objects such as
-    ``dataclasses.replace(SCENARIOS["overflow"], spikes=((4, 0, "ab"),))`` for a spike at another
-    step) beside ``reference_step``, and compare the weights, the scale and which optimizer steps
-    were skipped after every iteration, bit for bit.
-
-    ``train_step`` does one optimizer step: ``model(x, y)`` is the loss of a micro-batch (run it
-    under ``torch.autocast("cpu", dtype=torch.float16)``), ``batches`` the step's micro-batches,
-    ``optimizers`` a list, ``scaler`` a ``torch.amp.GradScaler("cpu")``, ``max_norm`` a norm to
-    clip the gradients to, or None. The resume scenario needs ``save(model, optimizers, scaler)``
-    (returns the checkpoint) and ``load(checkpoint, model, optimizers, scaler)``: the checkpoint is
-    deep-copied between them, as writing it to disk would; without them it is not checked.
-    Errors ``train_step`` raises are explained with ``ampviz.explain``.
-    """
-    _callable("train_step", train_step, "train_step(model, optimizers, scaler, batches, max_norm)")
-    if train_step is None:
-        raise TypeError("train_step must be a function train_step(model, optimizers, scaler, batches, max_norm), "
-                        "not None")
-    _callable("save", save, "save(model, optimizers, scaler) -> checkpoint")
-    _callable("load", load, "load(checkpoint, model, optimizers, scaler)")
-    chosen = _scenarios(scenarios)
-    results = []
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        torch.manual_seed(0)
-        for scenario in chosen:
-            if scenario.resume_after is not None and (save is None or load is None):
-                results.append(ScenarioResult(scenario.name, scenario.title, "not checked",
-                                              "not checked: pass save= and load= (your checkpoint functions)"))
-                continue
-            trace = _run_scenario(train_step, scenario, save, load)
-            ref = _run_scenario(reference_step, scenario, save_checkpoint, load_checkpoint)
-            results.append(_compare(trace, ref, scenario))
-    return CheckReport(tuple(results))
-
-
-# --------------------------------------------------------------------------------------------
-# Classic mistakes, to run through the checker
-# --------------------------------------------------------------------------------------------
-
-
-def _step_with(*, zero="once", scaled=True, update="once", unscale="to clip", clip="after unscale_",
-               via_scaler=True, autocast=True, divide=True):
-    """``reference_step`` with one thing (or none) done otherwise (the choices of ``MISTAKES``)."""
-
-    def train_step(model, optimizers, scaler, batches, max_norm=None):
-        if zero == "once":
-            for opt in optimizers:
-                opt.zero_grad()
-        for j, (x, y) in enumerate(batches):
-            if zero == "each micro-batch":
-                for opt in optimizers:
-                    opt.zero_grad()
-            with torch.autocast("cpu", dtype=torch.float16, enabled=autocast):
-                loss = model(x, y) / (len(batches) if divide else 1)
-            (scaler.scale(loss) if scaled else loss).backward()
-            if unscale == "each micro-batch":
-                for opt in optimizers:
-                    scaler.unscale_(opt)
-            if update == "each micro-batch" and j < len(batches) - 1:
-                scaler.update()
-        for opt in optimizers:
-            if max_norm is not None and clip == "before unscale_":
-                torch.nn.utils.clip_grad_norm_(_params(opt), max_norm)
-            if unscale == "twice" or (unscale == "to clip" and (max_norm is not None or not via_scaler)):
-                scaler.unscale_(opt)
-            if max_norm is not None and clip == "after unscale_":
-                torch.nn.utils.clip_grad_norm_(_params(opt), max_norm)
-            if unscale == "twice":
-                scaler.unscale_(opt)
-            if via_scaler:
-                scaler.step(opt)
-            else:
-                opt.step()
-            if update == "each optimizer":
-                scaler.update()
-        if update in ("once", "each micro-batch"):
-            scaler.update()
-
-    return train_step
-
-
-def _load_without(part: str):
-    """``load_checkpoint`` that leaves out one part: "model", "optimizers" or "scaler"."""
-
-    def load(checkpoint, model, optimizers, scaler):
-        if part != "model":
-            model.load_state_dict(checkpoint["model"])
-        if part != "optimizers":
-            for optimizer, state in zip(optimizers, checkpoint["optimizers"]):
-                optimizer.load_state_dict(state)
-        if part != "scaler":
-            scaler.load_state_dict(checkpoint["scaler"])
-
-    return load
-
-
-_MISTAKES = {
-    "update() after every micro-batch": dict(step=dict(update="each micro-batch")),
-    "unscale_ after every micro-batch": dict(step=dict(unscale="each micro-batch")),
-    "micro-batch losses not divided": dict(step=dict(divide=False)),
-    "zero_grad() before every micro-batch": dict(step=dict(zero="each micro-batch")),
-    "no zero_grad()": dict(step=dict(zero="never")),
-    "update() after each optimizer": dict(step=dict(update="each optimizer")),
-    "no update()": dict(step=dict(update="never")),
-    "unscale_ twice": dict(step=dict(unscale="twice")),
-    "clip before unscale_": dict(step=dict(clip="before unscale_")),
-    "loss.backward() without scale": dict(step=dict(scaled=False)),
-    "optimizer.step() instead of scaler.step": dict(step=dict(via_scaler=False)),
-    "no autocast": dict(step=dict(autocast=False)),
-    "resume without the scaler's state": dict(load="scaler"),
-    "resume without the model's state": dict(load="model"),
-    "resume without the optimizers' state": dict(load="optimizers"),
-}
-#: The classic mistakes ``mistaken_loop`` writes, by name.
-MISTAKES = tuple(_MISTAKES)
-
-
-def mistaken_loop(mistake: str) -> dict:
-    """A loop with one classic mistake (one of ``MISTAKES``), everything else as ``reference_step``,
-    ``save_checkpoint`` and ``load_checkpoint`` do it: ``{"train_step": ..., "save": ..., "load": ...}``,
-    to pass on as ``check_loop(**mistaken_loop(mistake))``."""
-    if not isinstance(mistake, str) or mistake not in _MISTAKES:
-        raise ValueError(f"unknown mistake {_shown(mistake)}: use one of {', '.join(repr(m) for m in MISTAKES)}")
-    spec = _MISTAKES[mistake]
-    load = _load_without(spec["load"]) if "load" in spec else load_checkpoint
-    return {"train_step": _step_with(**spec.get("step", {})), "save": save_checkpoint, "load": load}
-
-
-def check_train_loop(answer) -> Check:
-    """Q: write ``train_step(model, optimizers, scaler, batches, max_norm)`` (gradient
-    accumulation, several optimizers, clipping) and, to check resuming too, ``save`` and ``load``:
-    ``answer = train_step`` or ``answer = (train_step, save, load)``. The checker runs
-    ``check_loop`` and answers with its verdict: ✓, or the first wrong scenario's line."""
-    if answer is None or answer is Ellipsis:
-        return check(None, None)
-    save = load = None
-    if isinstance(answer, (tuple, list)):
-        if len(answer) != 3 or not all(callable(f) for f in answer):
-            return Check("wrong", "✗ not quite: answer = train_step, or answer = (train_step, save, load): "
-                                  "three functions")
-        answer, save, load = answer
-    if not callable(answer):
-        return Check("wrong", "✗ not quite: set answer = train_step, the function itself (no call, no quotes)")
-    report = check_loop(answer, save=save, load=load)
-    wrong = [r for r in report.results if r.status == "wrong"]
-    if wrong:
-        return Check("wrong", f"✗ not quite: {wrong[0].name}: {wrong[0].message}")
-    if not report.ok:
-        return Check("right", "✓ correct (resume not checked: answer = (train_step, save, load) checks it too)")
-    return Check("right", "✓ correct")
 
 
 # --------------------------------------------------------------------------------------------
