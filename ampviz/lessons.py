@@ -122,7 +122,7 @@ def measured(x, digits: int = 4, *, pow2: bool = False) -> str:
     of two at ``digits`` digits (0.99999982 × 2^-16) prints as ``number`` prints that power (2^-16).
     """
     if isinstance(digits, bool) or not isinstance(digits, (int, np.integer)) or not 1 <= digits <= 9:
-        raise ValueError(f"digits must be a whole number from 1 to 9, not {digits!r}")
+        raise ValueError(f"digits must be a whole number from 1 to 9, not {' '.join(repr(digits).split())[:60]}")
     try:
         x = float(x)
     except (TypeError, ValueError):

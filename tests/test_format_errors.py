@@ -315,8 +315,11 @@ def test_trained_parameter_is_the_live_loops_last_step():
         trained_parameter("resnet")
 
 
-def test_trained_parameter_default_is_the_mlp_layer_on_any_thread_count():
-    """The default layer (lesson 13's) is the MLP's fc4 after 100 steps, the same bits on 1 and 2 threads."""
+def test_trained_parameter_default_is_the_mlp_layer_and_prints_alike_on_any_thread_count():
+    """The default layer (lesson 13's) is the MLP's fc4 after 100 steps. On 1 and 2 threads its
+    values agree to a few units in float32's last place (bit for bit on some CPUs, not on all: an
+    AVX-512 machine sums a few hundred of them otherwise), and lesson 13's tables print the same."""
+    from ampviz.lessons import ERROR_SCHEMES, format_error_table
     from ampviz.live import TrainConfig, train_steps
     from ampviz.training import trained_parameter
 
@@ -329,7 +332,10 @@ def test_trained_parameter_default_is_the_mlp_layer_on_any_thread_count():
     finally:
         torch.set_num_threads(before)
     assert one["weight"].shape == one["gradient"].shape == (64, 64)
-    assert all(one[k].tobytes() == two[k].tobytes() for k in one)
+    assert all(np.abs(one[k] - two[k]).max() <= 1e-6 * np.abs(one[k]).max() for k in one)
+    for rounding in ("floor", "rceil"):
+        assert str(format_error_table(one, list(ERROR_SCHEMES), rounding=rounding)) == \
+            str(format_error_table(two, list(ERROR_SCHEMES), rounding=rounding))
     records = list(train_steps(TrainConfig(model="mlp", steps=3, census_every=2, keep_grads=True)))
     assert np.array_equal(records[2].grads["fc4.weight"], trained_parameter(steps=3)["gradient"].ravel())
 
