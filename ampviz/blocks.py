@@ -73,6 +73,7 @@ from ampviz.formats import (
     FP6_E3M2,
     FP8_E4M3,
     FP8_E5M2,
+    _TORCH_MAX_NAN,
     FloatFormat,
     _describe,
     _real_array,
@@ -571,7 +572,8 @@ def nvfp4_quantize(x, per_tensor_scale=True, *, convention="torchao", rng=None) 
     clamped to [2**-6, 448] and cast to E4M3, elements x * ((1/tensor_scale) / scale)) or "te"
     (Transformer Engine's reference ``_quantize_blockwise_reference``: encode scale
     448*6/amax, block scales not clamped below, so small blocks get E4M3 subnormal scales or 0;
-    -0 and NaN elements give pattern 0; tensor_scale is its 1/encode scale). ``rng``: a numpy
+    -0 and NaN elements give pattern 0; tensor_scale is its 1/encode scale; a NaN block scale is
+    0x7F, where torch's vectorized ``min`` may write 0xFF). ``rng``: a numpy
     Generator to round the elements stochastically (the scales do not change).
 
     ``values`` = element value * (tensor_scale * block scale), in float32 as torchao's
@@ -579,10 +581,15 @@ def nvfp4_quantize(x, per_tensor_scale=True, *, convention="torchao", rng=None) 
 
     Special cases, as torchao: an all-zero tensor has tensor_scale 0, so its block scales are
     0/0 = NaN and its values NaN ("te": scales 0, values 0); a block with ±inf gets a NaN scale
-    (inf/inf). A NaN anywhere makes tensor_scale NaN and every block scale NaN. The E2M1
-    patterns inside a NaN-scale block mean nothing; they follow the NaN payloads, reproduced
-    where torch's arithmetic fixes them (its E4M3 -> float32 cast) but not where a torch
-    reduction picks its own NaN (``max`` of a tensor with NaN).
+    (inf/inf). A NaN anywhere makes tensor_scale NaN and every block scale NaN, bit for bit as
+    torch 2.13 writes them: its ``max`` of |x| gives the negative NaN 0xFFFFFFFF, so the tensor
+    scale is that NaN, a block without NaN gets the scale pattern 0xFF (its amax / the tensor
+    scale) and a block with NaN 0x7F (its own amax's NaN, positive, comes first in the division).
+    The E2M1 patterns inside a NaN-scale block mean nothing; they follow the NaNs' signs and
+    payloads as torch's vectorized loops carry them (``_nan_kept``). Not reproduced: where torch
+    runs a loop's remainder instead (its last elements, as many as the processor's vector width
+    leaves), an element that is NaN itself may keep its own NaN, and so its own pattern; and the
+    payloads of NaN ``values``.
     """
     convention = _choice(convention, "convention", NVFP4_CONVENTIONS)
     rng = _generator(rng, "nvfp4_quantize")
@@ -601,33 +608,42 @@ def _nvfp4_reference(xb: np.ndarray, per_tensor_scale, convention: str, rng=None
         anynan = np.isnan(xb).any(axis=-1)
         bmax = np.max(np.abs(xb), axis=-1, initial=_F32(0.0)) if xb.size else np.zeros(xb.shape[:-1], np.float32)
         bmax = np.where(anynan, np.nan, bmax).astype(np.float32)
-        amax_t = _F32(np.nan) if anynan.any() else _F32(bmax.max(initial=0.0))
+        amax_t = _TORCH_MAX_NAN if anynan.any() else _F32(bmax.max(initial=0.0))  # torch.max's NaN
     pts = _tensor_scale(per_tensor_scale, amax_t, convention)
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
         if convention == "te":
             s_enc = _F32(_F32(448.0 * 6.0) / amax_t)
-            s_enc = _F32(1.0) if s_enc == 0 else (s_enc if np.isnan(s_enc) else min(s_enc, _F32_MAX))
+            s_enc = _F32(1.0) if s_enc == 0 else (_F32(np.nan) if np.isnan(s_enc) else min(s_enc, _F32_MAX))
             pts = _F32(_F32(1.0) / s_enc)
             mult = _F32(s_enc * np.reciprocal(_FP4_MAX))
-            dec = np.minimum((bmax * mult).astype(np.float32), _F32_MAX)
+            dec = _nan_kept(bmax * mult, _F32(np.nan), np.minimum(bmax * mult, _F32_MAX))  # torch.min
             scales = _e4m3_codes(np.clip(dec, -_E4M3_MAX, _E4M3_MAX))
             sf = _e4m3_scale_values(scales)
             enc = np.minimum((_F32(1.0) / (sf * pts)).astype(np.float32), _F32_MAX)
         else:
             bscale = (bmax / _FP4_MAX).astype(np.float32)
             if pts is not None:
-                bscale = (bscale / pts).astype(np.float32)
+                bscale = _nan_kept(bscale, bscale, bscale / pts)
             scales = _e4m3_codes(np.clip(bscale, _E4M3_TINY, _E4M3_MAX))
             sf = _e4m3_scale_values(scales)
             one = _F32(1.0) if pts is None else _F32(_F32(1.0) / pts)
-            enc = (one / sf).astype(np.float32)
-        v = np.clip((xb * enc[..., None]).astype(np.float32), -_FP4_MAX, _FP4_MAX)
+            enc = _nan_kept(one, one, one / sf)
+        v = np.clip(_nan_kept(enc[..., None], enc[..., None], xb * enc[..., None]), -_FP4_MAX, _FP4_MAX)
         codes = _element_codes(FP4_E2M1, v, rng)
         if convention == "te":  # its threshold table: -0 and NaN match no negative range
             codes = np.where((codes == 0x8) & (v == 0) | np.isnan(v), 0, codes).astype(np.uint8)
-        dscale = sf if pts is None else (pts * sf).astype(np.float32)
+        dscale = sf if pts is None else _nan_kept(pts, pts, pts * sf)
         values = (_element_values(FP4_E2M1, codes) * dscale[..., None]).astype(np.float32)
     return pts, scales, codes.reshape(xb.shape), values.reshape(xb.shape)
+
+
+def _nan_kept(a, nan, result) -> np.ndarray:
+    """``result`` as float32, ``nan`` where a is NaN: the NaN torch writes. When both operands are
+    NaN, torch's vectorized division keeps its first operand's and its multiply the broadcast
+    operand's (sign and payload decide the patterns that follow; numpy's choice varies), and its
+    ``min`` writes 0x7FC00000 (0xFFFFFFFF in its vectorized loop: the sign of a NaN block scale
+    under ``convention="te"`` is not reproduced)."""
+    return np.where(np.isnan(a), nan, result).astype(np.float32)
 
 
 def _e4m3_lookup(s: np.ndarray) -> np.ndarray:

@@ -17,12 +17,13 @@ casts float64 to float16 through float32 too, so 65519.99999 becomes inf), then 
 ties to even, into the format. Results are float64, which holds every value of every format here
 exactly.
 
-Values may be Python numbers, (nested) lists of them, numpy arrays or torch tensors of any real
-dtype, on any device, with or without grad: a tensor is read detached, on the CPU, its bf16, fp16
-or fp8 values upcast to float32 (exact), float64 kept (then rounded through float32 as above),
-integers kept (cast directly, as torch does). Bools count as 0 and 1, as in numpy and torch. Python
-ints beyond 64 bits and other numbers numpy keeps as objects go through float64 (inf beyond its
-range). Anything else (None, text, bytes, complex numbers, datetimes) is one TypeError that says
+Values may be Python numbers, (nested) lists of them, numpy arrays (ml_dtypes' bfloat16, fp8,
+fp6, fp4 and e8m0 arrays too, read as their values in float32, exactly) or torch tensors of any
+real dtype, on any device, with or without grad: a tensor is read detached, on the CPU, its bf16,
+fp16 or fp8 values upcast to float32 (exact), float64 kept (then rounded through float32 as
+above), integers kept (cast directly, as torch does). Bools count as 0 and 1, as in numpy and
+torch. Python ints beyond 64 bits and other numbers numpy keeps as objects go through float64
+(inf beyond its range). Anything else (None, text, bytes, complex numbers, datetimes) is one TypeError that says
 what to pass. The module recognises tensors without importing torch.
 
 The new formats lay their bits out differently, so each kind is a subclass with the same
@@ -144,6 +145,11 @@ def _object_values(arr: np.ndarray, what: str) -> np.ndarray:
     return out
 
 
+#: The NaN torch 2.13's ``max`` over a whole CPU tensor of two or more elements writes when one
+#: is NaN: 0xFFFFFFFF, negative (its vectorized max ORs an all-ones mask in); ``amax`` writes
+#: the positive quiet NaN 0x7FC00000 instead.
+_TORCH_MAX_NAN = np.uint32(0xFFFFFFFF).view(np.float32)
+
 _REFUSED_KINDS = {
     "c": "complex numbers; pass the real part (x.real) or the magnitude (abs(x))",
     "M": "datetimes; pass numbers",
@@ -158,9 +164,11 @@ def _real_array(x, what: str = "values") -> np.ndarray:
     """x as a numpy array of real numbers (dtype kind b, i, u or f), with one clear TypeError for
     anything else.
 
-    Accepted: Python numbers and bools, (nested) lists of them, numpy arrays and scalars, and torch
-    tensors of any real dtype, device and grad state. Bools count as 0 and 1 (as numpy and torch
-    cast them). Refused: None, text, bytes, complex numbers, datetimes and other objects.
+    Accepted: Python numbers and bools, (nested) lists of them, numpy arrays and scalars, arrays of
+    ml_dtypes' types (bfloat16, float8_*, float6_*, float4_e2m1fn, float8_e8m0fnu, int4, ...: read
+    as their values in float32, which holds each exactly; told by the dtype, without importing
+    ml_dtypes), and torch tensors of any real dtype, device and grad state. Bools count as 0 and 1
+    (as numpy and torch cast them). Refused: None, text, bytes, complex numbers, datetimes and other objects.
     """
     if x is None:
         raise TypeError(f"{what} must be numbers (a number, a list of numbers, a numpy array or a torch "
@@ -178,6 +186,8 @@ def _real_array(x, what: str = "values") -> np.ndarray:
     except Exception as exc:  # ragged lists, objects whose __array__ fails
         raise TypeError(f"{what} must be numbers or an array of them, got {_describe(x)} "
                         f"({_first_line(exc)})") from None
+    if getattr(arr.dtype.type, "__module__", "").partition(".")[0] == "ml_dtypes":  # bfloat16, float8_*, int4, ...
+        return arr.astype(np.float32)  # exact: float32 holds every value of ml_dtypes' types
     kind = arr.dtype.kind
     if kind in "biuf":
         return arr

@@ -63,7 +63,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ampviz.formats import FP8_E4M3, FP8_E5M2, FloatFormat, _describe, _real_array, get_format
+from ampviz.formats import FP8_E4M3, FP8_E5M2, _TORCH_MAX_NAN, FloatFormat, _describe, _real_array, get_format
 
 __all__ = [
     "ALGOS",
@@ -194,7 +194,8 @@ def _current_scale(a: np.ndarray, f: FloatFormat, pow2: bool, convention: str) -
         if convention == "torchao":
             # amax.to(float64); finfo.max / clamp(amax, min=EPS); .to(float32)
             res = (np.float64(f.max) / np.maximum(a.astype(np.float64), EPS)).astype(np.float32)
-            return _pow2_floor_torchao(res) if pow2 else res
+            res = _pow2_floor_torchao(res) if pow2 else res
+            return np.where(np.isnan(a), a, res).astype(np.float32)  # torch keeps the amax's NaN, sign and all
         # Transformer Engine: amax clamped up to epsilon (0); 0, inf, NaN -> 1; max / amax in float32
         ok = np.isfinite(a) & (a > 0)
         res = np.where(ok, _F32(f.max) / np.where(ok, a, _F32(1)), _F32(1)).astype(np.float32)
@@ -208,10 +209,10 @@ def current_scale(amax, fmt=FP8_E4M3, round_to_power_of_2=False, convention="tor
     ``convention="torchao"``: torchao 0.18's ``amax_to_scale(amax, dtype, round_scales_to_power_of_2)``
     bit for bit: ``f32(max / max(amax, 1e-12))`` computed in float64, then (optionally)
     ``exp2(floor(log2(scale)))`` in float32, which turns a scale just below a power of two into that
-    power. ``convention="te"``: Transformer Engine's ``compute_scale_from_amax``: 0, inf and NaN
-    amaxes give 1, otherwise ``max / amax`` in float32 (inf becomes float32's max), and powers of
-    two by clearing the mantissa (an exact floor). Returns a Python float for a single number,
-    else a read-only float32 array of amax's shape.
+    power; a NaN amax gives that NaN, sign and payload. ``convention="te"``: Transformer Engine's
+    ``compute_scale_from_amax``: 0, inf and NaN amaxes give 1, otherwise ``max / amax`` in float32
+    (inf becomes float32's max), and powers of two by clearing the mantissa (an exact floor).
+    Returns a Python float for a single number, else a read-only float32 array of amax's shape.
     """
     f = _fp8_format(fmt)
     pow2 = _flag("round_to_power_of_2", round_to_power_of_2)
@@ -242,7 +243,15 @@ def current_quantize(x, fmt=FP8_E4M3, granularity="tensorwise", round_to_power_o
     """Quantize ``x`` (at least 1-D for ``"rowwise"``) with current scaling, as torchao's
     ``hp_tensor_to_float8_dynamic`` does on the CPU: amax = max |x| (per row for ``"rowwise"``;
     NaN propagates), ``scale = current_scale(amax, ...)``, data = saturating cast of
-    ``f32(x * scale)`` (clamped to ±max, NaN stays NaN)."""
+    ``f32(x * scale)`` (clamped to ±max, NaN stays NaN).
+
+    NaN, bit for bit as torch 2.13 writes it: ``max`` over a whole tensor of two elements or more
+    gives the negative NaN 0xFFFFFFFF (its vectorized max ORs an all-ones mask in), so a tensorwise
+    scale is that NaN and every code 0xFF; ``amax`` along rows gives the positive 0x7FC00000
+    (codes 0x7F); a lone element gives its own |NaN|. The one place not reproduced: an element that
+    is NaN itself under a NaN scale of the other sign, where torch's multiply keeps the scale's NaN
+    in its vectorized loop but may keep the element's in the loop's remainder (its last few
+    elements, as many as the processor's vector width leaves); here it is always the scale's."""
     f = _fp8_format(fmt)
     granularity = _choice("granularity", granularity, GRANULARITIES)
     pow2 = _flag("round_to_power_of_2", round_to_power_of_2)
@@ -254,13 +263,14 @@ def current_quantize(x, fmt=FP8_E4M3, granularity="tensorwise", round_to_power_o
         raise ValueError("x must be at least 1-D for rowwise scaling (one scale per row, along the last axis)")
     ax = np.abs(x32)
     with np.errstate(over="ignore", invalid="ignore"):  # x * scale may overflow: the clamp saturates it
-        if granularity == "tensorwise":
-            amax = np.max(ax) if not np.isnan(ax).any() else np.float32(np.nan)
-            amax = np.asarray(amax, np.float32)
-        else:
-            amax = np.max(ax, axis=-1, keepdims=True)  # np.max propagates NaN, as torch.amax does
+        amax = np.max(ax, axis=None if granularity == "tensorwise" else -1, keepdims=granularity != "tensorwise")
+        amax = np.asarray(amax, np.float32)  # np.max propagates NaN; torch's NaN bits follow
+        if granularity == "rowwise":
+            amax = np.where(np.isnan(amax), _F32(np.nan), amax).astype(np.float32)  # 0x7FC00000
+        elif np.isnan(amax):
+            amax = np.asarray(_TORCH_MAX_NAN if x32.size > 1 else ax.reshape(()), np.float32)
         scale = _current_scale(amax, f, pow2, convention)
-        y = x32 * scale
+        y = np.where(np.isnan(scale), scale, x32 * scale)  # a NaN scale's NaN wins, as in torch's vector loop
         y = np.clip(y, -_F32(f.max), _F32(f.max))
     data = np.asarray(f.quantize(y), np.float32)
     codes = np.asarray(f.encode(y)).astype(np.uint8)

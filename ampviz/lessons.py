@@ -531,22 +531,40 @@ def _share(count: int, total: int) -> str:
     return f"{count:,} ({100 * count / total:.2f}%)" if total else "0"
 
 
+def _scale_list(scales) -> list:
+    """``census_table``'s scales as a list of numbers: one number, or a sequence (or iterator), 1-D
+    numpy array or 1-D torch tensor of them; anything else is one ValueError."""
+    from collections.abc import Iterator
+
+    from ampviz.formats import _describe, _real_array
+
+    try:
+        arr = _real_array(list(scales) if isinstance(scales, Iterator) else scales, "scales")
+    except (TypeError, ValueError):
+        arr = None
+    if arr is None or arr.ndim > 1 or arr.dtype.kind == "b":
+        raise ValueError(f"scales must be one positive number or a list, 1-D numpy array or 1-D torch tensor of "
+                         f"them, e.g. [1.0, 2.0**16]; got {_describe(scales)}")
+    return arr.reshape(-1).tolist()
+
+
 def census_table(values, fmt="fp16", scales=(1.0,)) -> Table:
     """What ``values * scale`` becomes in ``fmt`` for each scale: count and share per category.
 
+    ``scales``: one positive number, or a list, 1-D numpy array or 1-D torch tensor of them.
     "lost" counts nonzero values that end as 0 (``underflow``); "overflow" those that round to inf
     (or saturate). Exact zeros in ``values`` are counted apart.
     """
     fmt = get_format(fmt)
-    rows = []
-    for s in scales:
+    rows, n = [], 0
+    for s in _scale_list(scales):
         c = census(values, fmt, s)
         n = c.total
         rows.append((_scale_label(c.scale), _share(c.counts["zero"], n), _share(c.counts["underflow"], n),
                      _share(c.counts["subnormal"], n), _share(c.counts["normal"], n),
                      _share(c.counts["overflow"] + c.counts["nan"], n)))
     return Table(("scale", "zero already", "lost (-> 0)", "subnormal", "normal", "overflow"), rows,
-                 title=f"{fmt.name}, {n:,} values" if scales else "")
+                 title=f"{fmt.name}, {n:,} values" if rows else "")
 
 
 def layer_table(layers: dict, fmt="fp16", scale=1.0) -> Table:

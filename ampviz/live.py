@@ -65,7 +65,7 @@ from torch import nn
 
 from ampviz.census import CensusResult, census
 from ampviz.training import MLP  # the plain MLP of notebook 07's frozen-weights experiment
-from ampviz.formats import get_format
+from ampviz.formats import CATEGORIES, get_format
 
 __all__ = [
     "MODES",
@@ -635,11 +635,31 @@ def _census_to_dict(c: CensusResult) -> dict:
             "log2_bins": c.log2_bins.tolist(), "log2_counts": c.log2_counts.tolist()}
 
 
-def _census_from_dict(d: dict) -> CensusResult:
-    return CensusResult(fmt=get_format(d["fmt"]), scale=float(d["scale"]), total=int(d["total"]),
-                        counts={k: int(v) for k, v in d["counts"].items()},
-                        log2_bins=np.asarray(d["log2_bins"], dtype=np.int64),
-                        log2_counts=np.asarray(d["log2_counts"], dtype=np.int64))
+def _read_field(name: str, value, kind):
+    """A number read from a file, checked: ``kind`` int (within int64) or float (an int stands
+    for a float, as JSON writes 2.0 as 2 in other tools); anything else is a ValueError."""
+    if not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int):
+        if kind is int and -2**63 <= value < 2**63:
+            return value
+        if kind is float and (isinstance(value, float) or abs(value) < 2**1023):
+            return float(value)
+    raise ValueError(f"{name} must be {'a number' if kind is float else 'a whole number'}, not {_shown(value, 30)}")
+
+
+def _census_from_dict(d) -> CensusResult:
+    if not isinstance(d, dict):
+        raise ValueError(f"a census must be an object with fmt, scale, total, counts, log2_bins, log2_counts, "
+                         f"not {_shown(d, 30)}")
+    counts, bins, hist = d.get("counts"), d.get("log2_bins"), d.get("log2_counts")
+    if not isinstance(counts, dict) or set(counts) != set(CATEGORIES):
+        raise ValueError(f"a census's counts must give {', '.join(CATEGORIES)}, not {_shown(counts, 30)}")
+    if not isinstance(bins, list) or not isinstance(hist, list) or len(bins) != len(hist):
+        raise ValueError("a census's log2_bins and log2_counts must be two lists of whole numbers of one length")
+    return CensusResult(fmt=get_format(d.get("fmt")), scale=_read_field("scale", d.get("scale"), float),
+                        total=_read_field("total", d.get("total"), int),
+                        counts={k: _read_field(k, counts[k], int) for k in CATEGORIES},
+                        log2_bins=np.array([_read_field("log2_bins", b, int) for b in bins], dtype=np.int64),
+                        log2_counts=np.array([_read_field("log2_counts", c, int) for c in hist], dtype=np.int64))
 
 
 def _record_to_dict(rec: StepRecord) -> dict:
@@ -650,10 +670,24 @@ def _record_to_dict(rec: StepRecord) -> dict:
     return out
 
 
-def _record_from_dict(d: dict) -> StepRecord:
-    kw = {k: d.get(k) for k in _SCALARS}
+def _record_from_dict(d) -> StepRecord:
+    """A StepRecord from the fields a file holds (censuses as dicts), each checked (ValueError)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a step must be an object of fields, not {_shown(d, 30)}")
+    kw = {}
+    for k in _SCALARS:
+        v = d.get(k)
+        if k == "skipped" and not isinstance(v, bool):
+            raise ValueError(f"skipped must be true or false, not {_shown(v, 30)}")
+        if k == "error" and not (v is None or isinstance(v, str)):
+            raise ValueError(f"error must be text, not {_shown(v, 30)}")
+        if k not in ("skipped", "error") and (v is not None or k == "step"):
+            v = _read_field(k, v, int if k in _INT_FIELDS else float)
+        kw[k] = v
     for k in _CENSUSES:
         c = d.get(k)
+        if not (c is None or isinstance(c, dict)):
+            raise ValueError(f"{k} must be an object of censuses by name, not {_shown(c, 30)}")
         kw[k] = None if c is None else {n: _census_from_dict(v) for n, v in c.items()}
     return StepRecord(**kw)
 
@@ -673,7 +707,7 @@ def _parse_cell(key, text: str):
     if text == "":
         return None
     if key in _CENSUSES:
-        return {n: _census_from_dict(v) for n, v in json.loads(text).items()}
+        return json.loads(text)  # checked by _record_from_dict
     if key in _INT_FIELDS:
         return int(text)
     if key in _FLOAT_FIELDS:
@@ -771,58 +805,95 @@ class Run:
 
     @classmethod
     def from_json(cls, path) -> "Run":
-        data = json.loads(Path(path).read_text())
-        return cls(config=_config_from_dict(data["config"]), device=data.get("device", ""),
-                   records=[_record_from_dict(d) for d in data["records"]])
+        """Read a JSON file written by ``to_json`` (any other content: one ValueError line)."""
+        text = _run_text(path)
+        with _reading(path, "its content"):
+            data = json.loads(text)
+            if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+                raise ValueError("it is not a JSON object with config, device and a list of records")
+            config, device = _config_from_dict(data.get("config")), _device_line(data)
+        with _reading(path, "a step"):
+            return cls(config=config, device=device, records=[_record_from_dict(d) for d in data["records"]])
 
     @classmethod
     def from_csv(cls, path) -> "Run":
         """Read a CSV written by ``to_csv`` or saved row by row by ``run_training``. A last row cut
-        off (the kernel died while writing it) is dropped: every complete row is kept."""
-        with open(path, newline="") as f:
-            text = f.read()
+        off (the kernel died while writing it) is dropped: every complete row is kept. Any other
+        content is one ValueError line."""
+        text = _run_text(path)
         first, sep, rest = text.partition("\n")
         if not first.startswith(_CSV_MAGIC):
-            raise ValueError(f"{path} is not an ampviz run (its first line should start with {_CSV_MAGIC!r})")
+            raise _not_a_run(path, f"it is not an ampviz run (its first line should start with {_CSV_MAGIC!r})")
         if not sep:
-            raise ValueError(f"{path} ends inside its first line: the run's settings were never written "
-                             "completely, and no step was recorded")
-        try:
+            raise _not_a_run(path, "it ends inside its first line: the run's settings were never written "
+                                   "completely, and no step was recorded")
+        with _reading(path, "the run's settings on its first line"):
             head = json.loads(first[len(_CSV_MAGIC):])
-            config = _config_from_dict(head["config"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: the run's settings on its first line cannot be read ({e})") from None
-        try:
+            if not isinstance(head, dict):
+                raise ValueError("it is not a JSON object with config and device")
+            config, device = _config_from_dict(head.get("config")), _device_line(head)
+        with _reading(path, "its rows"):
             rows = list(csv.reader(io.StringIO(rest, newline="")))
-        except csv.Error as e:
-            raise ValueError(f"{path} is not a readable ampviz run ({e})") from None
         if rest and not rest.endswith("\n"):
             rows = rows[:-1]  # the row in progress when the file was cut
+        records = []
         if rows:  # (a header line cut short was dropped above: no step had been written yet)
             columns, rows = rows[0], rows[1:]
             unknown = [c for c in columns if c not in _CSV_COLUMNS]
             if unknown:
-                raise ValueError(f"{path}: unknown column {unknown[0]!r}; is it an ampviz run?")
-            records = []
+                raise _not_a_run(path, f"unknown column {_shown(unknown[0], 30)}, not an ampviz run")
             for n, row in enumerate(rows, start=3):
                 if len(row) != len(columns):
-                    raise ValueError(f"{path}, line {n}: {len(row)} fields where the header has {len(columns)}")
+                    raise _not_a_run(path, f"line {n} has {len(row)} fields where the header has {len(columns)}")
                 cells = dict(zip(columns, row))
-                try:
-                    records.append(StepRecord(**{k: _parse_cell(k, cells.get(k, "")) for k in _CSV_COLUMNS}))
-                except (ValueError, KeyError, TypeError) as e:
-                    raise ValueError(f"{path}, line {n}: cannot read this step ({e})") from None
-            return cls(config=config, device=head.get("device", ""), records=records)
-        return cls(config=config, device=head.get("device", ""), records=[])
+                with _reading(path, f"line {n}, a step"):
+                    records.append(_record_from_dict({k: _parse_cell(k, cells.get(k, "")) for k in _CSV_COLUMNS}))
+        return cls(config=config, device=device, records=records)
 
 
-def _config_from_dict(d: dict) -> TrainConfig:
+def _config_from_dict(d) -> TrainConfig:
+    if not isinstance(d, dict):
+        raise ValueError(f"the config must be an object of TrainConfig's settings, not {_shown(d, 30)}")
     known = {f.name for f in fields(TrainConfig)}
     return TrainConfig(**{k: v for k, v in d.items() if k in known})
 
 
+def _device_line(head: dict) -> str:
+    device = head.get("device", "")
+    if not isinstance(device, str):
+        raise ValueError(f"the device must be text, not {_shown(device, 30)}")
+    return device
+
+
+_EXPECTED_RUN = "expected an ampviz run as Run.to_json, Run.to_csv or run_training(save_to=...) writes it"
+
+
+def _not_a_run(path, why: str) -> ValueError:
+    """One line: the file, what is wrong with it, and what was expected."""
+    return ValueError(f"{path}: {' '.join(str(why).split())}; {_EXPECTED_RUN}")
+
+
+@contextlib.contextmanager
+def _reading(path, what: str):
+    """Turn what a malformed file raises while ``what`` is read into one ``_not_a_run`` line."""
+    try:
+        yield
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError, csv.Error) as e:
+        raise _not_a_run(path, f"cannot read {what} ({str(e)[:150]})") from None
+
+
+def _run_text(path) -> str:
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _not_a_run(path, "it is not text (not UTF-8: a binary file?)") from None
+
+
 def load_run(path) -> Run:
-    """Read a run written by ``Run.to_csv`` or ``Run.to_json`` (or saved as it went by ``run_training``)."""
+    """Read a run written by ``Run.to_csv`` or ``Run.to_json`` (or saved as it went by ``run_training``);
+    a ``.json`` file as JSON, any other as CSV. A file that is not such a run (binary, other JSON,
+    damaged) is one ValueError line that names the file and says what was expected."""
     path = Path(path)
     return Run.from_json(path) if path.suffix.lower() == ".json" else Run.from_csv(path)
 

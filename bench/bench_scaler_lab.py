@@ -5,7 +5,9 @@ default growth interval), and well under a second where the scale changes at eve
 (growth_interval=1, growth 4, backoff near 1: each product must be rounded to float32 before the
 next, so the simulation is a loop over steps). The figure is serialised to JSON as the kernel
 would to send it to the browser (outside IPython nothing is displayed); the baseline printed
-beside it is the simulation alone, in the same process.
+beside it is the simulation alone, in the same process. First, the memory a sweep over every
+strength of every scenario leaves held (RSS, Linux only): each gradient stream is STEPS long, so
+the streams the lab keeps must stay few.
 
     .venv/bin/python bench/bench_scaler_lab.py
 """
@@ -14,7 +16,7 @@ import statistics
 import time
 
 import ampviz.widgets as widgets
-from ampviz import scaling
+from ampviz import scaling, synth
 
 STEPS = 1_000_000
 
@@ -55,5 +57,29 @@ def main():
     print(f"  simulate alone: best {sim:.1f} ms  ->  a move costs {statistics.median(times) / sim:.1f}x the simulation")
 
 
+def rss_mib(field="VmRSS") -> float:
+    """This process's resident memory (``VmHWM``: its peak), in MiB, from /proc (Linux); NaN elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":"))
+    except (OSError, StopIteration):
+        return float("nan")
+
+
+def sweep_memory():
+    lab = widgets.ScalerLab(steps=STEPS)
+    start = rss_mib()
+    positions = [round(k * lab.strength_slider.step, 2) for k in range(round(1 / lab.strength_slider.step) + 1)]
+    for scenario in synth.SCENARIOS:
+        lab.scenario_dropdown.value = scenario
+        for strength in positions:
+            lab.strength_slider.value = strength
+    held = rss_mib()
+    print(f"memory, {STEPS:,} steps: every strength ({len(positions)}) of every scenario ({len(synth.SCENARIOS)})")
+    print(f"  RSS {start:.0f} MiB after building the lab, {held:.0f} MiB after the sweep (peak {rss_mib('VmHWM'):.0f} "
+          f"MiB): {held / start:.2f}x, {len(lab._streams)} streams kept\n")
+
+
 if __name__ == "__main__":
+    sweep_memory()  # first: the RSS it starts from is a fresh lab's
     main()

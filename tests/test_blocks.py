@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from ampviz import blocks
 from ampviz.blocks import (
     MX_ELEMENT_FORMATS, TE_RHT_SIGNS, MXBlocks, NVFP4Blocks, hadamard_matrix, mx_quantize, nvfp4_quantize,
     random_hadamard_transform, stochastic_round,
@@ -353,6 +354,23 @@ def test_rounding_accepts_torchaos_enum(ao):
                           mx_quantize(x, "fp8_e4m3", rounding="rceil").scales)
 
 
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float6_e2m3fn", "float4_e2m1fn",
+                                  "float8_e8m0fnu", "float8_e4m3fnuz"])
+def test_ml_dtypes_arrays_are_quantized_as_their_float32_values(name):
+    import ml_dtypes
+
+    with np.errstate(all="ignore"):
+        a = mx_blocks(seed=21, n=200).astype(getattr(ml_dtypes, name))
+    plain = a.astype(F32)
+    for fmt, mode in (("fp8_e4m3", "floor"), ("fp4_e2m1", "rceil"), ("fp6_e3m2", "even")):
+        got, ref = mx_quantize(a, fmt, rounding=mode), mx_quantize(plain, fmt, rounding=mode)
+        assert np.array_equal(got.scales, ref.scales) and np.array_equal(got.codes, ref.codes)
+        assert same(got.values, ref.values).all()
+    got, ref = nvfp4_quantize(a[:, :32]), nvfp4_quantize(plain[:, :32])
+    assert same(got.tensor_scale, ref.tensor_scale) and np.array_equal(got.scales, ref.scales)
+    assert np.array_equal(got.codes, ref.codes) and same(got.values, ref.values).all()
+
+
 # ---------------------------------------------------------------- NVFP4 against torchao
 def nvfp4_data(seed: int) -> list:
     rng = np.random.default_rng(seed)
@@ -410,6 +428,52 @@ def test_nvfp4_with_nan_is_nan_where_torchao_is(ao):
         assert np.array_equal(r.codes[~nan_scale.repeat(16, -1)], codes[~nan_scale.repeat(16, -1)])
 
 
+def nvfp4_nan_data() -> list:
+    """Tensors holding NaN: one NaN, NaN in some blocks and rows, all NaN, -NaN, NaN beside inf
+    and zeros, and enough blocks for torch's vectorized loops and their remainders."""
+    rng = np.random.default_rng(19)
+    x = rng.standard_normal((8, 64)).astype(F32)
+    x[rng.random((8, 64)) < 0.05] = np.nan
+    y = rng.standard_normal((3, 2, 48)).astype(F32)
+    y[1, 1, 20] = -np.nan
+    return [np.array([[np.nan] + [1] * 15, [2] * 16, [-np.nan] + [0] * 15], F32),
+            np.array([[np.nan] * 16, [2] * 16], F32), np.full((2, 32), np.nan, F32),
+            np.array([[1] * 5 + [np.nan] + [2] * 10], F32), x, y,
+            np.array([[np.inf] + [1] * 15, [0] * 15 + [np.nan]], F32), np.full((33, 16), -np.nan, F32)]
+
+
+def nvfp4_agrees_on_nan(ao, x, two_level) -> bool:
+    """Whether nvfp4_quantize gives torchao's tensor scale (every bit), block scale patterns and
+    element patterns (both follow the NaNs' signs and payloads), and NaN exactly where torchao's
+    values are NaN. An element that is NaN itself may keep its own NaN in torch's multiply (in a
+    loop's remainder, on some processors) where ours keeps the scale's: either pattern is torch's."""
+    _, nvfp4 = ao
+    pts, scales, codes, values = nvfp4(x, two_level)
+    r = nvfp4_quantize(x, two_level)
+    own = np.asarray(FP4_E2M1.encode(x, nan="torchao")).astype(np.uint8)
+    return ((pts is None and r.tensor_scale is None or F32(pts).view(np.uint32) == F32(r.tensor_scale).view(np.uint32))
+            and np.array_equal(r.scales.reshape(scales.shape), scales)
+            and ((r.codes == codes) | np.isnan(x) & (codes == own)).all() and same(r.values, values).all())
+
+
+@pytest.mark.parametrize("two_level", [True, False])
+def test_nvfp4_with_nan_matches_torchao(ao, two_level):
+    """torch's ``max`` of |x| over the tensor writes the NaN 0xFFFFFFFF (negative): the tensor
+    scale is that NaN, and finite blocks divided by it get the block scale pattern 0xFF."""
+    for x in nvfp4_nan_data():
+        assert nvfp4_agrees_on_nan(ao, x, two_level), x
+    r = nvfp4_quantize(nvfp4_nan_data()[0], two_level)
+    assert r.scales.ravel().tolist() == ([0x7F, 0xFF, 0x7F] if two_level else [0x7F, 43, 0x7F])
+
+
+def test_nvfp4_positive_nan_tensor_amax_is_caught(ao, monkeypatch):
+    """The plausible variant, a tensor amax that is numpy's positive NaN, differs from torchao."""
+    x = nvfp4_nan_data()[0]
+    assert nvfp4_agrees_on_nan(ao, x, True)
+    monkeypatch.setattr(blocks, "_TORCH_MAX_NAN", F32(np.nan))
+    assert not nvfp4_agrees_on_nan(ao, x, True)
+
+
 # ---------------------------------------------------------------- NVFP4: Transformer Engine's reference
 def te_reference(x: torch.Tensor):
     """Transformer Engine's ``NVFP4QuantizerRef._quantize_blockwise_reference`` (1x16 tiles, no
@@ -444,13 +508,14 @@ def test_te_convention_matches_transformer_engines_formulas():
     rng = np.random.default_rng(14)
     tiny = rng.standard_normal((8, 64)).astype(F32)
     tiny[:, 16:48] *= 1e-6  # block scales below 2**-6: E4M3 subnormals, and 0
-    data += [tiny, np.zeros((2, 16), F32), np.array([[-0.0] * 8 + [1] * 8], F32)]
+    data += [tiny, np.zeros((2, 16), F32), np.array([[-0.0] * 8 + [1] * 8], F32)] + nvfp4_nan_data()
     for x in data:
         x2 = x.reshape(-1, x.shape[-1])
         pts, scales, codes = te_reference(torch.from_numpy(x2.copy()))
         r = nvfp4_quantize(x, convention="te")
-        assert same(r.tensor_scale, pts)
-        assert np.array_equal(r.scales.reshape(scales.shape), scales)
+        assert F32(r.tensor_scale).view(np.uint32) == F32(pts).view(np.uint32)  # NaN: torch.min's 0x7FC00000
+        sign = 0x7F if np.isnan(x).any() else 0xFF  # a NaN block scale's sign is torch.min's loop's choice
+        assert np.array_equal(r.scales.reshape(scales.shape) & sign, scales & sign)
         assert np.array_equal(r.codes.reshape(codes.shape), codes)
 
 

@@ -284,6 +284,22 @@ def test_bad_scales_for_underflow_fractions_are_one_clear_type_error(bad):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float6_e3m2fn",
+                                  "float4_e2m1fn", "float8_e8m0fnu"])
+def test_ml_dtypes_arrays_count_as_their_float32_values(data, name):
+    """An ml_dtypes array is counted as its values, which float32 holds exactly."""
+    with np.errstate(all="ignore"):
+        a = data[:20_000].astype(getattr(ml_dtypes, name))
+    plain = a.astype(np.float32)
+    for fmt in ("fp16", "bf16", "fp8_e4m3"):
+        for scale in (1.0, 2.0**12, 3.0):
+            assert census(a, fmt, scale) == census(plain, fmt, scale) == census(profile(a), fmt, scale)
+            assert census_reference(a, fmt, scale) == census_reference(plain, fmt, scale)
+        scales = [1.0, 2.0**-8, 5.0]
+        assert np.array_equal(census_module.underflow_fractions(a, fmt, scales),
+                              census_module.underflow_fractions(plain, fmt, scales))
+
+
 def test_bools_count_as_zero_and_one():
     b = np.array([True, False, True])
     assert census(b, "fp16").counts == census(np.float32([1, 0, 1]), "fp16").counts

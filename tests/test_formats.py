@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 import torch
 
 from ampviz.formats import (
-    BF16, CATEGORIES, FORMATS, FP8_E4M3, FP8_E5M2, FP16, FP32, TF32, FloatFormat, get_format,
+    ALL_FORMATS, BF16, CATEGORIES, FORMATS, FP8_E4M3, FP8_E5M2, FP16, FP32, TF32, FloatFormat, get_format,
 )
 
 TORCH_DTYPES = {
@@ -337,6 +337,35 @@ def test_tensors_of_every_real_dtype_quantize_like_torchs_cast(dtype):
         assert np.array_equal(fmt.classify_codes(t), fmt.classify_codes(plain))
         finite = ~np.isnan(ref)
         assert np.array_equal(fmt.encode(t)[finite], fmt.encode(ref)[finite])
+
+
+ML_FLOATS = ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
+             "float8_e3m4", "float8_e4m3", "float8_e8m0fnu", "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn"]
+
+
+def ml_dtypes_array(name: str, seed: int = 14) -> np.ndarray:
+    """Values of every kind (NaN, inf, -0 where the type holds them) in ml_dtypes' type ``name``."""
+    dtype = getattr(ml_dtypes, name)
+    if name.startswith(("int", "uint")):
+        info = ml_dtypes.iinfo(dtype)
+        return np.arange(int(info.min), int(info.max) + 1).astype(dtype)
+    with np.errstate(all="ignore"):  # overflow and NaN, as the type's own cast makes them
+        return seeded_float32(2000, seed).astype(dtype)
+
+
+@pytest.mark.parametrize("name", ML_FLOATS + ["int4", "uint4", "int2", "uint2"])
+def test_ml_dtypes_arrays_are_read_as_their_values(name):
+    """An ml_dtypes array (as ampviz.ranks takes one) quantizes, classifies and encodes as the
+    same values given as float32, which hold each of them exactly."""
+    a = ml_dtypes_array(name)
+    plain = a.astype(np.float32)
+    assert_same(plain.astype(np.float64), a.astype(np.float64))  # exact
+    for fmt in ALL_FORMATS.values():
+        assert_same(fmt.quantize(a), fmt.quantize(plain))
+        assert np.array_equal(fmt.classify(a), fmt.classify(plain))
+        assert np.array_equal(fmt.encode(a), fmt.encode(plain))
+    i = np.flatnonzero(np.isfinite(plain))[-1]
+    assert FP16.quantize(a[i]) == FP16.quantize(float(plain[i]))  # one value of the type
 
 
 def test_bf16_tensors_are_read_exactly_not_through_fp16():

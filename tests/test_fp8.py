@@ -338,6 +338,66 @@ def test_current_quantize_matches_torchao(ao, name, granularity, pow2):
         assert same(q.dequantized, t.to_original_precision().numpy()).all()
 
 
+def nan_tensors() -> list:
+    """Tensors holding NaN: one NaN, NaN in some rows, all NaN, -NaN, NaN beside inf, NaN with a
+    payload, one element, and long rows (torch's vectorized loops and their remainders)."""
+    rng = np.random.default_rng(17)
+    out = []
+    for shape, where in [((3,), [1]), ((8, 33), [(2, 4)]), ((8, 33), [(1, 0), (5, 32), (6, 7)]), ((1,), [0]),
+                         ((4, 1), [(2, 0)]), ((2, 100), [(0, 99)]), ((3, 2, 40), [(1, 1, 3)])]:
+        x = (rng.normal(size=shape) * np.exp(rng.normal(0, 4, shape[:-1] + (1,)))).astype(F32)
+        for w in where:
+            x[w] = np.nan
+        out.append(x)
+    out.append(np.full((2, 3), np.nan, F32))
+    out.append(np.full((5, 17), -np.nan, F32))
+    out.append(np.array([[1.0, -np.nan, 3.0], [np.inf, np.nan, -2.0]], F32))
+    out.append(np.array([1.0, 2.0, 0x7FC12345, 0xFFC00001], np.uint32).view(F32))  # payloads, one negative
+    return out
+
+
+def torchao_agrees_on_nan(ao, x, name, granularity, pow2) -> bool:
+    """Whether current_quantize gives torchao's scale (every bit: a NaN's sign decides the codes)
+    and codes on x. An element that is NaN itself, under a NaN scale of the other sign, is the one
+    place where torch's multiply keeps either NaN (its vectorized loop the scale's, its remainder
+    loop the element's): there our code must be the scale's NaN, torchao's either NaN code."""
+    config, scaling, tensor, _ = ao
+    gran = config.ScalingGranularity.TENSORWISE if granularity == "tensorwise" else config.ScalingGranularity.AXISWISE
+    t = scaling.hp_tensor_to_float8_dynamic(
+        torch.from_numpy(x.copy()), FMTS[name][0], tensor.LinearMMConfig(), scaling_granularity=gran,
+        axiswise_dim=-1 if granularity == "rowwise" else None, round_scales_to_power_of_2=pow2)
+    q = current_quantize(x, name, granularity, pow2)
+    ref_scale, ref_codes = t._scale.numpy(), t._data.view(torch.uint8).numpy()
+    if q.scale.shape != ref_scale.shape or not np.array_equal(q.scale.view(np.uint32), ref_scale.view(np.uint32)):
+        return False
+    scale = np.broadcast_to(ref_scale, x.shape)
+    either = np.isnan(x) & np.isnan(scale) & (np.signbit(x) != np.signbit(scale))
+    nan_code = (0x7F | np.signbit(scale).astype(np.uint8) << 7).astype(np.uint8)
+    return (np.array_equal(q.codes[~either], ref_codes[~either]) and np.array_equal(q.codes[either], nan_code[either])
+            and ((ref_codes[either] & 0x7F) == 0x7F).all())
+
+
+@pytest.mark.parametrize("name", list(FMTS))
+@pytest.mark.parametrize("granularity,pow2", [("tensorwise", False), ("tensorwise", True), ("rowwise", False),
+                                              ("rowwise", True)])
+def test_current_quantize_with_nan_matches_torchao(ao, name, granularity, pow2):
+    """torch's ``max`` over two or more elements writes the NaN 0xFFFFFFFF (negative), so a
+    tensorwise scale is that NaN and the codes 0xFF; ``amax`` along a row writes 0x7FC00000."""
+    for x in nan_tensors():
+        assert torchao_agrees_on_nan(ao, x, name, granularity, pow2), x
+    q = current_quantize(np.array([1.0, np.nan, 3.0], F32), name, granularity, pow2)
+    assert q.codes.tolist() == ([0xFF] * 3 if granularity == "tensorwise" else [0x7F] * 3)
+
+
+def test_a_positive_nan_amax_is_caught(ao, monkeypatch):
+    """The plausible variant, a tensorwise amax that is the positive NaN numpy writes, differs
+    from torchao."""
+    x = np.array([[1.0, np.nan, 3.0], [4.0, 5.0, 6.0]], F32)
+    assert torchao_agrees_on_nan(ao, x, "fp8_e4m3", "tensorwise", False)
+    monkeypatch.setattr(fp8, "_TORCH_MAX_NAN", F32(np.nan))
+    assert not torchao_agrees_on_nan(ao, x, "fp8_e4m3", "tensorwise", False)
+
+
 def test_current_scale_te_convention():
     """Transformer Engine's compute_scale_from_amax (recipe_common.cuh), from its formula: 0, inf
     and NaN give 1, a float32 division, powers of two by an exact floor; torchao differs there."""

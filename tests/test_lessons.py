@@ -7,6 +7,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from ampviz import FORMATS, FP16
 from ampviz import lessons as L
@@ -242,6 +245,41 @@ def test_census_table_counts_match_census():
         assert [int(cell.split()[0].replace(",", "")) for cell in row[1:]] == expected
     assert t.rows[0][1] == "10 (1.00%)"
     assert t.rows[2][5] == "1 (0.10%)"  # 1.0 * 2^17 overflows
+
+
+SCALES = [1.0, 2.0**16, 3.0]
+
+
+@pytest.mark.parametrize("scales, same_as", [
+    (np.array(SCALES), SCALES), (torch.tensor(SCALES), SCALES), (tuple(SCALES), SCALES), (iter(SCALES), SCALES),
+    (np.float32(SCALES), SCALES), ([1, 65536, np.float32(3)], SCALES), (4.0, [4.0]), (np.float32(4), [4.0]),
+    (torch.tensor(4.0), [4.0]), (np.array([4.0]), [4.0]), (4, [4.0]), ([], []), (np.array([]), []),
+])
+def test_census_table_takes_a_scale_or_a_sequence_array_or_tensor_of_them(scales, same_as):
+    g = np.float32([0, 1e-8, 1e-6, 1.0, 7e4])
+    t = L.census_table(g, "fp16", scales)
+    assert t == L.census_table(g, "fp16", same_as) and len(t.rows) == len(same_as)
+
+
+@pytest.mark.parametrize("scales", [np.ones((2, 2)), torch.ones(2, 1), "2.0", None, [1.0, None], {"a": 1.0}, [True],
+                                    [1.0, "x"], object(), 1 + 2j, [[1.0], [2.0]], [0.0], [-1.0], [math.nan], math.inf])
+def test_census_table_refuses_other_scales_in_one_line_saying_what_to_pass(scales):
+    with pytest.raises(ValueError, match="scale") as info:
+        L.census_table(np.float32([1.0, 2.0]), "fp16", scales)
+    assert "\n" not in str(info.value) and ("pass" in str(info.value) or "positive number" in str(info.value))
+
+
+@settings(max_examples=60, deadline=None)
+@given(scales=st.one_of(st.floats(), st.lists(st.floats(), max_size=4),
+                        hnp.arrays(np.float64, hnp.array_shapes(min_dims=0, max_dims=2, max_side=3)),
+                        st.integers(-2**70, 2**70), st.text(max_size=3), st.none()))
+def test_census_table_answers_or_refuses_any_scales(scales):
+    try:
+        t = L.census_table(np.float32([0, 1e-8, 1.0, 7e4]), "bf16", scales)
+    except ValueError as e:
+        assert "\n" not in str(e) and "scale" in str(e)
+        return
+    assert len(t.rows) == np.size(scales) and all(len(row) == 6 for row in t.rows)
 
 
 def test_layer_table():

@@ -1,14 +1,18 @@
 """ampviz.live: one training loop for every AMP mode, step records, censuses, live scaler settings."""
 
+import json
 import math
 import threading
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ampviz import live as L
 from ampviz.census import census
+from ampviz.formats import CATEGORIES
 from ampviz.scaling import TorchGradScaler, simulate
 from ampviz.training import torch_cast_counts
 
@@ -424,3 +428,128 @@ def test_every_step_skipped_stays_bounded_too():
     for step in range(50_000):
         run.append(_record(step, skipped=True))
     assert len(run) <= 200 and run.skipped_recorded == 50_000
+
+
+# ---------------------------------------------------------------- load_run on any file
+def _small_run() -> L.Run:
+    """A run of three steps with censuses, a skipped step, inf and NaN, and an error, built without training."""
+    c = census(np.float32([0, 1e-8, 1e-3, 1.0, np.inf]), "fp16", 2.0**16)
+    recs = [L.StepRecord(step=0, loss=2.5, scale=2.0**16, skipped=True, grad_norm=math.inf, step_time=0.01,
+                         growth_tracker=0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                         param_census={"w": c}, act_census={"fc": c}),
+            L.StepRecord(step=1, loss=1.5, scale=2.0**15, grad_norm=3.0, step_time=0.02, growth_tracker=1,
+                         growth_factor=2.0, backoff_factor=0.5, growth_interval=2000),
+            L.StepRecord(step=2, error="fp16 overflowed at step 2")]
+    return L.Run(L.TrainConfig(mode="fp16+scaler", steps=3, census_every=2), recs, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def run_files(tmp_path_factory):
+    """A folder to write files in, and the small run's JSON and CSV text."""
+    folder = tmp_path_factory.mktemp("runs")
+    run = _small_run()
+    return folder, run.to_json(folder / "ok.json").read_text(), run.to_csv(folder / "ok.csv").read_text()
+
+
+def _loads_a_valid_run_or_refuses_in_one_line(path):
+    """load_run(path) gives a run that writes and reads back the same, or one ValueError line
+    that names the file and what was expected."""
+    try:
+        run = L.load_run(path)
+    except ValueError as e:
+        assert type(e) is ValueError and "\n" not in str(e) and str(path) in str(e), repr(e)
+        assert "expected" in str(e) or "not an ampviz run" in str(e) or "line" in str(e), str(e)
+        return None
+    assert isinstance(run, L.Run) and isinstance(run.config, L.TrainConfig) and isinstance(run.device, str)
+    for k in L._SCALARS + L._CENSUSES:
+        assert len(run[k]) == len(run)
+    for rec in run.records:
+        assert isinstance(rec.step, int) and isinstance(rec.skipped, bool)
+        for k in L._CENSUSES:
+            for c in (getattr(rec, k) or {}).values():
+                assert set(c.counts) == set(CATEGORIES) and repr(c)
+    for back in (L.load_run(run.to_json(path.with_suffix(".back.json"))),
+                 L.load_run(run.to_csv(path.with_suffix(".back.csv")))):
+        _same(run, back)
+    return run
+
+
+def test_the_small_run_round_trips(run_files):
+    folder, _, _ = run_files
+    for name in ("ok.json", "ok.csv"):
+        _same(_small_run(), _loads_a_valid_run_or_refuses_in_one_line(folder / name))
+
+
+@pytest.mark.parametrize("name, data", [
+    ("binary.json", b"\x89PNG\r\n\x1a\n\x00\xff\xfe"), ("binary.csv", b"\xff\xfe\x00\x81"), ("list.json", b"[]"),
+    ("number.json", b"3"), ("deep.json", b"[" * 100_000), ("no_config.json", b'{"records": []}'),
+    ("bad_config.json", b'{"config": [], "records": []}'), ("bad_record.json", b'{"config": {}, "records": [1]}'),
+    ("bad_step.json", b'{"config": {}, "records": [{"step": "one"}]}'),
+    ("bad_census.json", b'{"config": {}, "records": [{"step": 0, "param_census": {"w": [1]}}]}'),
+    ("bad_bins.json", b'{"config": {}, "records": [{"step": 0, "param_census": {"w": {"fmt": "fp16", "scale": 1, '
+                      b'"total": 0, "counts": {}, "log2_bins": [1e300], "log2_counts": []}}}]}'),
+    ("list_head.csv", b"# ampviz run []\nstep\n"),
+    ("bad_census.csv", b'# ampviz run {"config": {}}\nstep,param_census\n0,[1]\n'),
+])
+def test_load_run_refuses_binary_and_misshapen_files_in_one_line(tmp_path, name, data):
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(ValueError) as info:
+        L.load_run(tmp_path / name)
+    assert type(info.value) is ValueError and "\n" not in str(info.value) and name in str(info.value)
+    assert "expected" in str(info.value), str(info.value)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                         max_size=4), max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.binary(max_size=300), suffix=st.sampled_from([".json", ".csv", ".txt"]))
+def test_load_run_on_arbitrary_bytes(run_files, data, suffix):
+    folder, _, _ = run_files
+    path = folder / f"bytes{suffix}"
+    path.write_bytes(data)
+    _loads_a_valid_run_or_refuses_in_one_line(path)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=json_values)
+def test_load_run_on_arbitrary_json(run_files, value):
+    folder, _, _ = run_files
+    path = folder / "any.json"
+    path.write_text(json.dumps(value))
+    _loads_a_valid_run_or_refuses_in_one_line(path)
+
+
+def _replace_at(value, route: list, new):
+    """value with the item at ``route`` (indices into nested lists and dicts, taken modulo their
+    sizes) replaced by ``new``."""
+    if not route or not isinstance(value, (list, dict)) or not value:
+        return new
+    keys = list(value) if isinstance(value, dict) else list(range(len(value)))
+    key = keys[route[0] % len(keys)]
+    out = dict(value) if isinstance(value, dict) else list(value)
+    out[key] = _replace_at(value[key], route[1:], new)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(route=st.lists(st.integers(0, 50), max_size=6), new=json_values)
+def test_load_run_on_a_run_with_one_value_changed(run_files, route, new):
+    """A saved run with any one value (a setting, a field, a census count) changed to any JSON
+    value: a valid run, or one line."""
+    folder, text, _ = run_files
+    path = folder / "changed.json"
+    path.write_text(json.dumps(_replace_at(json.loads(text), route, new)))
+    _loads_a_valid_run_or_refuses_in_one_line(path)
+
+
+@settings(max_examples=300, deadline=None)
+@given(at=st.integers(0, 10_000), cut=st.integers(0, 40), new=st.text(max_size=12))
+def test_load_run_on_a_csv_with_some_text_changed(run_files, at, cut, new):
+    folder, _, text = run_files
+    at %= len(text)
+    path = folder / "changed.csv"
+    path.write_text(text[:at] + new + text[at + cut:], newline="")
+    _loads_a_valid_run_or_refuses_in_one_line(path)

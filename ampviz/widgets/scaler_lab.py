@@ -48,7 +48,7 @@ class ScalerLab(_Explorer):
         self._init_common()
         self.steps = _whole("steps", steps, 1, 10**8)
         self.seed = _whole("seed", seed, 0)
-        self._streams: dict = {}
+        self._streams: OrderedDict = OrderedDict()  # (scenario, strength) -> (stream, median): recent ones
         self._lost_cache: dict = {}
         self._runs: OrderedDict = OrderedDict()  # settings -> ScalerTrace: recent runs, reused
         self.traces: list = []
@@ -169,11 +169,20 @@ class ScalerLab(_Explorer):
     def stream(self) -> np.ndarray:
         return self._stream_of(self.scenario_dropdown.value, self.strength_slider.value)
 
+    #: How many gradient streams are kept for reuse (each is ``steps`` long; one made again is the
+    #: same, from the same seed).
+    KEPT_STREAMS = 3
+
     def _stream_of(self, scenario: str, strength) -> np.ndarray:
-        key = (scenario, float(strength))
-        if key not in self._streams:
-            self._streams[key] = synth.scenario(key[0], self.steps, key[1], np.random.default_rng(self.seed))
-        return self._streams[key]
+        return self._stream_entry(scenario, strength)[0]
+
+    def _stream_entry(self, scenario: str, strength) -> tuple:
+        """(stream, its median largest gradient) of a scenario at a strength, kept for reuse."""
+        def make():
+            g = synth.scenario(scenario, self.steps, float(strength), np.random.default_rng(self.seed))
+            return g, float(np.median(g)) if g.size else 1.0
+
+        return self._recent(self._streams, (scenario, float(strength)), make, self.KEPT_STREAMS)
 
     # ----- react -----
     #: How many runs are kept for reuse (your recent settings, the slider's next positions, the
@@ -238,11 +247,11 @@ class ScalerLab(_Explorer):
         s = dict(settings)
         mine = self._policy_of(s["init_slider"], s["growth_slider"], s["backoff_slider"], s["interval_input"])
         scenario, strength, loss = s["scenario_dropdown"], s["strength_slider"], s["loss_dropdown"]
-        g = self._stream_of(scenario, strength)
+        g, typical = self._stream_entry(scenario, strength)
         stream_key = (scenario, float(strength), loss)
         traces = [self._run(mine, g, loss, ("yours", settings))] + [
             self._run(scaling.PRESETS[name], g, loss, ("preset", name, stream_key)) for name in overlay]
-        lost = self._lost_of(("yours", settings), traces[0], self._typical_max(g))
+        lost = self._lost_of(("yours", settings), traces[0], typical)
         fig = plot_scale_trace(traces, lost={"your settings": lost}, legend_counts=False,
                                max_markers=self.MARKS,
                                title=f"{scenario} gradients (strength {strength:g}), {self.steps:,} steps, "
@@ -256,13 +265,6 @@ class ScalerLab(_Explorer):
         self._draw(fig, prepared)
         self.readout.value = readout
         self._clear_error()
-
-    def _typical_max(self, g) -> float:
-        """The stream's median largest gradient (computed once per stream)."""
-        key = ("median", id(g))
-        if key not in self._streams:
-            self._streams[key] = float(np.median(g)) if g.size else 1.0
-        return self._streams[key]
 
     def _lost_share(self, trace, level: float):
         """Share of the gradient sample (scaled to the stream's typical max) lost to fp16 underflow
