@@ -3,13 +3,14 @@ bit for bit, and a multi-rank loss-scaler simulator held to real runs.
 
 ``ampviz/__init__.py`` never imports this module, so ``import ampviz`` stays free of torch.
 
-* ``prewarm`` and ``run_ranks``: start ``world_size`` rank processes with the fork start method
-  (``mp.spawn`` cannot find a function defined in a notebook), each on one torch thread and in a gloo
-  process group on 127.0.0.1, run ``fn(rank, world_size, *args)`` in each and return their results.
-  No rank process outlives the call: not when a rank raises, hangs past ``timeout`` or the caller is
-  interrupted (every rank is then killed and joined), nor when the parent dies (Linux: each child
-  asks the kernel to kill it then). ``prewarm()`` imports once, in the parent, what each rank would
-  otherwise import on its first ``DistributedDataParallel`` (``torch._dynamo``: seconds per rank).
+* ``prewarm`` and ``run_ranks``: fork ``world_size`` rank processes (``mp.spawn`` cannot find a
+  function defined in a notebook), each on one torch thread and in a gloo process group, run
+  ``fn(rank, world_size, *args)`` in each and return their results. No rank process, nor anything
+  it started, outlives the call: not when a rank raises, hangs past ``timeout`` or the caller is
+  interrupted (every rank is then killed with its process group and reaped), nor when the parent
+  dies (Linux: each rank asks the kernel to kill it then). ``prewarm()`` imports once, in the
+  parent, what each rank would otherwise import on its first ``DistributedDataParallel``
+  (``torch._dynamo``: seconds per rank).
 * ``allreduce``: what every rank holds after ``dist.all_reduce(t, SUM)`` on gloo, for float32,
   float16 and bfloat16, bit for bit (NaN as NaN: its sign is not modelled). Gloo's ring
   (``gloo/allreduce.cc``, ``ring``) cuts the buffer into ``numSegments`` segments, at least
@@ -46,15 +47,19 @@ Real runs are the reference: the tests hold ``allreduce`` to gloo and ``simulate
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing as mp
 import os
 import pickle
+import re
+import shutil
 import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -67,7 +72,7 @@ import torch
 
 from ampviz.formats import BF16, FP16, FP32, FloatFormat, get_format
 from ampviz.gradscaler import _step_indices
-from ampviz.lessons import Check, Table, _number_text, _said, check, number
+from ampviz.lessons import Check, Table, _number_text, _said, check, measured, number
 from ampviz.scaling import DynamicScaler, TorchGradScaler, _shown, overflows, simulate
 from ampviz.training import _flag, _real, _whole
 
@@ -184,56 +189,69 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _rank_main(rank: int, world_size: int, port: int, conn, fn, args: tuple, parent: int,
+def _rank_main(rank: int, world_size: int, store: str, conn, fn, args: tuple, parent: int,
                timeout: float) -> None:
-    """A forked rank: one torch thread (fork-safety, and steadier timings), a gloo group, ``fn``,
-    its result (or error) sent to the parent, then the group destroyed and the process ended."""
-    stage, failed = "init_process_group", True
+    """A forked rank: a process group of its own (what it starts is killed with it), one torch
+    thread (fork-safety, and steadier timings), a gloo group, ``fn``, its result (or error) sent to
+    the parent. Then it waits to be killed: a rank that left at once would close its connections
+    under ranks still connecting to it ("connectFullMesh failed ... Connection closed by peer"),
+    and a rank that raised would add the others' "connection closed" errors to its own."""
+    stage = "init_process_group"
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills the ranks
-        if hasattr(signal, "pthread_sigmask"):
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held back by the parent while forking
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held back by the parent while forking
+        os.setpgid(0, 0)
         _die_with_parent(parent)
         torch.set_num_threads(1)
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout + 60))
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout + 60))
         stage = "run"
         result = fn(rank, world_size, *args)
         stage = "return"
         data = pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
-        failed = False
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
         data = pickle.dumps(("error", stage, type(exc).__name__, _one_line(_text(exc)), traceback.format_exc()))
-    try:
-        conn.send_bytes(data)
-        conn.close()
-    except OSError:  # the parent is gone
-        os._exit(1)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001
             pass
-    if failed:
-        # Stay (the parent kills every rank once it has read the error): exiting now would close
-        # this rank's connections, and the others' "connection closed" errors could reach the
-        # parent alongside the real one.
-        time.sleep(timeout + 60)
-        os._exit(1)
     try:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - exiting anyway
-        pass
-    os._exit(0)  # no atexit handlers inherited from the parent (a notebook kernel's, pytest's)
+        conn.send_bytes(data)
+    except OSError:  # the parent is gone
+        os._exit(1)
+    time.sleep(timeout + 60)
+    os._exit(1)
 
 
-class _PortTaken(Exception):
-    pass
+@contextlib.contextmanager
+def _interrupts_held():
+    """Ctrl-C (SIGINT) in the block is held back, and raised as it would have been once the block
+    ends: no fork is cut off from its bookkeeping, no killing of the ranks cut short. The calling
+    thread blocks SIGINT (a rank starts with it blocked); whichever thread the signal reaches,
+    Python runs its handler in the main thread, where a handler that only notes it stands in."""
+    came = []
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is not None:
+        signal.signal(signal.SIGINT, lambda signum, frame: came.append(frame))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one pending now is noted now
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+            if came and callable(previous):
+                previous(signal.SIGINT, came[0])
+            elif came and previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
+
+
+#: The longest ``timeout`` of ``run_ranks``, in seconds (about 31 years; the ranks' gloo timeouts
+#: count nanoseconds in 64 bits, which hold 292 years).
+MAX_TIMEOUT = 1e9
 
 
 def run_ranks(fn, world_size, *args, timeout=60.0) -> list:
@@ -242,71 +260,81 @@ def run_ranks(fn, world_size, *args, timeout=60.0) -> list:
 
     Each rank is forked from this process (so ``fn`` may be defined in a notebook cell), sets
     ``torch.set_num_threads(1)`` first (a fork after a multi-threaded op could otherwise hang) and
-    joins ``init_process_group("gloo", "tcp://127.0.0.1:<free port>")``; afterwards it destroys the
-    group and exits. Every rank process is gone when this returns or raises: if a rank raises, the
+    joins ``init_process_group("gloo", "file://<a temporary file>")`` (a ``FileStore``: a
+    ``TCPStore`` asks the DNS for the name of every rank's address, 5 s more at 64 ranks where the
+    resolver dropped some). Once every rank has returned, all are killed, each with its process
+    group: whatever a rank started goes too.
+    Every rank process is gone when this returns or raises: if a rank raises, the
     others are killed and ``RankError`` says ``rank 1 raised ValueError: ...`` (its traceback is in
-    ``.remote_traceback``); if the ranks are not all done within ``timeout`` seconds, all are killed
-    and ``TimeoutError`` says which were still running; on Ctrl-C (KeyboardInterrupt) all are
-    killed too. Call ``prewarm()`` once first: then 4 ranks start, run a few DDP steps and are joined
-    in well under 2 s on 2 cores.
+    ``.remote_traceback``); if the ranks are not all done within ``timeout`` seconds (up to
+    ``MAX_TIMEOUT``), all are killed and ``TimeoutError`` says which were still running; on Ctrl-C
+    (KeyboardInterrupt) all are killed too. Call ``prewarm()`` once first: then 4 ranks start, run a
+    few DDP steps and are joined in well under 2 s on 2 cores.
     """
     if not callable(fn):
         raise TypeError(f"fn must be a function fn(rank, world_size, *args), not {_shown(fn)}")
     world_size = _whole("world_size", world_size, 1, MAX_WORLD_SIZE)
     timeout = _real("timeout", timeout)
-    if not (timeout > 0 and math.isfinite(timeout)):
-        raise ValueError(f"timeout must be a positive number of seconds, such as 60, not {_shown(timeout)}")
-    if "fork" not in mp.get_all_start_methods():
+    if not 0 < timeout <= MAX_TIMEOUT:
+        raise ValueError(f"timeout must be a number of seconds above 0 and at most 1e9, such as 60, not "
+                         f"{_shown(timeout)}")
+    if not hasattr(os, "fork"):
         raise RuntimeError("run_ranks forks its ranks, and this platform has no fork (use Linux or macOS)")
     if torch.cuda.is_initialized():
         raise RuntimeError("run_ranks forks its ranks, which is unsafe once CUDA is initialised in this "
                            "process; start the ranks before any CUDA call")
     deadline = time.monotonic() + timeout
-    for _attempt in range(3):
+    folder, parent = tempfile.mkdtemp(prefix="ampviz-ranks-"), os.getpid()
+    pids, conns = [], []
+    for stream in (sys.stdout, sys.stderr):  # else each rank inherits what is buffered, and prints it again
         try:
-            return _launch(fn, world_size, args, timeout, deadline)
-        except _PortTaken:  # another program took the free port before rank 0 bound it
-            continue
-    return _launch(fn, world_size, args, timeout, deadline)
-
-
-def _launch(fn, world_size: int, args: tuple, timeout: float, deadline: float) -> list:
-    ctx = mp.get_context("fork")
-    port = _free_port()
-    procs, conns = [], []
-    masked, old_mask = hasattr(signal, "pthread_sigmask"), None
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a stream that cannot flush has nothing to pass on
+            pass
     try:
-        # Ctrl-C is held back while the ranks start (a KeyboardInterrupt between a fork and its
-        # bookkeeping would lose a child) and raised, if it came, once every rank is known.
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
-        with warnings.catch_warnings():  # Python >= 3.12 warns about fork in a threaded process
+        with _interrupts_held(), warnings.catch_warnings():  # Python >= 3.12 warns about fork with threads
             warnings.filterwarnings("ignore", message=".*multi-threaded.*fork", category=DeprecationWarning)
             for rank in range(world_size):
-                recv, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_rank_main, name=f"rank {rank}",
-                                   args=(rank, world_size, port, send, fn, args, os.getpid(), timeout))
+                recv, send = mp.Pipe(duplex=False)
                 conns.append(recv)
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        _rank_main(rank, world_size, os.path.join(folder, "store"), send, fn, args, parent, timeout)
+                    finally:
+                        os._exit(1)
+                pids.append(pid)
+                send.close()
                 try:
-                    proc.start()
-                finally:
-                    send.close()
-                procs.append(proc)
-        if masked:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-            masked = False
-        results = _collect(procs, conns, deadline, timeout)
-        _join(procs, min(max(deadline - time.monotonic(), 0.0), 10.0) + 1.0)
-        return results
+                    os.setpgid(pid, pid)  # the rank does it too: whichever comes first
+                except OSError:
+                    pass
+        return _collect(pids, conns, deadline, timeout)
     finally:
-        try:
-            _reap(procs, conns)
-        finally:
-            if masked and old_mask is not None:  # after the reaping: a Ctrl-C held back is raised now
-                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        with _interrupts_held():
+            _reap(pids, conns)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
-def _collect(procs, conns, deadline: float, timeout: float) -> list:
-    n = len(procs)
+def _exit_code(pid: int, wait: float = 0.0):
+    """A rank's exit code (minus the signal that killed it), or None while it runs (at most
+    ``wait`` seconds more). Linux leaves it unreaped, so that its process group id is not reused
+    before ``_reap`` kills the group; macOS has no ``os.waitid``, and reaps it."""
+    end = time.monotonic() + wait
+    while True:
+        if hasattr(os, "waitid"):
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            code = None if info is None else info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        else:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            code = os.waitstatus_to_exitcode(status) if done else None
+        if code is not None or time.monotonic() >= end:
+            return code
+        time.sleep(0.01)
+
+
+def _collect(pids, conns, deadline: float, timeout: float) -> list:
+    n = len(pids)
     results = [None] * n
     pending = set(range(n))
     while pending:
@@ -316,16 +344,12 @@ def _collect(procs, conns, deadline: float, timeout: float) -> list:
             which = f"rank {ranks[0]} was" if len(ranks) == 1 else \
                 f"ranks {', '.join(map(str, ranks))} were"
             raise TimeoutError(f"{which} still running after {number(timeout)} s: killed all {n} rank processes")
-        waitables = {}
-        for r in pending:
-            waitables[conns[r]] = r
-            waitables[procs[r].sentinel] = r
-        ready = _wait_for(list(waitables), timeout=left)
+        # short waits: a Ctrl-C that another thread took is raised within one, and a rank that ended
+        # is seen even when a process it started holds its pipe open
+        _wait_for([conns[r] for r in pending], timeout=min(left, 0.1))
         errors = []
-        for r in sorted({waitables[obj] for obj in ready}):
-            if r not in pending:
-                continue
-            msg = None
+        for r in sorted(pending):
+            code = _exit_code(pids[r])  # first: what a rank sent before it ended is in its pipe
             if conns[r].poll():
                 try:
                     msg = pickle.loads(conns[r].recv_bytes())
@@ -334,47 +358,41 @@ def _collect(procs, conns, deadline: float, timeout: float) -> list:
                 except Exception as exc:  # noqa: BLE001 - a result this process cannot unpickle
                     raise RankError(f"rank {r} returned a result that cannot be unpickled here: "
                                     f"{type(exc).__name__}: {_one_line(exc)}", r, type(exc).__name__) from None
+            elif code is None:
+                continue
+            else:
+                msg = None
+            pending.discard(r)
             if msg is None:
-                procs[r].join(1.0)
-                code = procs[r].exitcode
+                code = _exit_code(pids[r], 1.0) if code is None else code
                 how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
                 errors.append(RankError(f"rank {r} {how} without returning a result", r))
-                pending.discard(r)
             elif msg[0] == "ok":
                 results[r] = msg[1]
-                pending.discard(r)
             else:
                 _, stage, name, text, tb = msg
                 where = {"init_process_group": " in init_process_group", "run": "",
                          "return": " returning its result (it must be picklable)"}[stage]
-                if stage == "init_process_group" and r == 0 and "address already in use" in text.lower():
-                    raise _PortTaken()
                 errors.append(RankError(f"rank {r} raised {name}{where}: {text}", r, name, tb))
-                pending.discard(r)
         if errors:  # a rank that died first: the others' errors may only be its closed connections
             raise min(errors, key=lambda e: (e.error != "", e.rank))
     return results
 
 
-def _join(procs, grace: float) -> None:
-    end = time.monotonic() + grace
-    for p in procs:
-        p.join(max(end - time.monotonic(), 0.0))
-
-
-def _reap(procs, conns) -> None:
-    """Kill whatever rank is still alive, and join them all (no zombie either)."""
-    for p in procs:
-        if p.exitcode is None:
-            try:
-                p.kill()
-            except (OSError, ValueError):
-                pass
-    for p in procs:
+def _reap(pids, conns) -> None:
+    """Kill every rank with its process group (whatever it started), and reap them (no zombie)."""
+    for pid in pids:
         try:
-            p.join()
-            p.close()
-        except (OSError, ValueError):
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:  # not a group leader (yet): the rank alone
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
             pass
     for c in conns:
         c.close()
@@ -468,30 +486,43 @@ def _ring_layout(length: int, world_size: int, item: int) -> tuple[int, int]:
     return segment_bytes // item, segments // world_size
 
 
+#: The longest layout ``gloo_chunks`` gives, in elements (``gloo_summation_order``: elements x ranks).
+MAX_LAYOUT = 2**24
+
+
 def _length_args(length, world_size, dtype) -> tuple[int, int, FloatFormat]:
-    length = _whole("length", length, 0, 2**31)
+    length = _whole("length", length, 0, MAX_LAYOUT)
     world_size = _whole("world_size", world_size, 1, MAX_WORLD_SIZE)
     return length, world_size, _sum_format(dtype)
 
 
-def gloo_chunks(length, world_size, dtype="float32") -> np.ndarray:
-    """For each of ``length`` elements, the rank that owns it after gloo's reduce-scatter (its
-    chunk): rank ``c`` sums chunk ``c``. Chunks follow gloo's segments (at least ``2 * world_size``
-    of them, none over 1 MiB), so they depend on the dtype's size and are uneven for some lengths."""
-    length, world_size, fmt = _length_args(length, world_size, dtype)
+def _chunks(length: int, world_size: int, fmt: FloatFormat) -> np.ndarray:
     if length == 0:
         return np.zeros(0, np.int64)
     per_segment, per_rank = _ring_layout(length, world_size, fmt.bits // 8)
     return np.minimum(np.arange(length) // per_segment // per_rank, world_size - 1)
 
 
+def gloo_chunks(length, world_size, dtype="float32") -> np.ndarray:
+    """For each of ``length`` elements (at most ``MAX_LAYOUT``), the rank that owns it after gloo's
+    reduce-scatter (its chunk): rank ``c`` sums chunk ``c``. Chunks follow gloo's segments (at least
+    ``2 * world_size`` of them, none over 1 MiB), so they depend on the dtype's size and are uneven
+    for some lengths."""
+    return _chunks(*_length_args(length, world_size, dtype))
+
+
 def gloo_summation_order(length, world_size, dtype="float32") -> np.ndarray:
     """The order in which gloo adds the ranks' values, element by element: an int array of shape
     (length, world_size) whose row ``i`` lists ranks, first to last (element ``i`` of chunk ``c`` is
-    ``x[c-1] + ...``: ``c-1, c-2, ..., c`` mod world_size). ``world_size`` 1 is the value itself."""
-    chunk = gloo_chunks(length, world_size, dtype)
-    steps = np.arange(1, int(world_size) + 1)
-    return (chunk[:, None] - steps[None, :]) % int(world_size)
+    ``x[c-1] + ...``: ``c-1, c-2, ..., c`` mod world_size). ``world_size`` 1 is the value itself.
+    At most ``MAX_LAYOUT`` entries (length x world_size)."""
+    length, world_size, fmt = _length_args(length, world_size, dtype)
+    if length * world_size > MAX_LAYOUT:
+        raise ValueError(f"length x world_size must be at most {MAX_LAYOUT:,} (one rank per element and step), "
+                         f"not {length * world_size:,}: at {world_size} ranks pass a length up to "
+                         f"{MAX_LAYOUT // world_size:,}")
+    steps = np.arange(1, world_size + 1)
+    return (_chunks(length, world_size, fmt)[:, None] - steps[None, :]) % world_size
 
 
 def allreduce(grads, dtype="float32", *, order="gloo") -> np.ndarray:
@@ -532,11 +563,10 @@ def allreduce(grads, dtype="float32", *, order="gloo") -> np.ndarray:
             rows = [_add(fmt, rows[i], rows[i + 1]) if i + 1 < len(rows) else rows[i]
                     for i in range(0, len(rows), 2)]
         return rows[0]
-    ranks = gloo_summation_order(length, world_size, fmt)
-    cols = np.arange(length)
-    acc = x[ranks[:, 0], cols]
-    for k in range(1, world_size):
-        acc = _add(fmt, x[ranks[:, k], cols], acc)  # gloo: out = local + received
+    chunk, cols = _chunks(length, world_size, fmt), np.arange(length)
+    acc = x[(chunk - 1) % world_size, cols]  # the order of gloo_summation_order, a column at a time
+    for k in range(2, world_size + 1):
+        acc = _add(fmt, x[(chunk - k) % world_size, cols], acc)  # gloo: out = local + received
     return acc
 
 
@@ -771,7 +801,7 @@ def simulate_ranks(policy: DynamicScaler, *, found_inf=None, grad_max=None, mode
     fmt = get_format(fmt)
     overflows(1.0, 1.0, fmt, loss_dtype)  # checks fmt (one with inf) and loss_dtype
     if mode == "unscale_first":
-        return _step_loop(policy, mode, arr, flags_given, fmt, loss_dtype)
+        return _unscale_first(policy, arr, flags_given, fmt, loss_dtype)
     return _fast(policy, mode, arr, flags_given, fmt, loss_dtype)
 
 
@@ -810,9 +840,37 @@ def _fast(policy, mode, arr, flags_given, fmt, loss_dtype) -> RanksTrace:
     return _trace(policy, mode, [shared] * world_size, over)
 
 
+def _unscale_first(policy, arr, flags_given, fmt, loss_dtype) -> RanksTrace:
+    """``"unscale_first"`` from ``"local"`` (the step loop's trace, bit for bit): no rank is
+    poisoned before the first step where some rank overflows and another steps, on the all-reduced
+    inf; from there on a poisoned rank overflows at every step, so each rank is "local" up to its
+    first step taken from then on (on inf/NaN), and overflows at every step after it."""
+    local = _fast(policy, "local", arr, flags_given, fmt, loss_dtype)
+    steps = arr.shape[1]
+    stepped = ~local.found_inf
+    hit = np.flatnonzero(local.overflow.any(axis=0) & stepped.any(axis=0))
+    scale, over, skipped, final = local.scale, local.overflow, local.found_inf, local.final_scale
+    nonfinite, tails = np.zeros_like(skipped), {}  # ranks poisoned at one step in one state share a tail
+    for r in range(arr.shape[0]) if hit.size else ():
+        later = np.flatnonzero(stepped[r, hit[0]:])
+        if not later.size:
+            continue
+        t = int(hit[0] + later[0])  # its step on inf/NaN
+        nonfinite[r, t] = True
+        head = {"found_inf": arr[r, :t + 1]} if flags_given else {"grad_max": arr[r, :t + 1], "fmt": fmt,
+                                                                     "loss_dtype": loss_dtype}
+        state = simulate(policy, **head).final
+        if (t, state) not in tails:
+            tails[t, state] = simulate(policy, found_inf=np.ones(steps - t - 1, bool), state=state)
+        tail = tails[t, state]
+        scale[r, t + 1:], skipped[r, t + 1:], over[r, t + 1:] = tail.scale, tail.skipped, True
+        final[r] = tail.final.scale if not tail.final.stopped else math.nan
+    return RanksTrace("unscale_first", policy, scale, over, skipped, ~skipped, nonfinite, final)
+
+
 def _step_loop(policy, mode, arr, flags_given, fmt, loss_dtype) -> RanksTrace:
-    """Step by step, every rank's state machine, for any mode (``"unscale_first"`` couples the
-    ranks through non-finite weights; the tests hold the other modes' fast path to it)."""
+    """Step by step, every rank's state machine, for any mode: the reference that the tests hold
+    the fast paths to."""
     world_size, steps = arr.shape
     states = [policy.initial_state() for _ in range(world_size)]
     scale = np.full((world_size, steps), np.nan)
@@ -1149,11 +1207,15 @@ class ReduceErrors:
     real_equal: dict
 
     def table(self) -> Table:
+        """Each error to 2 significant digits and its ratio to the floor (``measured``: the same text
+        on every CPU, whose BLAS sums the norms in its own order)."""
         rows = []
         for i, ws in enumerate(self.world_sizes):
             cells = [ws]
             for d in self.dtypes:
-                cells.append(f"{self.error[d][i]:.2e} ({self.error[d][i] / self.floor[d][i]:.2f}× floor)")
+                e, f = self.error[d][i], self.floor[d][i]
+                ratio = f"{measured(e / f, 2)}× floor" if f > 0 else "floor 0"
+                cells.append("0 (one rank: no sum)" if ws == 1 else f"{float(measured(e, 2)):.1e} ({ratio})")
             real = [self.real_equal[(d, ws)] for d in self.dtypes if (d, ws) in self.real_equal]
             cells.append(("bit-equal" if all(real) else "DIFFERS") if real else "model only")
             rows.append(cells)
@@ -1166,20 +1228,33 @@ def reduce_errors(world_sizes=(2, 4, 8), dtypes=("float32", "float16", "bfloat16
     """All-reduce (SUM) of ``length`` gradients ~ N(0, ``sigma``) per rank (float32, an independent
     stream per rank, the first ``world_size`` rows of one draw), in each dtype, against the exact sum.
     World sizes up to ``real_up_to`` are also run on real gloo ranks and compared bit for bit with
-    the model."""
+    the model. One rank sums nothing: its error is 0."""
     sizes = tuple(_whole("world_size", w, 1, MAX_WORLD_SIZE) for w in world_sizes)
+    if not sizes:
+        raise ValueError("world_sizes must list at least one world size, such as (2, 4, 8)")
     names = tuple(_sum_format(d).torch_dtype.__str__().replace("torch.", "") for d in dtypes)
     length = _whole("length", length, 1, 2**22)
     rng = np.random.default_rng(_whole("seed", seed, 0, None))
+    if not 0 < _real("sigma", sigma) < math.inf:
+        raise ValueError(f"sigma must be a number above 0 (the gradients' standard deviation), such as 1e-3, "
+                         f"not {_shown(sigma)}")
+    real_up_to = _whole("real_up_to", real_up_to, 0, 16)
     grads = (rng.standard_normal((max(sizes), length)) * float(sigma)).astype(np.float32)
     error, floor, real_equal = {d: [] for d in names}, {d: [] for d in names}, {}
     for ws in sizes:
         x = grads[:ws]
         for d in names:
-            exact = _rounded(_sum_format(d), x).astype(np.float64).sum(axis=0)
-            model = allreduce(x, d)
+            model, once = allreduce(x, d), allreduce(x, d, order="once")
+            with np.errstate(invalid="ignore", over="ignore"):
+                exact = _rounded(_sum_format(d), x).astype(np.float64).sum(axis=0)
+                if not (np.isfinite(model).all() and np.isfinite(once).all() and np.isfinite(exact).all()):
+                    raise ValueError(f"with sigma={number(sigma)} the {d} sums overflow (inf), so there is no relative "
+                                     f"error: pass a smaller sigma, such as 1e-3")
+            if not exact.any():
+                raise ValueError(f"with sigma={number(sigma)} every {d} gradient rounds to 0, so there is no "
+                                 f"relative error: pass a larger sigma, such as 1e-3")
             error[d].append(_relative_error(model, exact))
-            floor[d].append(_relative_error(allreduce(x, d, order="once"), exact))
+            floor[d].append(_relative_error(once, exact))
             if ws <= real_up_to:
                 real = run_allreduce(x, d)
                 real_equal[(d, ws)] = bool(all(np.array_equal(r.view(np.uint16 if r.dtype == np.float16 else np.uint32),
@@ -1366,11 +1441,16 @@ def check_local_scales(answer) -> Check:
 def check_found_inf_op(answer) -> Check:
     """Q: sharded gradients on gloo; the ranks' found_inf flags are ``[0, 1, 0, 0]`` and each rank
     all-reduces its flag before the step. Which of "sum", "max", "min" and "avg" does *not* make
-    every rank skip? (Real gloo gives 1, 1, 0 and 0.25 on every rank: only "min" leaves 0.)"""
-    said = _said(answer)
+    every rank skip? (Real gloo gives 1, 1, 0 and 0.25 on every rank: only "min" leaves 0.) Torch's
+    own ``dist.ReduceOp.MIN``, or its name as text, counts too."""
+    import torch.distributed as dist
+
     if answer is None or answer is Ellipsis:
         return check(answer, "min")
-    ok = said is not None and said.removeprefix("reduceop.").removeprefix("op.") == "min"
+    if isinstance(answer, (dist.ReduceOp, dist.ReduceOp.RedOpType)):  # torch's own, e.g. dist.ReduceOp.MIN
+        answer = "min" if answer == dist.ReduceOp.MIN else "not min"
+    said = _said(answer)
+    ok = said is not None and re.fullmatch(r"((torch\.distributed|dist)\.)?(reduceop\.)?(redoptype\.|op\.)?min", said)
     if ok:
         return Check("right", "✓ correct")
     return Check("wrong", "✗ not quite: all-reduce [0, 1, 0, 0] with each op in your head: a rank skips "

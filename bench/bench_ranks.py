@@ -7,11 +7,15 @@ runs and is printed as a ratio to a baseline run here too):
   parent's ``waitpid``: what starting a process costs at all;
 * one DDP step on 4 ranks before and after ``prewarm()`` (the one-off imports in the parent,
   ``torch._dynamo`` above all, which every rank otherwise pays for itself);
-* ``run_ranks`` with a function that returns at once, for 2, 4 and 8 ranks: fork, one torch thread,
-  a gloo group on 127.0.0.1, the result back, the group destroyed, every child joined;
+* ``run_ranks`` with a function that returns at once, for 2, 4, 8, 16 and 64 ranks: fork, one torch
+  thread, a gloo group, the result back, every rank killed and reaped;
 * ``run_scaler_ranks("ddp", ...)`` with 4 ranks and 6 steps (the lesson's cell: DDP, autocast fp16,
   GradScaler, one rank's overflow); target <= 2 s on 2 cores once prewarmed;
-* ``run_allreduce`` of 65,536 float32 values on 4 ranks, and ``allreduce`` (the model) of the same.
+* ``run_allreduce`` of 65,536 float32 values on 4 ranks, and ``allreduce`` (the model) of the same;
+* ``simulate_ranks`` in mode ``"unscale_first"`` (ranks coupled through poisoned weights) as a ratio
+  to mode ``"ddp"`` on the same streams, 8 ranks x 200,000 and 1,000,000 steps: a clean stream (every
+  rank overflows at once when the scale grows too far: no rank is poisoned) and one overflow on one
+  rank (every other rank is poisoned); target: the same order as ``"ddp"``.
 
     .venv/bin/python bench/bench_ranks.py
 """
@@ -70,10 +74,10 @@ def main():
     ranks.prewarm()
     prewarm_s = time.perf_counter() - t0
     rows.append(("run_ranks, 4 ranks, one DDP step, prewarmed", best_ms(lambda: ranks.run_ranks(one_ddp_step, 4), 3)))
-    for ws in (2, 4, 8):
+    for ws in (2, 4, 8, 16, 64):
         assert ranks.run_ranks(returns_rank, ws) == list(range(ws))
         rows.append((f"run_ranks, {ws} ranks, a function that returns",
-                     best_ms(lambda: ranks.run_ranks(returns_rank, ws))))
+                     best_ms(lambda: ranks.run_ranks(returns_rank, ws), 3 if ws > 8 else 5)))
     flags = np.zeros((4, 6), bool)
     flags[1, 2] = True
     run = ranks.run_scaler_ranks("ddp", found_inf=flags, growth_interval=2)
@@ -95,6 +99,22 @@ def main():
     verdict = "met" if ddp_ms <= 1e3 * TARGET_S else "MISSED"
     print(f"\ntarget: 4 ranks start, run a few steps and are joined in <= {TARGET_S:g} s once prewarmed: "
           f"{ddp_ms / 1e3:.2f} s ({verdict})")
+    simulator()
+
+
+def simulator():
+    from ampviz.scaling import TorchGradScaler
+
+    policy = TorchGradScaler(init_scale=2.0**16, growth_interval=2000)
+    print(f"\nsimulate_ranks, 8 ranks, {policy.name} scalers: mode 'unscale_first' against 'ddp'")
+    print(f"{'stream':34s} {'steps':>9s} {'ddp ms':>8s} {'unscale_first ms':>17s} {'x ddp':>6s}")
+    for steps in (200_000, 1_000_000):
+        one = np.zeros((8, steps), bool)
+        one[1, 5] = True
+        for name, stream in (("clean, max|g| = 2^-4 on every rank", {"grad_max": np.full((8, steps), 2.0**-4)}),
+                             ("rank 1 overflows at step 5", {"found_inf": one})):
+            ms = [best_ms(lambda: ranks.simulate_ranks(policy, mode=m, **stream), 3) for m in ("ddp", "unscale_first")]
+            print(f"{name:34s} {steps:9,d} {ms[0]:8.0f} {ms[1]:17.0f} {ms[1] / ms[0]:6.1f}")
 
 
 if __name__ == "__main__":

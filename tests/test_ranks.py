@@ -215,15 +215,102 @@ def _running(pid: int) -> bool:
     (lambda: R.run_ranks(_echo, True), TypeError, "world_size must be a whole number, not True"),
     (lambda: R.run_ranks(_echo, 2.5), ValueError, "world_size must be a whole number, not 2.5"),
     (lambda: R.run_ranks(_echo, 2, timeout=0), ValueError,
-     "timeout must be a positive number of seconds, such as 60, not 0.0"),
+     "timeout must be a number of seconds above 0 and at most 1e9, such as 60, not 0.0"),
     (lambda: R.run_ranks(_echo, 2, timeout=math.inf), ValueError,
-     "timeout must be a positive number of seconds, such as 60, not inf"),
+     "timeout must be a number of seconds above 0 and at most 1e9, such as 60, not inf"),
+    (lambda: R.run_ranks(_echo, 2, timeout=1.0000001e9), ValueError,
+     "timeout must be a number of seconds above 0 and at most 1e9, such as 60, not 1000000100.0"),
     (lambda: R.run_ranks(_echo, 2, timeout="1"), TypeError, "timeout must be a number, not '1'"),
 ])
 def test_run_ranks_refuses_bad_arguments_in_one_line(call, error, message):
     with pytest.raises(error) as info:
         call()
     assert str(info.value) == message
+
+
+def _returns_rank(rank, world_size):
+    return rank
+
+
+def test_a_function_without_a_collective_runs_at_every_world_size():
+    """Ranks that return at once must not tear the group down under ranks still connecting to it
+    (gloo: "connectFullMesh failed ... Connection closed by peer" in one of them)."""
+    for world_size, calls in ((16, 10), (R.MAX_WORLD_SIZE, 6)):
+        for _ in range(calls):
+            assert R.run_ranks(_returns_rank, world_size, timeout=60) == list(range(world_size))
+
+
+_INTERRUPTED = textwrap.dedent("""
+    import sys, threading, time
+    import psutil
+    from ampviz import ranks
+
+    ranks.prewarm()
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()  # a kernel has threads too
+
+    def hang(rank, world_size):
+        time.sleep(600)
+
+    for _ in range(int(sys.argv[1])):
+        try:
+            print("go", flush=True)
+            ranks.run_ranks(hang, 16, timeout=20)
+            outcome = "returned"
+        except KeyboardInterrupt:
+            outcome = "interrupted"
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            outcome = type(e).__name__
+        print(outcome, len(psutil.Process().children(recursive=True)), flush=True)
+""")
+
+
+def test_ctrl_c_while_the_ranks_are_forked_kills_every_rank_in_a_threaded_process():
+    """SIGINT from outside (as Jupyter's Interrupt sends it) at moments spread over the forks of 16
+    ranks, in a process with another thread: every time KeyboardInterrupt comes at once and no
+    child is left, not even a zombie."""
+    delays = [0.0, 0.01, 0.02, 0.03, 0.05, 0.07, 0.09, 0.12, 0.15, 0.2, 0.25, 0.35]
+    child = subprocess.Popen([sys.executable, "-c", _INTERRUPTED, str(len(delays))], stdout=subprocess.PIPE,
+                             text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    outcomes = []
+    try:
+        for delay in delays:
+            assert child.stdout.readline() == "go\n"
+            time.sleep(delay)
+            child.send_signal(signal.SIGINT)
+            t0 = time.monotonic()
+            outcome, left = child.stdout.readline().split()
+            outcomes.append((delay, outcome, int(left), round(time.monotonic() - t0, 1)))
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    assert all(o[1:3] == ("interrupted", 0) and o[3] < 5 for o in outcomes), str(outcomes)
+
+
+def _start_a_process(rank, world_size, how):
+    if how == "popen":
+        return subprocess.Popen(["sleep", "60"]).pid
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    return pid
+
+
+@pytest.mark.parametrize("how", ["popen", "fork"])
+def test_a_rank_that_starts_a_process_returns_at_once_and_leaves_none(how):
+    t0 = time.monotonic()
+    pids = R.run_ranks(_start_a_process, 2, how, timeout=30)
+    assert time.monotonic() - t0 < 5
+    end = time.monotonic() + 5
+    while any(_running(p) for p in pids) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not any(_running(p) for p in pids)
+
+
+def test_the_longest_timeout_works():
+    out = R.run_ranks(_echo, 2, "x", timeout=1e9)
+    assert [o[:4] for o in out] == [(0, 2, "x", 1.0), (1, 2, "x", 1.0)]
 
 
 def test_prewarm_is_paid_once():
@@ -477,10 +564,23 @@ def test_allreduce_takes_tensors_and_ml_dtypes_arrays():
     assert same_values(R.allreduce(torch.from_numpy(x).to(torch.bfloat16), "bf16"), expected)
     assert same_values(R.allreduce(x.astype(ml_dtypes.bfloat16), "bfloat16"), expected)
     assert same_values(R.allreduce(x.tolist(), "bfloat16"), expected)
-    with pytest.raises(ValueError, match="^length must be between 0 and 2,147,483,648, not -1$"):
+    with pytest.raises(ValueError, match="^length must be between 0 and 16,777,216, not -1$"):
         R.gloo_chunks(-1, 2)
     with pytest.raises(ValueError, match="^world_size must be between 1 and 64, not 0$"):
         R.gloo_summation_order(4, 0)
+
+
+def test_the_layouts_refuse_lengths_they_cannot_hold():
+    """A layout is an int array per element (and rank): 2^31 elements would be 16 GiB to 1 TiB."""
+    with pytest.raises(ValueError) as info:
+        R.gloo_chunks(2**31, 2)
+    assert str(info.value) == "length must be between 0 and 16,777,216, not 2,147,483,648"
+    with pytest.raises(ValueError) as info:
+        R.gloo_summation_order(2**18 + 1, 64, "float16")
+    assert str(info.value) == ("length x world_size must be at most 16,777,216 (one rank per element and "
+                               "step), not 16,777,280: at 64 ranks pass a length up to 262,144")
+    with pytest.raises(ValueError, match=r"^length must be between 0 and 16,777,216, not 2,147,483,648$"):
+        R.gloo_summation_order(2**31, 1)
 
 
 # ============================================================================================
@@ -644,6 +744,50 @@ def test_fast_paths_equal_the_step_loop(seed, world_size, steps, mode, flags, po
     assert len(table.rows) == min(steps, 3) and len(table.columns) == world_size + 1
 
 
+def _rare_stream(seed, world_size, steps, flags):
+    """Streams whose first overflow comes anywhere in the run, on one rank or several at once, some
+    ranks identical (they overflow together), and NaN gradients: where unscale_first poisons ranks."""
+    rng = np.random.default_rng(seed)
+    if flags:
+        f = rng.random((world_size, steps)) < rng.choice([0.0, 0.02, 0.1, 0.5])
+        f[rng.random(world_size) < 0.3] = f[0]
+        return {"found_inf": f}
+    g = np.exp2(rng.uniform(-12, rng.choice([-6, 4, 20]), (world_size, steps)))
+    g[rng.random(world_size) < 0.3] = g[0]
+    g[rng.random((world_size, steps)) < 0.005] = np.nan
+    return {"grad_max": g}
+
+
+@PURE
+@given(seed=st.integers(0, 2**32 - 1), world_size=st.integers(1, 9), steps=st.integers(0, 300),
+       flags=st.booleans(), policy=st.sampled_from(POLICIES))
+def test_unscale_first_equals_the_step_loop(seed, world_size, steps, flags, policy):
+    stream = _rare_stream(seed, world_size, steps, flags)
+    arr = np.asarray(stream.get("found_inf", stream.get("grad_max")))
+    loop = R._step_loop(policy, "unscale_first", arr, flags, R.FP16, "float32")
+    assert R.same_trace(R.simulate_ranks(policy, mode="unscale_first", **stream), loop)
+
+
+def test_unscale_first_takes_the_scalers_event_by_event(monkeypatch):
+    """8 ranks x 20,000 steps, two overflows: the ranks' scalers move event by event as in the other
+    modes (a Python step per rank and step took 54 s for 8 x 1M steps), with the step loop's trace."""
+    flags = np.zeros((8, 20_000), bool)
+    flags[3, 5_000] = flags[6, 12_345] = True
+    policy = TorchGradScaler(init_scale=2.0**10, growth_interval=1000)
+    streams = [("found_inf", flags), ("grad_max", np.where(flags, np.inf, 2.0**-4)),
+               ("grad_max", np.full(flags.shape, 2.0**-4))]  # every rank overflows at once: none is poisoned
+    calls, poisoned = [], []
+    adjust = DynamicScaler._adjust
+    monkeypatch.setattr(DynamicScaler, "_adjust", lambda self, st, found: calls.append(1) or adjust(self, st, found))
+    for key, arr in streams:
+        loop = R._step_loop(policy, "unscale_first", arr, key == "found_inf", R.FP16, "float32")
+        calls.clear()
+        trace = R.simulate_ranks(policy, mode="unscale_first", **{key: arr})
+        assert R.same_trace(trace, loop) and len(calls) < 3_000, len(calls)  # the step loop: 160,000
+        poisoned.append(int(trace.nonfinite_step.sum()))
+    assert poisoned == [8, 8, 0]
+
+
 @PURE
 @given(seed=st.integers(0, 2**32 - 1), world_size=st.integers(1, 5), steps=st.integers(1, 40),
        flags=st.booleans(), policy=st.sampled_from(POLICIES))
@@ -758,6 +902,60 @@ def test_reduce_errors_grow_with_the_world_and_real_gloo_gives_the_models_bits()
     assert "model only" in str(e.table()) and "bit-equal" in str(e.table())
 
 
+def test_reduce_errors_table_prints_the_digits_the_lesson_needs():
+    """Two significant digits (norms summed by BLAS differ in their last bits from CPU to CPU); one
+    rank sums nothing: an error of exactly 0, and no ratio to a floor of 0."""
+    e = R.reduce_errors(world_sizes=(1, 2, 4), dtypes=("float16", "bfloat16"), length=4096, real_up_to=2)
+    assert all(e.real_equal.values()) and set(e.real_equal) == {(d, w) for d in e.dtypes for w in (1, 2)}
+    for d in e.dtypes:
+        assert e.error[d][0] == e.floor[d][0] == 0 and e.error[d][1] == e.floor[d][1] > 0
+    lines = str(e.table()).splitlines()
+    assert lines[0] == "all-reduce SUM vs the exact sum (relative L2)"
+    cells = [[c.strip() for c in line.split("  ") if c.strip()] for line in lines[3:]]
+    assert cells[0] == ["1", "0 (one rank: no sum)", "0 (one rank: no sum)", "bit-equal"]
+    assert cells[1][1].endswith("(1× floor)") and cells[2][3] == "model only"
+    for row, ws in zip(cells[1:], (2, 4)):
+        for cell, d in zip(row[1:3], e.dtypes):
+            i = e.world_sizes.index(ws)
+            err, ratio = e.error[d][i], e.error[d][i] / e.floor[d][i]
+            assert cell == f"{float(f'{err:.2g}'):.1e} ({ratio:.2g}× floor)", cell
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(world_sizes=()), ValueError, "world_sizes must list at least one world size, such as (2, 4, 8)"),
+    (dict(sigma=0), ValueError, "sigma must be a number above 0 (the gradients' standard deviation), such as "
+     "1e-3, not 0"),
+    (dict(sigma=-1), ValueError, "sigma must be a number above 0 (the gradients' standard deviation), such as "
+     "1e-3, not -1"),
+    (dict(sigma=math.inf), ValueError, "sigma must be a number above 0 (the gradients' standard deviation), "
+     "such as 1e-3, not inf"),
+    (dict(sigma="1"), TypeError, "sigma must be a number, not '1'"),
+    (dict(sigma=1e5, dtypes=("float32", "float16")), ValueError,
+     "with sigma=100000 the float16 sums overflow (inf), so there is no relative error: pass a smaller sigma, "
+     "such as 1e-3"),
+    (dict(sigma=1e-30, dtypes=("float16",)), ValueError,
+     "with sigma=1e-30 every float16 gradient rounds to 0, so there is no relative error: pass a larger "
+     "sigma, such as 1e-3"),
+    (dict(real_up_to=-1), ValueError, "real_up_to must be between 0 and 16, not -1"),
+])
+def test_reduce_errors_refuses_what_has_no_error_in_one_line(kwargs, error, message):
+    with pytest.raises(error) as info:
+        R.reduce_errors(**{"length": 256, "real_up_to": 0, **kwargs})
+    assert str(info.value) == message
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 16), min_size=1, max_size=3, unique=True), dtype=st.sampled_from(DTYPES),
+       log_sigma=st.floats(-5, 2), seed=st.integers(0, 2**32 - 1))
+def test_reduce_errors_never_beat_one_rounding(sizes, dtype, log_sigma, seed):
+    """The floor (the exact sum rounded once) is the nearest value to each sum: no order beats it."""
+    e = R.reduce_errors(sizes, (dtype,), length=512, sigma=10.0**log_sigma, seed=seed, real_up_to=0)
+    for ws, err, floor in zip(sizes, e.error[dtype], e.floor[dtype]):
+        assert 0 <= floor <= err < 1
+        assert ws > 2 or err == floor and (ws == 2 or err == 0)
+    assert len(e.table().rows) == len(sizes)
+
+
 @pytest.mark.parametrize("hook", [None, "fp16", "bf16"])
 def test_the_compress_hook_model_equals_real_ddp(hook):
     kw = dict(world_size=2, steps=3, init_scale=4e4, length=8192, seed=3)
@@ -809,9 +1007,13 @@ def test_notebook_11_checkers():
     assert R.check_local_scales((1024, 4096)) and R.check_local_scales(["1024", "2^12"])
     assert not R.check_local_scales((1024, 2048)) and not R.check_local_scales("1024, 4096")
     assert not R.check_local_scales(4096)
-    for right in ("min", "MIN", "ReduceOp.MIN", " Min. "):
+    import torch.distributed as dist
+
+    for right in ("min", "MIN", "ReduceOp.MIN", " Min. ", "dist.ReduceOp.MIN", "torch.distributed.ReduceOp.MIN",
+                  "RedOpType.MIN", str(dist.ReduceOp.MIN), dist.ReduceOp.MIN, dist.ReduceOp(dist.ReduceOp.MIN)):
         assert R.check_found_inf_op(right), right
-    for wrong in ("max", "sum", "avg", 0, "product"):
+    for wrong in ("max", "sum", "avg", 0, "product", dist.ReduceOp.MAX, dist.ReduceOp.SUM, "dist.ReduceOp.MAX",
+                  "torch.distributed.ReduceOp.SUM", "dist.min.max", "minimum.MIN", "numpy.min", "ReduceOp.MIN.MAX"):
         assert R.check_found_inf_op(wrong).status == "wrong", wrong
     assert R.check_found_inf_op(None).status == "unanswered"
     for right in (0.575, "57%", "0.56", 1 - 0.9**8):
@@ -822,6 +1024,15 @@ def test_notebook_11_checkers():
     t = R.simulate_ranks(TorchGradScaler(init_scale=1024, growth_interval=2), found_inf=["x...", "...."],
                          mode="local")
     assert t.final_scale.tolist() == [1024.0, 4096.0]
+
+
+@PURE
+@given(prefix=st.sampled_from(["", "dist.", "torch.distributed.", "ReduceOp.", "dist.ReduceOp.", "RedOpType.",
+                               "torch.distributed.ReduceOp.", "dist.ReduceOp.RedOpType."]),
+       op=st.sampled_from(["MIN", "min", "Min", "MAX", "SUM", "AVG", "PRODUCT", "BAND"]), text=st.text(max_size=20))
+def test_the_found_inf_op_checker_reads_torchs_names(prefix, op, text):
+    assert R.check_found_inf_op(f" {prefix}{op}. ").status == ("right" if op.lower() == "min" else "wrong")
+    assert R.check_found_inf_op(text).status == "wrong" or "min" in text.casefold()
 
 
 def _reduce_flag(rank, world_size, op):
@@ -836,3 +1047,21 @@ def test_found_inf_reduced_with_each_op_on_gloo():
     """The facts behind check_found_inf_op: only MIN leaves every rank's flag at 0."""
     got = {op: R.run_ranks(_reduce_flag, 4, op) for op in ("SUM", "MAX", "MIN", "AVG")}
     assert got == {"SUM": [1.0] * 4, "MAX": [1.0] * 4, "MIN": [0.0] * 4, "AVG": [0.25] * 4}
+
+
+def test_what_was_printed_before_the_ranks_start_is_printed_once():
+    """A rank is a fork: without a flush first, it inherits this process's buffered output and
+    prints it again (a notebook cell then showed its table three times)."""
+    code = ("import os, sys; from ampviz.ranks import run_ranks\n"
+            "class Buffered:  # as a notebook kernel's stdout: text kept in Python until a flush\n"
+            "    def __init__(self): self.text = ''\n"
+            "    def write(self, text): self.text += text; return len(text)\n"
+            "    def flush(self): os.write(1, self.text.encode()); self.text = ''\n"
+            "sys.stdout = Buffered()\n"
+            "print('printed before', end='')\n"
+            "run_ranks(lambda rank, n: rank, 2)\n"
+            "print(' and after')\n"
+            "sys.stdout.flush()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "printed before and after\n"

@@ -676,3 +676,34 @@ def test_the_gradient_slider_is_drawn_ahead():
     assert lab.settle(30)
     fresh = RanksLab(reduce_dtype="fp16", grad_max=8.0)
     assert _sent(lab.view) == _sent(fresh.view) and lab.readout.value == fresh.readout.value
+
+
+@pytest.mark.parametrize("dropdown, message", [
+    ("reduce_dropdown", "choose the all-reduce dtype: fp32, fp16 or bf16"),
+    ("mode_dropdown", "choose how the ranks sync: DDP, a synced flag, a scaler per rank, or unscale_ before the "
+                      "all-reduce"),
+])
+def test_a_dropdown_left_empty_says_what_to_choose(dropdown, message):
+    lab = RanksLab(steps=30)
+    trace, figure = lab.trace, lab.figure
+    getattr(lab, dropdown).value = None  # what a dropdown holds with nothing chosen
+    assert lab.error == message and text(lab.message) == f"⚠ {message}"
+    assert lab.trace is trace and lab.figure is figure  # the last good figure stays
+    getattr(lab, dropdown).value = getattr(lab, dropdown).options[1][1]
+    assert lab.error is None and lab.trace is not trace
+
+
+@FUZZ
+@given(mode=st.sampled_from([None, *MODES]), reduce_dtype=st.sampled_from([None, "fp32", "fp16", "bf16"]),
+       rank=st.sampled_from([None, 0, 1, 3]))
+def test_every_dropdown_position_is_valid_or_a_one_line_message(hook_lab, mode, reduce_dtype, rank):
+    lab = hook_lab
+    lab.ranks_slider.value, lab.steps_text.value, lab.steps_input.value = 4, "5", 30
+    lab.mode_dropdown.value, lab.reduce_dropdown.value, lab.rank_dropdown.value = mode, reduce_dtype, rank
+    if mode is None or reduce_dtype is None:
+        assert one_line(lab.error) and lab.error.startswith("choose ")
+        return
+    assert lab.error is None
+    want = np.zeros((lab.ranks_slider.value, 30), bool)
+    want[rank or 0, 5] = True
+    assert same_trace(lab.trace, hook_expected(settings_of(lab), want, mode, reduce_dtype, lab.grad_slider.value))

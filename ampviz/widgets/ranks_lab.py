@@ -318,6 +318,11 @@ class RanksLab(_Explorer):
         if (state := self._kept_state(key)) is not None:
             return state
         s = dict(key)
+        if s["mode"] not in dict(self.MODES).values():  # a dropdown with nothing chosen holds None
+            raise ValueError("choose how the ranks sync: DDP, a synced flag, a scaler per rank, or unscale_ "
+                             "before the all-reduce")
+        if s["reduce"] not in _REDUCE_NAMES:
+            raise ValueError("choose the all-reduce dtype: fp32, fp16 or bf16")
         flags = self._flags_of(s["ranks"], s["rank"], s["text"], s["steps"])
         policy = self._policy_of(s["log2_init"], s["interval"])
         grad = 2.0 ** int(s["log2_grad"])
