@@ -71,8 +71,10 @@ browser-deps:
 	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
+# Two pytest workers: most tests use one core, and the long ones (the Binder environment, the
+# lessons' runs) start first on one worker while the other takes the rest (tests/conftest.py).
 test: $(VENV)/.test-installed $(VENV)/$(VOILA_TEMPLATE)/.installed browser-deps
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) notebooks
 
 bench: $(VENV)/.test-installed $(VENV)/$(VOILA_TEMPLATE)/.installed browser-deps

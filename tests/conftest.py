@@ -17,7 +17,13 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device")
 
 
+#: Test files that take minutes: collected first, so that with ``-n 2`` (make test) one worker starts
+#: them while the other takes the thousands of short tests, instead of one of them running alone at the end.
+LONG_FIRST = ("test_binder.py", "test_exercises.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: the order within stays
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
