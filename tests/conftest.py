@@ -10,6 +10,11 @@ import os
 
 import pytest
 
+# One torch (OpenMP) thread per test process unless a test asks for more: make test runs two pytest
+# workers on 2 cores, and a thread per core in each left four threads spinning on two cores (the
+# torch-heavy test files took 49 s instead of 25). Set before any test imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 GPU_SKIP_REASON = "needs a CUDA device (torch.cuda.is_available() is False)"
 
 
