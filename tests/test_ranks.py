@@ -172,8 +172,9 @@ def test_ctrl_c_in_the_parent_kills_every_rank():
     assert time.monotonic() - t0 < 5
 
 
-def test_ranks_die_with_their_parent():
-    """A parent killed outright (SIGKILL: no finally runs) takes its ranks with it (Linux)."""
+def test_ranks_die_with_their_parent(tmp_path):
+    """A parent killed outright (SIGKILL: no finally runs) takes its ranks with it (Linux). Its
+    ranks' store folder, which no finally removes then, lands in the test's own folder."""
     if not sys.platform.startswith("linux"):
         pytest.skip("PR_SET_PDEATHSIG is Linux-only")
     script = textwrap.dedent("""
@@ -185,7 +186,8 @@ def test_ranks_die_with_their_parent():
         ranks.run_ranks(hang, 2, timeout=600)
     """)
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         pids = [int(parent.stdout.readline()) for _ in range(2)]
         assert all(psutil.pid_exists(p) for p in pids)
