@@ -75,7 +75,7 @@ browser-deps:
 # lessons' runs) start first on one worker while the other takes the rest (tests/conftest.py).
 test: $(VENV)/.test-installed $(VENV)/$(VOILA_TEMPLATE)/.installed browser-deps
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) notebooks
+	AMPVIZ_STRICT_DIGITS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(NBVAL) notebooks
 
 bench: $(VENV)/.test-installed $(VENV)/$(VOILA_TEMPLATE)/.installed browser-deps
 	$(BIN)/python bench/bench_census.py

@@ -70,7 +70,7 @@ from torch import nn
 from torch._subclasses import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampviz.lessons import Check, Table, _number_text, _said, check, number
+from ampviz.lessons import Check, Table, _number_text, _said, check, measured, number
 from ampviz.pitfalls import autocast_cache
 from ampviz.scaling import _shown
 from ampviz.training import _seed
@@ -794,8 +794,8 @@ def loss_table(dtype="float16", seed: int = 0) -> Table:
         r = loss_report(name, dt, seed)
         step = (f"skipped, scale {number(r.scale_after)}" if r.step_skipped else
                 f"runs, scale {number(r.scale_after)}")
-        rows.append((name, r.output_dtype, r.loss_dtype, f"{r.scaled_dtype} {number(r.scaled, digits=4)}",
-                     f"{r.output_grad_dtype} {number(r.output_grad_max, digits=4)}", step))
+        rows.append((name, r.output_dtype, r.loss_dtype, f"{r.scaled_dtype} {measured(r.scaled)}",
+                     f"{r.output_grad_dtype} {measured(r.output_grad_max)}", step))
     return Table(("loss", "output", "loss dtype", "loss × 65536", "max |grad| at the output", "step 1"), rows,
                  title=f"nn.Linear(4, 3) under {SHORT[dt]} CPU autocast, GradScaler('cpu') at scale 65536")
 

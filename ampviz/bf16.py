@@ -53,7 +53,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ampviz.lessons import Table, number
+from ampviz.lessons import Table, measured, number
 from ampviz.scaling import _shown
 from ampviz.training import _real, _real_array, _seed, _whole, torch_cast_counts
 
@@ -363,7 +363,7 @@ def rounding_table(stats) -> Table:
     for c in stats.checks:
         verdict = ("ok" if c.passed else "other values" if not c.neighbours_only else "biased")
         rows.append((number(c.value), number(c.lower), number(c.upper), f"{c.expected:.5f}", f"{c.share_up:.5f}",
-                     f"{c.error:.3g}", f"{c.bound:.3g}", verdict))
+                     measured(c.error, 3), measured(c.bound, 3), verdict))
     return Table(("value", "lower", "upper", "P(upper)", "share upper", "mean - value", "bound", "verdict"), rows,
                  title=f"{stats.rounding}: {stats.draws:,} draws per value, bound {number(stats.sigmas)} sigmas")
 
@@ -669,7 +669,7 @@ def overflow_table(report) -> Table:
     """One row per Linear layer of an ``OverflowReport``: largest |activation| in fp32, bf16 and
     fp16, and the fp16 outputs that are inf and NaN."""
     report = _stats("report", report, OverflowReport)
-    rows = [(name, f"{report.fp32_max[i]:.4g}", f"{report.bf16_max[i]:.4g}", f"{report.fp16_max[i]:.4g}",
+    rows = [(name, measured(report.fp32_max[i]), f"{report.bf16_max[i]:.4g}", f"{report.fp16_max[i]:.4g}",
              f"{report.fp16_inf[i]:,} of {report.values[i]:,}", f"{report.fp16_nan[i]:,}")
             for i, name in enumerate(report.layers)]
     return Table(("layer", "largest |output| fp32", "bf16", "fp16", "fp16 inf", "fp16 NaN"), rows,
@@ -974,9 +974,9 @@ def lost_update_table(result) -> Table:
     mean = lambda a: pct(a.mean()) if a.size else "-"  # noqa: E731
     last = lambda a: pct(a[-1]) if a.size else "-"  # noqa: E731
     for key, run in result.runs.items():
-        rows.append((run.label, f"{run.final_loss:.3g}", f"{result.distance(key):.3g}",
+        rows.append((run.label, measured(run.final_loss, 3), measured(result.distance(key), 3),
                      mean(run.lost), mean(run.unchanged), last(run.unchanged)))
-    rows.append(("fp32 run's weights rounded to bf16", f"{result.floor_loss:.3g}", f"{result.floor_distance:.3g}",
+    rows.append(("fp32 run's weights rounded to bf16", measured(result.floor_loss, 3), measured(result.floor_distance, 3),
                  "", "", ""))
     stalled = result.stalled_at
     return Table(("weights", "final loss", "distance to fp32", "updates below ½ ulp", "state unchanged",
@@ -997,7 +997,7 @@ def lost_update_steps_table(result, steps=None) -> Table:
         raise TypeError(f"steps must be a list of whole numbers from 0 to {result.steps}, not {_shown(steps)}")
     steps = [_whole("steps", k, 0, result.steps) for k in steps]
     stalled = result.stalled_at
-    rows = [(run.label, *(f"{run.loss[k]:.3g}" for k in steps)) for run in result.runs.values()]
+    rows = [(run.label, *(measured(run.loss[k], 3) for k in steps)) for run in result.runs.values()]
     return Table(("weights", *(f"step {k:,}" + (" (stall)" if k == stalled else "") for k in steps)), rows,
                  title=f"loss (½ · mean squared error) by step, lr {number(result.lr)}")
 

@@ -34,7 +34,7 @@ from torch import nn
 
 from ampviz.census import CensusResult, census, underflow_fractions
 from ampviz.formats import FloatFormat, _describe, get_format
-from ampviz.lessons import Table, largest_safe_scale, number
+from ampviz.lessons import Table, largest_safe_scale, measured, number
 
 __all__ = [
     "LOST_TARGET",
@@ -103,10 +103,10 @@ class Diagnosis:
         else:
             safe = "none (every finite gradient is 0)"
         if self.nonfinite:
-            lines.append(f"largest finite |gradient|: {self.grad_max:.3g} ({self.nonfinite:,} gradients are "
+            lines.append(f"largest finite |gradient|: {measured(self.grad_max, 3)} ({self.nonfinite:,} gradients are "
                          f"inf or NaN already in float32); largest safe scale: {safe}")
         else:
-            lines.append(f"largest |gradient|: {self.grad_max:.3g}; largest safe scale: {safe}")
+            lines.append(f"largest |gradient|: {measured(self.grad_max, 3)}; largest safe scale: {safe}")
         lines.append(f"at scale 1: lost {n_lost:,} ({100 * self.lost:.2f}%), "
                      f"subnormal {100 * self.subnormal:.2f}%")
         if self.needed_scale is None:
@@ -142,7 +142,7 @@ class Diagnosis:
                 g = self.grads[(k, name)]
                 big = float(np.max(np.abs(g))) if g.size else 0.0
                 at_s = f"{100 * census(g, self.fmt, s).fractions['underflow']:.2f}%" if s is not None else "-"
-                rows.append((name, k, f"{c.total:,}", f"{big:.2g}", f"{100 * fr['underflow']:.2f}%",
+                rows.append((name, k, f"{c.total:,}", measured(big, 2), f"{100 * fr['underflow']:.2f}%",
                              f"{100 * fr['subnormal']:.1f}%", at_s))
         return Table(("name", "gradient of", "values", "largest |g|", "lost at 1", "subnormal at 1", head),
                      rows, title=f"{self.fmt.name}, by layer")
@@ -338,7 +338,7 @@ def _diagnose(fmt: FloatFormat, grads: dict, act_max: dict) -> Diagnosis:
             if math.isfinite(v) and census(np.float32(v), fmt, 1.0).counts["overflow"]}
     if over:
         name, v = max(over.items(), key=lambda kv: kv[1])
-        reasons.append(f"{len(over)} module output(s) reach |value| {v:.3g} ({name}), beyond {fmt.name}'s max "
+        reasons.append(f"{len(over)} module output(s) reach |value| {measured(v, 3)} ({name}), beyond {fmt.name}'s max "
                        f"{number(fmt.max)}: they overflow in the forward pass whatever the loss scale")
     if broken:
         notes.append(f"{len(broken)} module output(s) are already inf or NaN in float32 ({broken[0]})")
@@ -346,7 +346,7 @@ def _diagnose(fmt: FloatFormat, grads: dict, act_max: dict) -> Diagnosis:
         notes.append(f"{nonfinite:,} gradients are already inf or NaN in float32: neither bf16 (float32's "
                      "range) nor a loss scale fixes that; find where they come from (data, loss, model) first")
     if safe is not None and safe < 1:
-        reasons.append(f"gradients up to {grad_max:.3g} overflow {fmt.name} even at scale 1")
+        reasons.append(f"gradients up to {measured(grad_max, 3)} overflow {fmt.name} even at scale 1")
     elif needed is not None and safe is not None and needed > safe:
         reasons.append(f"losing < {100 * LOST_TARGET:g}% needs scale {number(needed, pow2=True)}, but "
                        f"{number(2 * safe, pow2=True)} already overflows: the gradients span more than "

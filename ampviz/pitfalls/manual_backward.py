@@ -49,7 +49,7 @@ import warnings
 
 import torch
 
-from ampviz.lessons import Check, Table, _close, _yes_no, check
+from ampviz.lessons import Check, Table, _close, _yes_no, check, measured
 from ampviz.pitfalls import Outcome, outcome_of, quiet_trainer
 
 __all__ = [
@@ -631,10 +631,16 @@ def _g(x, digits=4) -> str:
     return "-" if x is None else f"{x:.{digits}g}"
 
 
+def _m(x, digits=4) -> str:
+    """A norm or ratio torch computed: the same text on every CPU (``measured``)."""
+    return "-" if x is None else measured(x, digits)
+
+
 def norms_table(outcome: Outcome, reference: Outcome) -> Table:
-    """Gradient norm per iteration next to fp32's, with their ratio."""
+    """Gradient norm per iteration next to fp32's, with their ratio, at 3 significant digits (at 4,
+    a norm of notebook 08 sits on a rounding boundary, which another CPU may cross)."""
     a, b = outcome.grad_norms["per_iteration"], reference.grad_norms["per_iteration"]
-    rows = [(i, _g(x), _g(y), _g(x / y)) for i, (x, y) in enumerate(zip(a, b))]
+    rows = [(i, _m(x, 3), _m(y, 3), _m(x / y, 3)) for i, (x, y) in enumerate(zip(a, b))]
     return Table(("iteration", "grad norm", "fp32 grad norm", "ratio"), rows, title=outcome.name)
 
 
@@ -671,8 +677,8 @@ def clip_table(*outcomes: Outcome) -> Table:
             raise TypeError(f"each outcome must be an Outcome from clipping(...), got {type(o).__name__}")
         clip_val = o.details.get("clip_val") or 1.0
         for s in o.details.get("steps", []):
-            rows.append((o.details.get("clip"), s["iteration"], "ran", _g(s["true_norm"] / clip_val, 2),
-                         _g(s["applied_norm"] / clip_val), _g(s["applied_norm"] * s["unscaled_by"] / clip_val)))
+            rows.append((o.details.get("clip"), s["iteration"], "ran", _m(s["true_norm"] / clip_val, 2),
+                         _m(s["applied_norm"] / clip_val), _m(s["applied_norm"] * s["unscaled_by"] / clip_val)))
         if o.failed:
             rows.append((o.details.get("clip"), len(o.details.get("steps", [])), f"raised {o.error_type}",
                          "-", "-", "-"))
