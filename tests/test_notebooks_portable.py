@@ -12,9 +12,9 @@ CPU meets. Two nets hold that:
 * a scan of every checked output: a number printed with 5 or more significant digits must be an
   exact value (a low-precision format's value, a power-of-two multiple of a short decimal, or one
   listed below with why it is exact). A number that float arithmetic computed is printed through
-  ``ampviz.lessons.measured``, which rounds it to the digits the lesson needs and refuses a value
-  within 1e-6 (relative) of a rounding boundary, so that a machine whose last bits differ prints
-  the same text whatever CPU CI happens to have.
+  ``ampviz.lessons.measured``, which rounds it to the digits the lesson needs and, in every run
+  that writes or compares checked outputs, refuses a value within 1e-6 (relative) of a rounding
+  boundary, so that a machine whose last bits differ prints the same text whatever CPU CI has.
 """
 
 import copy
