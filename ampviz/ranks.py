@@ -284,14 +284,14 @@ def run_ranks(fn, world_size, *args, timeout=60.0) -> list:
         raise RuntimeError("run_ranks forks its ranks, which is unsafe once CUDA is initialised in this "
                            "process; start the ranks before any CUDA call")
     deadline = time.monotonic() + timeout
-    folder, parent = tempfile.mkdtemp(prefix="ampviz-ranks-"), os.getpid()
-    pids, conns = [], []
     for stream in (sys.stdout, sys.stderr):  # else each rank inherits what is buffered, and prints it again
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - a stream that cannot flush has nothing to pass on
             pass
+    parent, folder, pids, conns = os.getpid(), None, [], []
     try:
+        folder = tempfile.mkdtemp(prefix="ampviz-ranks-")  # in the try: a Ctrl-C now still removes it
         with _interrupts_held(), warnings.catch_warnings():  # Python >= 3.12 warns about fork with threads
             warnings.filterwarnings("ignore", message=".*multi-threaded.*fork", category=DeprecationWarning)
             for rank in range(world_size):
@@ -313,7 +313,8 @@ def run_ranks(fn, world_size, *args, timeout=60.0) -> list:
     finally:
         with _interrupts_held():
             _reap(pids, conns)
-            shutil.rmtree(folder, ignore_errors=True)
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _exit_code(pid: int, wait: float = 0.0):
