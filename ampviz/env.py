@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from ampviz.scaling import _shown
+from ampviz._args import _shown
 
 __all__ = ["Probe", "EnvReport", "check", "PACKAGES"]
 

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from ampviz.blocks import MX_ELEMENT_FORMATS, MX_ROUNDING, mx_quantize, nvfp4_quantize
+from ampviz.formats.blocks import MX_ELEMENT_FORMATS, MX_ROUNDING, mx_quantize, nvfp4_quantize
 
 N = 1 << 24
 CHECK = 1 << 20

@@ -68,7 +68,7 @@ floor
 """
 EXPLORER_CELLS = [
     "import torch\n_ = torch.manual_seed(0)\ntorch.set_num_threads(1)\n"
-    "from ampviz.beam import gradients\nfrom ampviz.widgets import FormatExplorer, RangeExplorer, ScalerLab\n"
+    "from ampviz.training.beam import gradients\nfrom ampviz.widgets import FormatExplorer, RangeExplorer, ScalerLab\n"
     "grads = gradients(0).all",
     "ScalerLab(steps=1_000_000, scenario='spikes', strength=0.5, gradients=grads)",
     "RangeExplorer(grads, log2_scale=0, log2_scale_range=(-16, 36))",

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from ampviz.census import census, census_reference, profile
+from ampviz.formats.census import census, census_reference, profile
 
 N = 10_000_000
 
@@ -62,7 +62,7 @@ def main():
     for fmt in ("fp16", "bf16", "fp8_e5m2"):
         per = best_ms(lambda: [census(prof, fmt, s) for s in scales], 5) / len(scales)
         rows.append((f"census(profile, {fmt}, 2**k), per scale", per))
-    print(f"{N:,} float32 values, torch {torch.__version__}; ampviz.census runs on one thread\n")
+    print(f"{N:,} float32 values, torch {torch.__version__}; ampviz.formats.census runs on one thread\n")
     print(f"{'':60s} {'ms':>9s} {'x faster than torch':>20s}")
     for name, ms in rows:
         print(f"{name:60s} {ms:9.3f} {base / ms:20.1f}")

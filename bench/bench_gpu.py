@@ -52,7 +52,7 @@ CASES = (
 
 def one_run(settings: dict, make_model, mode: str, steps: int):
     """(step rate, wall rate) of one run, or the run's error sentence."""
-    from ampviz import live
+    from ampviz.training import live
 
     config = live.TrainConfig(mode=mode, steps=steps, census_every=0, device="cuda", **settings)
     model = make_model() if make_model is not None else None
@@ -102,7 +102,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_gpu: needs a CUDA device (torch.cuda.is_available() is False); nothing measured")
         return 0
-    from ampviz import live
+    from ampviz.training import live
 
     tf32 = "on" if torch.backends.cuda.matmul.allow_tf32 else "off"
     print(f"GPU training speed on {live.describe_device('cuda')}; torch {torch.__version__}, "

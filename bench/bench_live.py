@@ -33,8 +33,8 @@ import tracemalloc
 import torch
 
 import ampviz.widgets as widgets
-from ampviz import live
-from ampviz.figureview import pack
+from ampviz.training import live
+from ampviz.widgets.figureview import pack
 from ampviz.plots import live_traces
 
 STEPS = 400

@@ -16,7 +16,8 @@ import statistics
 import time
 
 import ampviz.widgets as widgets
-from ampviz import scaling, synth
+from ampviz import scaling
+from ampviz.scaling import synth
 
 STEPS = 1_000_000
 

@@ -24,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from ampviz import synth
+from ampviz.scaling import synth
 from ampviz.scaling import PRESETS, TorchGradScaler, simulate
 
 N = 1_000_000

@@ -65,7 +65,7 @@ MARKS = r"""
 
 BASELINE_CELL = """\
 import ipywidgets as W
-from ampviz.figureview import FigureView
+from ampviz.widgets.figureview import FigureView
 text = W.HTML("A short text and a two-point figure.")
 text.add_class("bench-baseline-text")
 W.VBox([text, FigureView({"data": [{"type": "scatter", "x": [0, 1], "y": [0, 1]}], "layout": {"height": 300}})])"""

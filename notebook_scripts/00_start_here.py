@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ampviz import env
-from ampviz.lessons import cast_table, check_cast
+from ampviz.formats.lesson import cast_table, check_cast
 from ampviz.plots import plot_format_ranges
 from ampviz.widgets import FormatExplorer
 

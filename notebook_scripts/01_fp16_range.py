@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from ampviz import FP16, FP8_E4M3, FP8_E5M2
-from ampviz import lessons
-from ampviz.lessons import bits_table, cast_rules_table, cast_table, format_table, stall_table, update_table
+from ampviz.formats import lesson
+from ampviz.formats.lesson import bits_table, cast_rules_table, cast_table, format_table, stall_table, update_table
 from ampviz.plots import plot_census, plot_format_ranges, plot_lost_band
 from ampviz.training import torch_accumulate, torch_add, torch_cast
 from ampviz.widgets import FormatExplorer, RangeExplorer
@@ -110,8 +110,8 @@ cast_table([65504, 65519, 65520, 70000], "fp16")
 one = torch.tensor(1.0, dtype=torch.float16)
 half_eps = torch.tensor(2**-11, dtype=torch.float16)
 print("torch,  fp16: 1 + 2^-11 == 1 ->", (one + half_eps == one).item())
-print("ampviz, fp16: 1 + 2^-11 == 1 ->", lessons.add(1.0, 2**-11, "fp16") == 1.0)
-print("ampviz, fp32: 1 + 2^-11 == 1 ->", lessons.add(1.0, 2**-11, "fp32") == 1.0)
+print("ampviz, fp16: 1 + 2^-11 == 1 ->", lesson.add(1.0, 2**-11, "fp16") == 1.0)
+print("ampviz, fp32: 1 + 2^-11 == 1 ->", lesson.add(1.0, 2**-11, "fp32") == 1.0)
 
 # %% [markdown]
 # ## 5. Why a weight stops learning in fp16
@@ -129,7 +129,7 @@ print("ampviz, fp32: 1 + 2^-11 == 1 ->", lessons.add(1.0, 2**-11, "fp32") == 1.0
 # Predict: an fp16 weight is 1.0. Is the update -2**-11 lost, i.e. does 1.0 - 2**-11 round back
 # to 1.0? "yes" or "no"
 answer = None
-lessons.check_update_lost(answer, w=1.0, u=-2**-11)
+lesson.check_update_lost(answer, w=1.0, u=-2**-11)
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -155,16 +155,16 @@ plot_lost_band("fp16", 1.0, 4.0, points=[(1.9004, 1.9004 / 3000), (1.0, -2**-11)
 examples = {"1.9004 + 1.9004/3000": (1.9004, 1.9004 / 3000), "1.0 - 2^-11": (1.0, -2**-11),
             "1.0 + 2^-11": (1.0, 2**-11), "1.0 - 2^-12": (1.0, -2**-12)}
 for text, (w, u) in examples.items():
-    lost = lessons.update_lost(w, u, "fp16")
-    print(f"{text:21} -> {lessons.add(w, u, 'fp16'):<13.11g} {'lost' if lost else 'kept'}"
+    lost = lesson.update_lost(w, u, "fp16")
+    print(f"{text:21} -> {lesson.add(w, u, 'fp16'):<13.11g} {'lost' if lost else 'kept'}"
           f"   torch: {torch_add(w, u, 'fp16'):.11g}")
-lo, hi = lessons.lost_band(1.9004, "fp16")
+lo, hi = lesson.lost_band(1.9004, "fp16")
 print(f"lost on w = 1.9004: u from {lo} to {hi}, |u| up to w / {FP16.quantize(1.9004) / hi:.0f}")
 
 # %% [markdown]
 # (An optimizer such as SGD computes lr × gradient and the sum in fp32 before rounding into
 # fp16; that moves the band's edges by at most one fp32 step:
-# `lessons.update_lost(w, u, "fp16", via="fp32")`.)
+# `lesson.update_lost(w, u, "fp16", via="fp32")`.)
 #
 # Now 1000 steps that each add 1e-4 (say learning rate 0.01 × gradient 0.01) to a weight of 1.
 # 1e-4 is less than 1/4096 of the weight, inside the band: every step is lost. The weight should
@@ -192,7 +192,7 @@ stall_table(w0=1.0, update=1e-4, steps=1000)
 # %%
 # Predict: what does torch's cast turn 500.0 into in fp8 E4M3? (a number, float("inf") or float("nan"))
 answer = None
-lessons.check_cast(answer, 500.0, "fp8_e4m3")
+lesson.check_cast(answer, 500.0, "fp8_e4m3")
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -259,23 +259,23 @@ plot_census(values, "fp16", scale=1.0, title="10,000 values from 2^-30 to 2^18, 
 # exponent bias is 8 instead of 7 (and there is no inf and no -0). What is its smallest positive
 # number? (2**-10 style is fine)
 answer = None
-lessons.check_fnuz_smallest(answer)
+lesson.check_fnuz_smallest(answer)
 
 # %%
 # fp16 turns 65520.0 into inf. What does bf16 turn 65520.0 into?
 answer = None
-lessons.check_cast(answer, 65520.0, "bf16")
+lesson.check_cast(answer, 65520.0, "bf16")
 
 # %%
 # A bf16 weight is 256.0 and the update is +1.0. Is the update lost? "yes" or "no"
 answer = None
-lessons.check_update_lost(answer, w=256.0, u=1.0, fmt="bf16")
+lesson.check_update_lost(answer, w=256.0, u=1.0, fmt="bf16")
 
 # %%
 # An fp16 weight is 1.5; the update is 1.5 / 3000, so the weight is 3000 times larger.
 # Is the update lost? "yes" or "no"
 answer = None
-lessons.check_update_lost(answer, w=1.5, u=1.5 / 3000)
+lesson.check_update_lost(answer, w=1.5, u=1.5 / 3000)
 
 # %% [markdown]
 # ## Summary
@@ -304,7 +304,7 @@ lessons.check_update_lost(answer, w=1.5, u=1.5 / 3000)
 #    `bits_table([448, 240], "fp8_e4m3")`.)
 # 3. bf16 is fp32 with the mantissa *rounded* to 7 bits. Find a value where truncating instead of
 #    rounding gives a different bf16 number.
-# 4. For w = 1.5 instead of 1.0, what is `lessons.lost_band(1.5, "fp16")`? Why is w / u not 2048,
+# 4. For w = 1.5 instead of 1.0, what is `lesson.lost_band(1.5, "fp16")`? Why is w / u not 2048,
 #    and why are both sides the same here but not at 1.0? Which fp16 weight in [1, 2) has the
 #    narrowest band relative to itself?
 
@@ -316,13 +316,13 @@ lessons.check_update_lost(answer, w=1.5, u=1.5 / 3000)
 assert FP16.smallest_subnormal == 2**-24 and FP16.smallest_normal == 2**-14 and FP16.max == 65504
 assert torch_cast([2**-25, 1.5 * 2**-25, 65519, 65520], "fp16").tolist() == [0, 2**-24, 65504, np.inf]
 assert torch_add(1, 2**-11, "fp16") == 1 and torch_add(1, 2**-10, "fp16") == 1 + 2**-10
-assert lessons.lost_band(1.0, "fp16") == (-2**-12, 2**-11)  # below 1 the gap is half as wide
-assert torch_add(1, -2**-11, "fp16") == 1 - 2**-11 and not lessons.update_lost(1, -2**-11, "fp16")
+assert lesson.lost_band(1.0, "fp16") == (-2**-12, 2**-11)  # below 1 the gap is half as wide
+assert torch_add(1, -2**-11, "fp16") == 1 - 2**-11 and not lesson.update_lost(1, -2**-11, "fp16")
 assert torch_add(1.9004, 1.9004 / 3000, "fp16") != FP16.quantize(1.9004)  # 3000x smaller, kept
-assert not lessons.update_lost(1.9004, 1.9004 / 3000, "fp16")
+assert not lesson.update_lost(1.9004, 1.9004 / 3000, "fp16")
 fp16_weight = torch_accumulate(1.0, 1e-4, 1000, "fp16")
 assert (fp16_weight == 1.0).all()  # the stalled weight, in torch
-assert (lessons.accumulate(1.0, 1e-4, 1000, "fp16") == fp16_weight).all()
+assert (lesson.accumulate(1.0, 1e-4, 1000, "fp16") == fp16_weight).all()
 assert torch_cast([500, 1e6], "fp8_e4m3").tolist() == [FP8_E4M3.max] * 2 == [448, 448]
 assert torch_cast([60000, 61439, 61440], "fp8_e5m2").tolist() == [FP8_E5M2.max] * 2 + [np.inf]
 assert torch_cast([np.inf], "fp8_e4m3").tolist() == [448]  # torch >= 2.12 saturates inf too

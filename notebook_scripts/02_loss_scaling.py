@@ -29,10 +29,10 @@
 import numpy as np
 import torch
 
-from ampviz.beam import gradients
-from ampviz.census import census
-from ampviz.lessons import (census_table, check_batch_effect, check_overflow_action, check_safe_scale,
-                            largest_safe_scale, layer_table)
+from ampviz.training.beam import gradients
+from ampviz.formats.census import census
+from ampviz.scaling.lesson import (census_table, check_batch_effect, check_overflow_action, check_safe_scale,
+                                   largest_safe_scale, layer_table)
 from ampviz.plots import plot_census
 from ampviz.training import torch_cast_counts
 from ampviz.widgets import RangeExplorer

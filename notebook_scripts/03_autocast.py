@@ -32,13 +32,14 @@
 import numpy as np
 import torch
 
-from ampviz.autocast import (cache_table, check_casts_inside_outer, check_round_up_share, check_softmax_dtype,
-                             check_stochastic_rounding, check_sum_loss_step, compile_table, layer_walk,
-                             loss_report, loss_table, op_table, under_autocast, weight_casts)
-from ampviz.bf16 import (fp16_overflow, lost_update_runs, lost_update_steps_table, lost_update_table,
-                         overflow_table, rounding_statistics, rounding_table, scaler_need, scaler_need_table,
-                         variant_table)
-from ampviz.lessons import lost_band
+from ampviz.training.autocast import (cache_table, check_casts_inside_outer, check_round_up_share,
+                                      check_softmax_dtype, check_stochastic_rounding, check_sum_loss_step,
+                                      compile_table, layer_walk, loss_report, loss_table, op_table,
+                                      under_autocast, weight_casts)
+from ampviz.training.bf16 import (fp16_overflow, lost_update_runs, lost_update_steps_table, lost_update_table,
+                                  overflow_table, rounding_statistics, rounding_table, scaler_need,
+                                  scaler_need_table, variant_table)
+from ampviz.formats.lesson import lost_band
 
 rng = np.random.default_rng(0)
 _ = torch.manual_seed(0)

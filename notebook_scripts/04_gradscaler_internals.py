@@ -31,11 +31,11 @@
 import numpy as np
 import torch
 
-from ampviz.gradscaler import (check_amp_loop, check_backoffs_to_zero, check_clip_before_unscale,
-                               check_scale_after_pattern, check_skip_test, clipping_norms, clipping_table,
-                               constructor_warnings, error_cases, found_inf_from, run_real_scaler,
-                               same_run, scheduler_report, skip_detection_table, step_table,
-                               unscale_overflow_table, walk_iteration)
+from ampviz.training.gradscaler import (check_amp_loop, check_backoffs_to_zero, check_clip_before_unscale,
+                                        check_scale_after_pattern, check_skip_test, clipping_norms,
+                                        clipping_table, constructor_warnings, error_cases, found_inf_from,
+                                        run_real_scaler, same_run, scheduler_report, skip_detection_table,
+                                        step_table, unscale_overflow_table, walk_iteration)
 from ampviz.plots import plot_scale_trace
 from ampviz.scaling import TorchGradScaler, simulate
 

@@ -32,11 +32,12 @@ import dataclasses
 
 import torch
 
-from ampviz.loopcheck import (MISTAKES, SCENARIOS, accumulation_report, check_accumulation_scale, check_loop,
-                              check_order_of_updates, check_resume_burst, check_scale_test_with_two_optimizers,
-                              check_train_loop, checkpoint_report, clipping_report, load_checkpoint,
-                              mistaken_loop, optimizers_report, penalty_report, reference_step, save_checkpoint,
-                              skipped_step_report)
+from ampviz.training.loopcheck import (MISTAKES, SCENARIOS, accumulation_report, check_accumulation_scale,
+                                       check_loop, check_order_of_updates, check_resume_burst,
+                                       check_scale_test_with_two_optimizers, check_train_loop,
+                                       checkpoint_report, clipping_report, load_checkpoint, mistaken_loop,
+                                       optimizers_report, penalty_report, reference_step, save_checkpoint,
+                                       skipped_step_report)
 
 _ = torch.manual_seed(0)
 torch.set_num_threads(1)

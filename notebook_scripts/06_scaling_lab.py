@@ -29,11 +29,11 @@
 # %%
 import numpy as np
 
-from ampviz import synth
-from ampviz.lessons import (check_hysteresis_skips, check_log_verdict, check_scale_direction, check_steady_interval,
-                            trace_table)
+from ampviz.scaling import synth
+from ampviz.scaling.lesson import (check_hysteresis_skips, check_log_verdict, check_scale_direction,
+                                   check_steady_interval, trace_table)
 from ampviz.plots import plot_scale_trace
-from ampviz.scalelog import diagnose, read_log, scale_lines, write_log
+from ampviz.scaling.scalelog import diagnose, read_log, scale_lines, write_log
 from ampviz.scaling import LEGACY, PRESETS, ApexHysteresisScaler, DeepSpeedZeroScaler, TorchGradScaler, simulate
 from ampviz.widgets import ScalerLab
 

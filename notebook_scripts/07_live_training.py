@@ -29,10 +29,12 @@
 import numpy as np
 import torch
 
-from ampviz.census import census
-from ampviz.doctor import examine, lost_shares, lost_table, moved_share, moved_table, speed_table, train_modes
-from ampviz.lessons import check_cast, check_mode_without_loss, check_range_shift
-from ampviz.live import TrainConfig, build_task, describe_device, run_training
+from ampviz.formats.census import census
+from ampviz.training.doctor import (examine, lost_shares, lost_table, moved_share, moved_table, speed_table,
+                                    train_modes)
+from ampviz.formats.lesson import check_cast
+from ampviz.training.lesson import check_mode_without_loss, check_range_shift
+from ampviz.training.live import TrainConfig, build_task, describe_device, run_training
 from ampviz.plots import plot_live
 from ampviz.widgets import LiveTrainer
 

@@ -32,10 +32,10 @@
 # %%
 import numpy as np
 
-from ampviz.census import census
-from ampviz.fp8 import (check_current_scale, check_inf_current, check_margin_scale, check_spike_hold,
-                        current_quantize, current_scale, recipe_formats, simulate_delayed, simulate_fp8_scaling,
-                        tensor_stream)
+from ampviz.formats.census import census
+from ampviz.formats.fp8 import (check_current_scale, check_inf_current, check_margin_scale, check_spike_hold,
+                                current_quantize, current_scale, recipe_formats, simulate_delayed,
+                                simulate_fp8_scaling, tensor_stream)
 from ampviz.formats import FP8_E4M3, FP8_E5M2
 from ampviz.plots import format_shares, plot_fp8_scaling
 from ampviz.widgets import Fp8ScalingLab
@@ -262,7 +262,7 @@ check_margin_scale(answer)
 
 # %% [markdown]
 # The lesson's claims, checked against the simulator (itself held to torch's float8 casts, torchao and a
-# port of Transformer Engine's update in `tests/test_fp8.py`):
+# port of Transformer Engine's update in `tests/formats/test_fp8.py`):
 
 # %%
 g, act = x * np.float32(2**-20), x * np.float32(2**4)

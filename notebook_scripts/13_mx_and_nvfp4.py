@@ -33,13 +33,14 @@
 import numpy as np
 import torch
 
-from ampviz.blocks import mx_quantize, nvfp4_quantize, random_hadamard_transform, stochastic_round
+from ampviz.formats.blocks import mx_quantize, nvfp4_quantize, random_hadamard_transform, stochastic_round
 from ampviz.formats import ALL_FORMATS
-from ampviz.lessons import (check_mx_floor_value, check_nvfp4_bits, check_outlier_survivors,
-                            check_single_level_value, format_error, format_error_table, format_table,
-                            relative_error, scheme_bits)
+from ampviz.formats.errors import (check_mx_floor_value, check_nvfp4_bits, check_outlier_survivors,
+                                   check_single_level_value, format_error, format_error_table, relative_error,
+                                   scheme_bits)
+from ampviz.formats.lesson import format_table
 from ampviz.plots import plot_blocks
-from ampviz.training import trained_parameter
+from ampviz.training.live import trained_parameter
 from ampviz.widgets import BlockExplorer
 
 rng = np.random.default_rng(0)
@@ -141,8 +142,8 @@ print(f"at that scale, as the floor rule also picks: amax -> {mx_quantize(row, '
 # Notice: the rule gives 2^-6; float32's log2 returns exactly −7, so torchao stores 2^-7, the floor
 # rule's scale, and amax / 2^-7 lies just past 448, where it is clamped. Here the clamp costs nothing
 # (3.5 + 2^-22 rounds to 3.5 at either scale), but the scale pattern differs from the rule's, and a
-# bit-exact comparison has to expect it. `ampviz.blocks` follows torchao bit for bit everywhere else
-# and names three such departures (tests/test_blocks.py shows each against torchao itself).
+# bit-exact comparison has to expect it. `ampviz.formats.blocks` follows torchao bit for bit everywhere else
+# and names three such departures (tests/formats/test_blocks.py shows each against torchao itself).
 
 # %% [markdown]
 # ## 5. NVFP4: blocks of 16, E4M3 scales, and a float32 scale for the tensor
@@ -239,7 +240,7 @@ for name, data in (("N(0, 1)", plain), ("N(0, 1) + outliers", spiky)):
 # %% [markdown]
 # ## 8. Every format at equal bits, on a real layer
 #
-# The course's MLP (`model="mlp"` of `ampviz.live`: Linear layers 64 units wide, ReLU between them,
+# The course's MLP (`model="mlp"` of `ampviz.training.live`: Linear layers 64 units wide, ReLU between them,
 # SGD with momentum), trained for 100 steps in float32: its fourth layer's weights (64 × 64) and
 # their gradient at the last step. Each row of the table stores one tensor in one scheme; bits per
 # element count the scales (MX: 8 bits per 32 elements; NVFP4: 8 per 16 plus the 32-bit tensor scale;

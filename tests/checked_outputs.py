@@ -7,9 +7,9 @@ reductions otherwise. ``VARIANTS`` emulates two such machines on this one, each 
 value than ``make test``'s plain nbval run (one thread, this CPU's own kernels):
 
 * "AVX2 kernels, 2 threads": the Binder test runs every notebook so in its fresh environment
-  (``tests/test_binder.py``);
+  (``tests/course/test_binder.py``);
 * "SSE4.2 kernels, plain C++ kernels, 3 threads": the exercises test runs every lesson so
-  (``tests/test_exercises.py``).
+  (``tests/course/test_exercises.py``).
 
 Both then compare every checked cell's outputs with the stored ones as nbval does
 (``differences``): streams by name, every MIME type but images and widget views, each through the
@@ -56,7 +56,7 @@ def has_avx2() -> bool:
 
 def variant_env(name: str, folder: Path) -> dict:
     """The environment variables of variant ``name`` for a kernel, with ``folder`` (where its
-    sitecustomize.py is written) first on PYTHONPATH and ``ampviz.lessons.measured`` strict. AVX2 kernels on a CPU without AVX2: none
+    sitecustomize.py is written) first on PYTHONPATH and ``ampviz.text.measured`` strict. AVX2 kernels on a CPU without AVX2: none
     (the variant then runs as this machine)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)

@@ -92,6 +92,6 @@ def _torchao_modules(*names):
 @pytest.fixture(scope="session")
 def torchao_modules():
     """``torchao_modules("torchao.float8.config", ...)``: torchao's modules by name, the reference
-    that ampviz.blocks, ampviz.fp8 and the fp6/fp4 formats are tested against (see
+    that ampviz.formats.blocks, ampviz.formats.fp8 and the fp6/fp4 formats are tested against (see
     ``_torchao_modules``)."""
     return _torchao_modules

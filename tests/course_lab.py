@@ -1,6 +1,6 @@
 """The course's JupyterLab as `make lab` starts it, on a copy of the repository, for tests.
 
-Shared by tests/test_notebook_editing.py and tests/browser/test_lab_save.py: a copy of the files
+Shared by tests/course/test_notebook_editing.py and tests/browser/test_lab_save.py: a copy of the files
 that notebook editing involves (so that nothing a test saves lands in the repository), the
 environment `make lab` gives JupyterLab (read from `make -n lab`), and a server started with it.
 """

@@ -1,8 +1,8 @@
-"""The exercises' answers, for tests/test_exercises.py (kept out of the notebooks learners open).
+"""The exercises' answers, for tests/course/test_exercises.py (kept out of the notebooks learners open).
 
 For each lesson (by notebook name), each exercise cell (a code cell that sets ``answer = None``),
 found by a phrase that only that cell contains: (a correct answer, a plausible wrong one), as
-source text. tests/test_exercises.py puts both in place of ``None`` and runs the lesson's checker
+source text. tests/course/test_exercises.py puts both in place of ``None`` and runs the lesson's checker
 on each.
 """
 
@@ -30,7 +30,7 @@ SOLUTIONS = {
         "from inside your own fp16 autocast block": ("1", "2"),  # wrong: thinking the inner exits empty the cache
         "Stochastic rounding sends 3.01": ("0.64", "0.5"),
         "def stochastic_round": (
-            '__import__("ampviz.bf16", fromlist=["stochastic_round_bf16"]).stochastic_round_bf16',
+            '__import__("ampviz.training.bf16", fromlist=["stochastic_round_bf16"]).stochastic_round_bf16',
             "lambda x, generator: x.to(__import__('torch').bfloat16)"),  # wrong: round to nearest
     },
     "04_gradscaler_internals": {
@@ -39,7 +39,7 @@ SOLUTIONS = {
         "Which test tells you": ('"b"', '"a"'),
         "what gradient norm does the optimizer apply": ("5 / 2**10", "5"),
         "def train_step": (
-            '__import__("ampviz.gradscaler", fromlist=["amp_step_reference"]).amp_step_reference',
+            '__import__("ampviz.training.gradscaler", fromlist=["amp_step_reference"]).amp_step_reference',
             "lambda model, optimizer, scaler, x, y: optimizer.step()"),
     },
     "05_gradscaler_in_a_real_loop": {
@@ -48,13 +48,13 @@ SOLUTIONS = {
         "Optimizer a applies its right gradient times what factor": ("1", "2"),  # wrong: section 2's factor for b
         "Does the scale test": ('"yes"', '"no"'),  # wrong: b stepped, but the one scale was halved
         "def train_step": (
-            '(__import__("ampviz.loopcheck", fromlist=["reference_step"]).reference_step, '
-            '__import__("ampviz.loopcheck", fromlist=["save_checkpoint"]).save_checkpoint, '
-            '__import__("ampviz.loopcheck", fromlist=["load_checkpoint"]).load_checkpoint)',
-            '(__import__("ampviz.loopcheck", fromlist=["mistaken_loop"]).mistaken_loop('
+            '(__import__("ampviz.training.loopcheck", fromlist=["reference_step"]).reference_step, '
+            '__import__("ampviz.training.loopcheck", fromlist=["save_checkpoint"]).save_checkpoint, '
+            '__import__("ampviz.training.loopcheck", fromlist=["load_checkpoint"]).load_checkpoint)',
+            '(__import__("ampviz.training.loopcheck", fromlist=["mistaken_loop"]).mistaken_loop('
             '"update() after each optimizer")["train_step"], '
-            '__import__("ampviz.loopcheck", fromlist=["save_checkpoint"]).save_checkpoint, '
-            '__import__("ampviz.loopcheck", fromlist=["load_checkpoint"]).load_checkpoint)'),
+            '__import__("ampviz.training.loopcheck", fromlist=["save_checkpoint"]).save_checkpoint, '
+            '__import__("ampviz.training.loopcheck", fromlist=["load_checkpoint"]).load_checkpoint)'),
     },
     "06_scaling_lab": {
         'go "up" or "down"': ('"down"', '"up"'),

@@ -1,5 +1,5 @@
-"""Arbitrary input for every public function of ampviz.formats, ampviz.census, ampviz.explain and
-ampviz.doctor.examine: the answer is right (torch's own cast, torch's multiply-and-cast, the
+"""Arbitrary input for every public function of ampviz.formats, ampviz.formats.census, ampviz.explain and
+ampviz.training.doctor.examine: the answer is right (torch's own cast, torch's multiply-and-cast, the
 brute-force census, the nearest value of the format) or one ValueError/TypeError with a one-line
 message, never another exception."""
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from torch import nn
 
-from ampviz.census import CensusResult, Profile, census, census_reference, profile, underflow_fractions
-from ampviz.doctor import Diagnosis, examine
+from ampviz.formats.census import CensusResult, Profile, census, census_reference, profile, underflow_fractions
+from ampviz.training.doctor import Diagnosis, examine
 from ampviz.explain import KNOWN, Explanation, explain
 from ampviz.formats import CATEGORIES, FORMATS, FloatFormat, get_format
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from ampviz.lessons import MEASURED_REL, STRICT_DIGITS, measured
+from ampviz.text import MEASURED_REL, STRICT_DIGITS, measured
 
 
 @pytest.fixture

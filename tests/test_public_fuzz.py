@@ -12,7 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ampviz import lessons, plots, synth
+from ampviz import checks, plots, text
+from ampviz.formats import errors, lesson as formats_lesson
+from ampviz.scaling import lesson as scaling_lesson, synth
+from ampviz.training import lesson as training_lesson
+
+LESSON_MODULES = (text, checks, formats_lesson, errors, scaling_lesson, training_lesson)
 
 SMALL = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 3000), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
@@ -54,7 +59,7 @@ def _strategy(fn):
     return st.fixed_dictionaries(required, optional=optional).map(fix)
 
 
-FUNCTIONS = _public(synth) + _public(lessons) + _public(plots)
+FUNCTIONS = _public(synth) + [f for m in LESSON_MODULES for f in _public(m)] + _public(plots)
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f"{f.__module__}.{f.__name__}")
@@ -67,7 +72,7 @@ def test_public_function_answers_or_refuses_in_one_line(fn):
     run()
 
 
-CHECKERS = [getattr(lessons, n) for n in lessons.__all__ if n.startswith("check_")]
+CHECKERS = [getattr(m, n) for m in LESSON_MODULES for n in m.__all__ if n.startswith("check_")]
 
 
 @pytest.mark.parametrize("checker", CHECKERS, ids=lambda f: f.__name__)
@@ -81,7 +86,7 @@ def test_checkers_take_any_answer(checker):
     def run(answer):
         kwargs = {p: extra[p] for p in params[1:] if p in extra}
         if "diagnosis" in kwargs:
-            pytest.skip("needs a real diagnosis (tests/test_exercises.py runs it)")
+            pytest.skip("needs a real diagnosis (tests/course/test_exercises.py runs it)")
         result = checker(answer, **kwargs)
         assert str(result).strip() and "\n" not in str(result).strip()
 
@@ -101,7 +106,7 @@ def test_huge_or_odd_sizes_are_refused_before_allocating(steps):
         assert len(out) == steps
 
 
-# ----- ampviz.live: settings and saved runs -----
+# ----- ampviz.training.live: settings and saved runs -----
 LIVE_FIELDS = ["model", "mode", "steps", "lr", "batch_size", "seed", "device", "census_every", "census_fmt",
                "watch", "init_scale", "growth_factor", "backoff_factor", "growth_interval", "keep_grads"]
 
@@ -109,7 +114,7 @@ LIVE_FIELDS = ["model", "mode", "steps", "lr", "batch_size", "seed", "device", "
 @settings(max_examples=200, deadline=None)
 @given(kwargs=st.dictionaries(st.sampled_from(LIVE_FIELDS), SMALL, max_size=4))
 def test_train_config_answers_or_refuses_in_one_line(kwargs):
-    from ampviz import live
+    from ampviz.training import live
 
     _call(live.TrainConfig, kwargs)
 
@@ -118,7 +123,7 @@ def test_train_config_answers_or_refuses_in_one_line(kwargs):
 @given(data=st.one_of(st.binary(max_size=300), st.text(max_size=300).map(str.encode),
                       st.text(max_size=200).map(lambda t: ("# ampviz run " + t).encode())))
 def test_load_run_reads_a_run_or_says_what_is_wrong(tmp_path, data):
-    from ampviz import live
+    from ampviz.training import live
 
     for suffix in (".csv", ".json"):
         path = tmp_path / f"run{suffix}"

@@ -75,7 +75,7 @@ def execute(nb: nbformat.NotebookNode, timeout: int = 300, env: dict | None = No
     # the strip (metadata.widgets), so nothing of it is kept.
     client = SlicedPollClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
                               record_timing=False, resources={"metadata": {"path": str(NOTEBOOKS)}})
-    # measured (ampviz.lessons) refuses a value on a rounding boundary in an output being written
+    # measured (ampviz.text) refuses a value on a rounding boundary in an output being written
     client.execute(env={**os.environ, "AMPVIZ_STRICT_DIGITS": "1", **(env or {})})
     return nb
 

@@ -21,8 +21,8 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 
-from ampviz.lessons import measured
-from ampviz.scaling import _shown
+from ampviz.text import measured
+from ampviz._args import _shown
 
 __all__ = ["Outcome", "outcome_of", "quiet_trainer", "versions"]
 

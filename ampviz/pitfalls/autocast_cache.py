@@ -33,10 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ampviz.lessons import Check, Table, _same, _text_is, _yes_no, check
+from ampviz.checks import Check, _same, _text_is, _yes_no, check
+from ampviz.text import Table
 from ampviz.pitfalls import Outcome, outcome_of, quiet_trainer, versions
-from ampviz.scaling import _shown
-from ampviz.training import _seed, _whole, torch_dtype
+from ampviz._args import _shown
+from ampviz._args import _seed, _whole
+from ampviz.training import torch_dtype
 
 __all__ = ["DTYPE", "SIMULATED_FIXES", "STALE_CASES", "LOOP_CASES", "SimulatedLegacyAutocastCache", "make_model",
            "fix_table", "real_plain", "real_lightning", "simulated_plain", "simulated_lightning", "summary",

@@ -49,7 +49,9 @@ import warnings
 
 import torch
 
-from ampviz.lessons import Check, Table, _close, _yes_no, check, measured
+from ampviz.checks import Check, _yes_no, check
+from ampviz.text import Table, measured
+from ampviz.formats.lesson import _close
 from ampviz.pitfalls import Outcome, outcome_of, quiet_trainer
 
 __all__ = [

@@ -19,7 +19,7 @@ What the scenarios show (torch 2.13, lightning 2.6, CPU):
 - ``condition_table()``: the same encoder call in plain torch (``encoder_call``), with each
   condition switched off in turn: which of them the crash needs. ``encoder_call`` also tries a
   frozen encoder under grad (it crashes) and a causal attention mask (it runs). Both take
-  ``device="cuda"``. What follows from torch's source, and what ``tests/test_gpu.py`` checks on a
+  ``device="cuda"``. What follows from torch's source, and what ``tests/training/test_gpu.py`` checks on a
   GPU: there nothing crashes. The encoder's fast-path check asks ``torch.is_autocast_enabled()``,
   which reads CUDA's autocast only, so under CUDA autocast the encoder always runs its layers as
   Python modules (fp32 output: CUDA autocast runs ``layer_norm`` in fp32), and only without
@@ -44,10 +44,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ampviz.lessons import Check, Table, _said, _yes_no, check
+from ampviz.checks import Check, _said, _yes_no, check
+from ampviz.text import Table
 from ampviz.pitfalls import Outcome, outcome_of, quiet_trainer
-from ampviz.scaling import _shown
-from ampviz.training import _flag, _real, _seed, _whole
+from ampviz._args import _shown
+from ampviz._args import _flag, _real, _seed, _whole
 
 __all__ = ["EncoderClassifier", "make_data", "encoder_call", "condition_table", "CONDITIONS",
            "old_message", "lightning_run", "crash", "FIXES", "fix_runs", "fix_table", "fastpath_disabled",

@@ -2,8 +2,8 @@
 
 Each explorer keeps its state on the instance (so a notebook or a test can read it), builds its
 controls once, and answers every change with a three-step adapter: read the controls, ask the
-core (``ampviz.formats``, ``ampviz.census``, ``ampviz.scaling``, ``ampviz.ranks``, ``ampviz.blocks``,
-``ampviz.fp8``), redraw (a figure
+core (``ampviz.formats``, ``ampviz.formats.census``, ``ampviz.scaling``, ``ampviz.ranks``, ``ampviz.formats.blocks``,
+``ampviz.formats.fp8``), redraw (a figure
 from ``ampviz.plots``, sent to the explorer's ``FigureView`` in place). The last figure is also kept as
 ``.figure``.
 

@@ -21,7 +21,7 @@ from ampviz.widgets.scaler_lab import ScalerLab
 
 def _course_gradients(seed: int) -> np.ndarray:
     """The weight gradients of the course's seeded model (notebook 02's), on one torch thread."""
-    from ampviz.beam import gradients  # torch: imported here, never with ampviz.widgets
+    from ampviz.training.beam import gradients  # torch: imported here, never with ampviz.widgets
 
     _one_torch_thread()
     return np.asarray(gradients(seed).all, dtype=np.float32)
@@ -58,7 +58,7 @@ class ExplorerApp:
     ``fp8`` (an ``Fp8ScalingLab``: delayed scaling over 16 steps), ``blocks`` (a ``BlockExplorer``:
     MXFP4 with an outlier) and ``training`` (a ``LiveTrainer``; ``live=False`` leaves it out).
     ``gradients`` default to the weight gradients of the course's seeded model
-    (``ampviz.beam.gradients(seed)``, as in notebook 02). With either of those, the app sets torch
+    (``ampviz.training.beam.gradients(seed)``, as in notebook 02). With either of those, the app sets torch
     to one intra-op thread, as the notebooks' setup cells do.
 
     The page comes up at once: the Formats tab (no torch) is built before the constructor returns,
@@ -186,7 +186,7 @@ class ExplorerApp:
                     _one_torch_thread()
                 except Exception as exc:
                     torch_error = exc
-                # the beam model: fp32 and fp16+scaler learn, fp16 alone stalls (ampviz.beam)
+                # the beam model: fp32 and fp16+scaler learn, fp16 alone stalls (ampviz.training.beam)
                 self._build("Live training", "training", torch_error, lambda: LiveTrainer(
                     modes=("fp32", "fp16", "fp16+scaler"), model="beam", steps=300, seed=self.seed))
         except Exception as exc:  # a bug here: still shown in every tab not built yet, never lost

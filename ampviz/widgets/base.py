@@ -13,7 +13,8 @@ import numpy as np
 
 import ipywidgets as W
 
-from ampviz.figureview import FigureView
+from ampviz._args import _count, _number
+from ampviz.widgets.figureview import FigureView
 
 #: Light tints of ``FIELD_COLORS`` for bits that are 0.
 
@@ -82,6 +83,15 @@ def _shown(value, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def _whole(name: str, value, lo: int, hi: int | None = None) -> int:
+    """``value`` as an int in [lo, hi], or ValueError/TypeError saying what to pass."""
+    return _count(name, value, lo, hi, shown=_shown)
+
+
+def _real(name: str, value) -> float:
+    return _number(name, value, shown=_shown)
+
+
 def _table(head, rows) -> str:
     """A readout's table: ``head`` (column titles) and ``rows`` (cells), both already HTML, with
     space between the columns (a bare table in a widget's HTML has none: in Voila and JupyterLab
@@ -101,24 +111,6 @@ def _parse_bits(text) -> int:
         return int(s, 0) if s[:2].lower() in ("0x", "0b", "0o") else int(s, 16)
     except ValueError:
         raise ValueError(f"could not read {_shown(str(text).strip())} as a bit pattern: type hex such as 0x3C00") from None
-
-
-def _whole(name: str, value, lo: int, hi: int | None = None) -> int:
-    """``value`` as an int in [lo, hi], or ValueError/TypeError saying what to pass."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) and not (
-            isinstance(value, (float, np.floating)) and float(value).is_integer()):
-        raise TypeError(f"{name} must be a whole number, got {_shown(value)}")
-    v = int(value)
-    if v < lo or (hi is not None and v > hi):
-        raise ValueError(f"{name} must be between {lo:,} and {hi:,}, got {v:,}" if hi is not None
-                         else f"{name} must be at least {lo:,}, got {v:,}")
-    return v
-
-
-def _real(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {_shown(value)}")
-    return float(value)
 
 
 def _shows_errors(callback):

@@ -9,8 +9,8 @@ import numpy as np
 
 import ipywidgets as W
 
-from ampviz.blocks import MX_ROUNDING, mx_quantize, nvfp4_quantize, random_hadamard_transform
-from ampviz.figureview import FigureView
+from ampviz.formats.blocks import MX_ROUNDING, mx_quantize, nvfp4_quantize, random_hadamard_transform
+from ampviz.widgets.figureview import FigureView
 from ampviz.plots import format_number, format_pow2, format_share, plot_blocks
 
 from ampviz.widgets.base import _Explorer, _shown, _table, _whole
@@ -45,7 +45,7 @@ def _relative_error(x: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 class BlockExplorer(_Explorer):
-    """One row of values quantized with MX or NVFP4 block scaling (``ampviz.blocks``), element by
+    """One row of values quantized with MX or NVFP4 block scaling (``ampviz.formats.blocks``), element by
     element (``plot_blocks``).
 
     Controls: ``scheme_dropdown`` (MX with an element format, or NVFP4: ``SCHEMES``),
@@ -154,7 +154,7 @@ class BlockExplorer(_Explorer):
 
     def quantize(self, **changed):
         """(row before any transform, row quantized, result) for the controls' settings
-        (``changed`` replaces some), computed by ``ampviz.blocks``."""
+        (``changed`` replaces some), computed by ``ampviz.formats.blocks``."""
         s = dict(self._settings(**changed))
         data = make_row(s["data"], self.n, s["seed"], s["log2_outlier"] or 0, self.outlier_at)
         x = random_hadamard_transform(data) if s["hadamard"] else data

@@ -9,8 +9,8 @@ import numpy as np
 
 import ipywidgets as W
 
-from ampviz.figureview import FigureView
-from ampviz.fp8 import ALGOS, simulate_fp8_scaling, tensor_stream
+from ampviz.widgets.figureview import FigureView
+from ampviz.formats.fp8 import ALGOS, simulate_fp8_scaling, tensor_stream
 from ampviz.plots import format_share, plot_fp8_scaling
 
 from ampviz.widgets.base import _Explorer, _shown, _whole
@@ -34,9 +34,9 @@ def lab_stream(seed: int, spike_log2: int, nonfinite: str, steps: int = 2000, si
 
 
 class Fp8ScalingLab(_Explorer):
-    """A stream of tensors (``ampviz.fp8.tensor_stream``: a slow drift, spikes of 2^k, optionally
+    """A stream of tensors (``ampviz.formats.fp8.tensor_stream``: a slow drift, spikes of 2^k, optionally
     rare inf or NaN steps) quantized to FP8 with delayed or current scaling
-    (``ampviz.fp8.simulate_fp8_scaling``), drawn by ``plot_fp8_scaling``.
+    (``ampviz.formats.fp8.simulate_fp8_scaling``), drawn by ``plot_fp8_scaling``.
 
     Controls: ``recipe_buttons`` (delayed, as Transformer Engine's ``DelayedScaling``, or current,
     as torchao's), ``history_slider`` (``amax_history_len``), ``algo_dropdown`` (``"max"`` or

@@ -9,7 +9,7 @@ import time
 
 import ipywidgets as W
 
-from ampviz.figureview import FigureView
+from ampviz.widgets.figureview import FigureView
 
 from ampviz.plots import live_traces, plot_live
 
@@ -63,7 +63,7 @@ class LiveTrainer(_Explorer):
     """Train a tiny model in several AMP modes at once and watch it live.
 
     The selected modes (``mode_checks``) train side by side in one background thread, one step of
-    each mode in turn (``ampviz.live.train_steps``; every mode sees the same seeded model and
+    each mode in turn (``ampviz.training.live.train_steps``; every mode sees the same seeded model and
     batches), so the kernel stays free while they run. Controls: ``model_dropdown``, ``lr_input``,
     ``steps_input``, and the scaler sliders ``growth_slider``, ``backoff_slider``,
     ``interval_slider`` (growth_factor, backoff_factor, growth_interval of "fp16+scaler"), which
@@ -97,7 +97,7 @@ class LiveTrainer(_Explorer):
                  growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, init_scale=2.0**16,
                  census_every=10, seed=0, batch_size=None, device=None, redraw_interval=0.1,
                  max_records=4000):
-        from ampviz import live  # torch: imported when a trainer is made, not with ampviz.widgets
+        from ampviz.training import live  # torch: imported when a trainer is made, not with ampviz.widgets
 
         self._live = live
         if isinstance(modes, str):

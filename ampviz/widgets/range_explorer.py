@@ -6,8 +6,8 @@ import html
 
 import ipywidgets as W
 
-from ampviz.census import Profile, census, profile
-from ampviz.figureview import FigureView
+from ampviz.formats.census import Profile, census, profile
+from ampviz.widgets.figureview import FigureView
 from ampviz.formats import CATEGORIES, get_format
 
 from ampviz.plots import (

@@ -10,7 +10,7 @@ import numpy as np
 
 import ipywidgets as W
 
-from ampviz.figureview import FigureView
+from ampviz.widgets.figureview import FigureView
 from ampviz.plots import format_pow2, plot_ranks
 
 from ampviz.widgets.base import _Explorer, _real, _shown, _table, _whole

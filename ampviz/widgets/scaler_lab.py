@@ -10,9 +10,10 @@ import numpy as np
 
 import ipywidgets as W
 
-from ampviz import scaling, synth
-from ampviz.census import underflow_fractions
-from ampviz.figureview import FigureView
+from ampviz import scaling
+from ampviz.scaling import synth
+from ampviz.formats.census import underflow_fractions
+from ampviz.widgets.figureview import FigureView
 
 from ampviz.plots import _skipped_marks, format_number, plot_scale_trace
 
@@ -25,7 +26,7 @@ class ScalerLab(_Explorer):
 
     Controls: ``init_slider`` (log2 of init_scale), ``growth_slider``, ``backoff_slider``,
     ``interval_input`` (growth_interval), ``scenario_dropdown`` and ``strength_slider`` (the
-    gradient stream, from ``ampviz.synth``), ``loss_dropdown`` (the loss in float32, as autocast
+    gradient stream, from ``ampviz.scaling.synth``), ``loss_dropdown`` (the loss in float32, as autocast
     computes it, or in fp16: ``ampviz.scaling.overflows``), ``overlay`` (other frameworks'
     scalers from ``ampviz.scaling.PRESETS`` to run on the same stream). Your settings run as
     ``torch.amp.GradScaler`` would (``TorchGradScaler``).

@@ -11,8 +11,8 @@ import numpy as np
 import plotly
 import pytest
 
-from ampviz.figureview import _ESM, _figure_parts, pack
-from ampviz.fp8 import simulate_fp8_scaling
+from ampviz.widgets.figureview import _ESM, _figure_parts, pack
+from ampviz.formats.fp8 import simulate_fp8_scaling
 from ampviz.plots import plot_fp8_scaling
 from ampviz.widgets.fp8_lab import lab_stream
 
@@ -211,7 +211,7 @@ def _range_figures() -> list:
     """A RangeExplorer scale move from 2^-8 to 2^3 over the beam model's gradients: bars change
     bands (the subnormal band's outline and its mark of a bar too short to see fill), every
     count's bar moves."""
-    from ampviz.beam import gradients
+    from ampviz.training.beam import gradients
     from ampviz.widgets import RangeExplorer
 
     torch = pytest.importorskip("torch")
@@ -234,7 +234,7 @@ def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser, figure
     (Plotly.animate, no redraw); the pixels, the hover's numbers and the points plotly holds equal
     a full redraw of the new figure. A move that leaves one trace out (the one whose points change
     most) draws other pixels."""
-    from ampviz.figureview import FigureView
+    from ampviz.widgets.figureview import FigureView
 
     figs = figures()
     keys = [FigureView.prepare(f).layout_key for f in figs]

@@ -7,7 +7,7 @@ from pathlib import Path
 import plotly
 import plotly.graph_objects as go
 
-from ampviz.figureview import _ESM, _figure_parts, pack
+from ampviz.widgets.figureview import _ESM, _figure_parts, pack
 
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 

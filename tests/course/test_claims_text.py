@@ -1,0 +1,67 @@
+"""Sentences the course used to teach and that real runs proved wrong stay out of it. Each entry
+names the notebook, the old sentence (a fragment of it) and the test or checked cell that now holds
+the corrected claim. Both sides of each notebook's pair are read (the .ipynb and its script in
+notebook_scripts/, through Jupytext), with line breaks and indentation counted as one space, so
+that rewrapping a paragraph cannot bring a sentence back."""
+
+import re
+from pathlib import Path
+
+import jupytext
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+SCRIPTS = ROOT / "notebook_scripts"
+
+WRONG = [
+    # saturation is the cast's, not the format's: tests/formats/test_formats.py::test_overflow_rules_match_each_librarys_cast
+    ("01_fp16_range.py", "it *saturates* at 448"),
+    ("01_fp16_range.py", "fp8 E4M3 saturates at 448"),
+    # 240 is float8_e4m3fnuz's max: tests/test_lessons.py::test_the_fnuz_checker_holds_torchs_float8_e4m3fnuz
+    ("01_fp16_range.py", "Which decoding mistake gives 240"),
+    # unscale_ checks the scaled gradients, then divides (notebook 04 section 3)
+    ("02_loss_scaling.py", "checks every gradient for inf and NaN after unscaling"),
+    # update() after unscale_ alone works: tests/training/test_gradscaler.py::test_every_error_case_has_its_exact_message
+    ("04_gradscaler_internals.py", "`update()` needs a `step()` to count"),
+    # a scale settles when backing off removes the overflow: notebook 06's checked cell and claims
+    ("06_scaling_lab.py", "a scaler without hysteresis can only lower the scale"),
+    ("06_scaling_lab.py", "what a dozen frameworks' loss scalers do"),
+    # only the optimizers that overflow halve the scale: tests/pitfalls/test_pitfall_manual_backward.py
+    ("08_lightning_manual_backward.py", "overflowing iteration divides the scale by 2^N"),
+    # the stale weight copy is real on torch 2.13: tests/pitfalls/test_pitfall_autocast_cache.py
+    ("09_lightning_autocast_cache.py", "Two independent changes made this safe:"),
+]
+
+
+def _words(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+def sides_saying(stem: str, sentence: str, notebooks: Path = NOTEBOOKS, scripts: Path = SCRIPTS) -> list[str]:
+    """The files of notebook ``stem``'s pair (.ipynb, script) whose cells contain ``sentence``."""
+    sides = [notebooks / f"{stem}.ipynb", scripts / f"{stem}.py"]
+    missing = [p.name for p in sides if not p.is_file()]
+    assert not missing, f"no {missing}"
+    return [p.name for p in sides
+            if _words(sentence) in _words("\n".join(c.source for c in jupytext.read(p).cells))]
+
+
+@pytest.mark.parametrize("name, sentence", WRONG, ids=[f"{n[:2]}: {s[:30]}" for n, s in WRONG])
+def test_a_disproved_sentence_stays_out(name, sentence):
+    assert sides_saying(Path(name).stem, sentence) == []
+
+
+def test_a_sentence_is_found_on_either_side_across_line_breaks(tmp_path):
+    """The check finds a sentence put back on one side only, wrapped differently."""
+    stem, sentence = "06_scaling_lab", "a scaler without hysteresis can only lower the scale"
+    original = jupytext.read(NOTEBOOKS / f"{stem}.ipynb")
+    edited = jupytext.read(NOTEBOOKS / f"{stem}.ipynb")
+    edited.cells[0].source += "\n\nOnly a scaler without\n  hysteresis can only lower the scale."
+    for notebook, script, found in ((edited, original, [f"{stem}.ipynb"]), (original, edited, [f"{stem}.py"])):
+        (tmp_path / "nb").mkdir(exist_ok=True)
+        (tmp_path / "py").mkdir(exist_ok=True)
+        jupytext.write(notebook, tmp_path / "nb" / f"{stem}.ipynb")
+        jupytext.write(script, tmp_path / "py" / f"{stem}.py", fmt="py:percent")
+        assert sides_saying(stem, sentence, tmp_path / "nb", tmp_path / "py") == found
+        assert sides_saying(stem, "what a dozen frameworks' loss scalers do", tmp_path / "nb", tmp_path / "py") == []
