@@ -203,14 +203,30 @@ def test_each_layer_imports_only_its_libraries():
     assert forbidden_libraries(LIBRARIES_USED, TABLE) == []
 
 
-#: Modules still over the limit while the split is under way; this set only shrinks.
-LONG_FOR_NOW = {"ampviz.formats", "ampviz.formats.blocks", "ampviz.formats.fp8", "ampviz.plots", "ampviz.ranks",
-                "ampviz.scaling", "ampviz.training.autocast", "ampviz.training.bf16", "ampviz.training.gradscaler",
-                "ampviz.training.live"}
-
-
 def test_no_module_over_800_lines():
-    assert set(long_modules(FOUND)) - LONG_FOR_NOW == set()
+    assert long_modules(FOUND) == {}
+
+
+def subpackage_pages(package: Path = PACKAGE) -> dict[str, tuple[set[str], set[str]]]:
+    """For each subpackage: (its modules' paths inside it, such as ``census.py`` or ``fp8/delayed.py``,
+    and the paths its README.md page names in backticks)."""
+    pages = {}
+    for init in sorted(package.glob("*/__init__.py")):
+        folder = init.parent
+        page = folder / "README.md"
+        named = set(re.findall(r"`([\w/]+\.py)`", page.read_text())) if page.is_file() else set()
+        named = {n for n in named if not n.startswith("tests/") and not n.rpartition("/")[2].startswith("test_")}
+        pages[folder.name] = ({p.relative_to(folder).as_posix() for p in folder.rglob("*.py")}, named)
+    return pages
+
+
+@pytest.mark.parametrize("name", sorted(subpackage_pages()))
+def test_each_subpackage_page_names_its_modules(name):
+    """``ampviz/<subpackage>/README.md`` lists every module of the subpackage, and only those."""
+    files, named = subpackage_pages()[name]
+    assert named, f"ampviz/{name}/README.md is missing or names no module"
+    assert files - named == set(), f"ampviz/{name}/README.md must name these modules"
+    assert named - files == set(), f"ampviz/{name}/README.md names modules that do not exist"
 
 
 def test_the_readme_first_screen_has_the_commands_and_the_course_table():
@@ -257,6 +273,18 @@ def test_a_library_above_the_layer_is_found(tmp_path):
                                                      ("ampviz.formats.lesson", "plotly")]
     assert long_modules(found) == {"ampviz.formats.lesson": 802}
     assert rooms(found) == {"ampviz", "ampviz.formats"}
+
+
+def test_a_page_that_misses_a_module_or_names_a_gone_one_is_found(tmp_path):
+    package = tmp_path / "ampviz"
+    (package / "scaling").mkdir(parents=True)
+    (package / "scaling" / "presets").mkdir()
+    for name in ("__init__.py", "simulate.py", "synth.py", "presets/__init__.py", "presets/jmp.py"):
+        (package / "scaling" / name).write_text("")
+    (package / "scaling" / "README.md").write_text(
+        "| `__init__.py` | x |\n| `simulate.py` | y |\n| `presets.py` | z |\n| `presets/__init__.py` | w |\n")
+    files, named = subpackage_pages(package)["scaling"]
+    assert files - named == {"synth.py", "presets/jmp.py"} and named - files == {"presets.py"}
 
 
 def test_the_page_table_is_read_with_its_layers():

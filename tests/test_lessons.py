@@ -1,4 +1,5 @@
-"""ampviz.lessons: tables, arithmetic in a format, loss-scale helpers and checkers.
+"""The lessons' shared parts: ``ampviz.text`` (number, measured, Table) and ``ampviz.checks``, and the
+tables and checkers of ``ampviz.formats.lesson``, ``ampviz.scaling.lesson`` and ``ampviz.training.lesson``.
 
 Arithmetic is checked bit for bit against torch (the reference the lessons cite)."""
 

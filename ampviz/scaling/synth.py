@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 
 import numpy as np
 
+from ampviz._args import _shown, _whole
 from ampviz.formats import FP16
 from ampviz.scaling import overflows
 
@@ -63,33 +63,10 @@ _PLACEMENTS = ("periodic", "random")
 MAX_STEPS = 10**9
 
 
-def _shown(value, limit: int = 60) -> str:
-    """``repr(value)`` on one line, cut to ``limit`` characters, for a message."""
-    text = " ".join(repr(value).split())
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
 def _steps(value) -> int:
     n = _whole("steps", value, 0)
     if n > MAX_STEPS:
         raise ValueError(f"steps must be at most {MAX_STEPS:,} (a longer stream does not fit in memory), got {n:,}")
-    return n
-
-
-def _whole(name: str, value, minimum: int) -> int:
-    """value as an int >= minimum. A float such as 1e6 is accepted if it is a whole number."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a whole number, got {_shown(value)}")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        if not isinstance(value, (float, np.floating)):
-            raise TypeError(f"{name} must be a whole number, got {_shown(value)}") from None
-        if not (math.isfinite(value) and float(value).is_integer()):
-            raise ValueError(f"{name} must be a whole number, got {_shown(value)}") from None
-        n = int(value)
-    if n < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {n}")
     return n
 
 

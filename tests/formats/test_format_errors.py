@@ -1,4 +1,4 @@
-"""ampviz.lessons' comparison of formats at equal bits (``scheme_bits``, ``format_error``,
+"""ampviz.formats.errors' comparison of formats at equal bits (``scheme_bits``, ``format_error``,
 ``format_error_table``) against torchao 0.18's own quantizers: MX ``to_mx`` / ``MXTensor``, NVFP4
 ``nvfp4_quantize`` / ``NVFP4Tensor`` and float8 ``hp_tensor_to_float8_dynamic``, torch's casts for
 bf16 and fp16, and the bits each stores counted from the tensors it returns. Each number is

@@ -24,6 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ampviz import ranks as R
+from ampviz.formats import FP16
+from ampviz.ranks import gloo  # the home of GLOO_MAX_SEGMENT_BYTES, which tests set to move the ring's segments
 from ampviz.scaling import PRESETS, DynamicScaler, TorchGradScaler, simulate
 
 REAL = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -412,24 +414,24 @@ def test_gloo_caps_segments_at_1_mib():
     x = _data(11, 3, length, "float32")
     real = R.run_allreduce(x, "float32", timeout=60)[0]
     assert same_values(R.allreduce(x, "float32"), real)
-    saved = R.GLOO_MAX_SEGMENT_BYTES
-    R.GLOO_MAX_SEGMENT_BYTES = 1 << 62
+    saved = gloo.GLOO_MAX_SEGMENT_BYTES
+    gloo.GLOO_MAX_SEGMENT_BYTES = 1 << 62
     try:
         uncapped = R.allreduce(x, "float32")
         moved = R.gloo_chunks(length, 3) != _chunks_with_cap(length, 3, 1 << 20)
     finally:
-        R.GLOO_MAX_SEGMENT_BYTES = saved
+        gloo.GLOO_MAX_SEGMENT_BYTES = saved
     assert moved.sum() == 6
     assert not same_values(uncapped, real)
 
 
 def _chunks_with_cap(length, world_size, cap):
-    saved = R.GLOO_MAX_SEGMENT_BYTES
-    R.GLOO_MAX_SEGMENT_BYTES = cap
+    saved = gloo.GLOO_MAX_SEGMENT_BYTES
+    gloo.GLOO_MAX_SEGMENT_BYTES = cap
     try:
         return R.gloo_chunks(length, world_size)
     finally:
-        R.GLOO_MAX_SEGMENT_BYTES = saved
+        gloo.GLOO_MAX_SEGMENT_BYTES = saved
 
 
 def test_summation_order_of_the_design_note():
@@ -511,12 +513,12 @@ def _literal_ring(x32, dtype, max_segment):
        dtype=st.sampled_from(DTYPES), max_segment=st.sampled_from([2, 4, 6, 10, 16, 1 << 20]))
 def test_allreduce_equals_a_literal_ring_for_any_length_and_segment_cap(seed, world_size, length, dtype, max_segment):
     x = _data(seed, world_size, length, dtype)
-    saved = R.GLOO_MAX_SEGMENT_BYTES
-    R.GLOO_MAX_SEGMENT_BYTES = max_segment
+    saved = gloo.GLOO_MAX_SEGMENT_BYTES
+    gloo.GLOO_MAX_SEGMENT_BYTES = max_segment
     try:
         model = R.allreduce(x, dtype)
     finally:
-        R.GLOO_MAX_SEGMENT_BYTES = saved
+        gloo.GLOO_MAX_SEGMENT_BYTES = saved
     bufs = _literal_ring(x, dtype, max_segment)
     for b in bufs:
         b = b.astype(np.float32) if dtype == "bfloat16" else b
@@ -739,7 +741,7 @@ def test_fast_paths_equal_the_step_loop(seed, world_size, steps, mode, flags, po
     stream = _stream(seed, world_size, steps, flags)
     fast = R.simulate_ranks(policy, mode=mode, **stream)
     arr = stream.get("found_inf", stream.get("grad_max"))
-    loop = R._step_loop(policy, mode, np.asarray(arr), flags, R.FP16, "float32")
+    loop = R._step_loop(policy, mode, np.asarray(arr), flags, FP16, "float32")
     assert R.same_trace(fast, loop)
     assert fast.scale.shape == (world_size, steps) and np.array_equal(fast.stepped, ~fast.found_inf)
     table = fast.table(range(min(steps, 3)))
@@ -766,7 +768,7 @@ def _rare_stream(seed, world_size, steps, flags):
 def test_unscale_first_equals_the_step_loop(seed, world_size, steps, flags, policy):
     stream = _rare_stream(seed, world_size, steps, flags)
     arr = np.asarray(stream.get("found_inf", stream.get("grad_max")))
-    loop = R._step_loop(policy, "unscale_first", arr, flags, R.FP16, "float32")
+    loop = R._step_loop(policy, "unscale_first", arr, flags, FP16, "float32")
     assert R.same_trace(R.simulate_ranks(policy, mode="unscale_first", **stream), loop)
 
 
@@ -782,7 +784,7 @@ def test_unscale_first_takes_the_scalers_event_by_event(monkeypatch):
     adjust = DynamicScaler._adjust
     monkeypatch.setattr(DynamicScaler, "_adjust", lambda self, st, found: calls.append(1) or adjust(self, st, found))
     for key, arr in streams:
-        loop = R._step_loop(policy, "unscale_first", arr, key == "found_inf", R.FP16, "float32")
+        loop = R._step_loop(policy, "unscale_first", arr, key == "found_inf", FP16, "float32")
         calls.clear()
         trace = R.simulate_ranks(policy, mode="unscale_first", **{key: arr})
         assert R.same_trace(trace, loop) and len(calls) < 3_000, len(calls)  # the step loop: 160,000

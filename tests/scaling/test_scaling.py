@@ -361,9 +361,9 @@ def test_refused_growth_on_a_grad_max_stream():
 def test_rounding_without_the_array_trick(monkeypatch):
     """Where storing a double in an array('f') does not round as a C cast does, the loop rounds
     with the struct module instead: the same traces."""
-    from ampviz import scaling
+    from ampviz.scaling.simulator import steps as simulate_steps  # where the step-by-step loop reads the flag
 
-    monkeypatch.setattr(scaling, "_FAST_F32", False)
+    monkeypatch.setattr(simulate_steps, "_FAST_F32", False)
     for name in ("gi=1, x4, 0.995 (the widget's slow case)", "gi=3, x2.5, 0.995", "hysteresis 2, clean refill, gi=1"):
         assert_simulate_equals_stepping(DENSE[name], found_inf=dense_found_inf("random half", 3000))
         g = synth.scenario("spikes", 3000, 0.5, np.random.default_rng(6))

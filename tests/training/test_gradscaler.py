@@ -238,7 +238,9 @@ def test_every_error_case_has_its_exact_message():
 
 
 def test_a_case_that_stops_raising_is_reported(monkeypatch):
-    monkeypatch.setattr(G, "_CASES", (("harmless", lambda: None), *G._CASES[:1]))
+    from ampviz.training.gradscaler import errors as gradscaler_errors  # error_cases reads _CASES there
+
+    monkeypatch.setattr(gradscaler_errors, "_CASES", (("harmless", lambda: None), *G._CASES[:1]))
     cases = G.error_cases()
     assert cases[0] == G.ErrorCase("harmless", "no error", "")
     assert cases[1].error == "AssertionError"

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ampviz.training import gradscaler as G
 from ampviz.training import loopcheck as L
-from ampviz.training import loopcheck_checker as C
+from ampviz.training.loopcheck import checker as C
 
 NO_INF_CHECKS = "No inf checks were recorded prior to update."
 UNSCALE_TWICE = "unscale_() has already been called on this optimizer since the last update()."

@@ -1,6 +1,6 @@
 """``check_loop``: a learner's training step run through adversarial scenarios beside
 ``reference_step``, compared bit for bit (or within rounding, said so), each difference put down
-to the first mistake the spies (``ampviz.training.loopcheck_spies``) saw; and the classic mistakes
+to the first mistake the spies (``ampviz.training.loopcheck.spies``) saw; and the classic mistakes
 (``mistaken_loop``) to run through it. ``ampviz.training.loopcheck`` tells the whole story and re-exports
 the public names.
 """
@@ -20,10 +20,10 @@ import torch
 from ampviz.explain import explain
 from ampviz.checks import Check, check
 from ampviz.text import Table, number
-from ampviz.training.loopcheck_problem import (LARGE_TARGETS, MAX_ITERATIONS, MAX_MICRO_BATCHES, _PARTS,
+from ampviz.training.loopcheck.problem import (LARGE_TARGETS, MAX_ITERATIONS, MAX_MICRO_BATCHES, _PARTS,
                                                _Setup, _error, _factor, _params, _setup, load_checkpoint,
                                                reference_step, save_checkpoint)
-from ampviz.training.loopcheck_spies import LoopSpy, TimedOut, guarded, new_finding, watch
+from ampviz.training.loopcheck.spies import LoopSpy, TimedOut, guarded, new_finding, watch
 from ampviz._args import _shown
 from ampviz._args import _flag, _real, _whole
 
@@ -166,7 +166,7 @@ ROUNDING = 2.0**-7
 
 class _Trace:
     """What a run did after each iteration (weights, scale, skipped per optimizer, learning rates)
-    and what the spies saw in it (``loopcheck_spies``); ``start``: the weights before it;
+    and what the spies saw in it (``spies``); ``start``: the weights before it;
     ``error``/``error_at``: what it raised, and in which iteration (or "save"/"load")."""
 
     def __init__(self):

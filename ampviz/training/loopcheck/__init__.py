@@ -27,14 +27,14 @@ Part 1, the loops people write, each shown right and wrong and measured:
 * ``skipped_step_report``: telling a skipped step by comparing ``get_scale()`` across
   ``update()``, the ``lr_scheduler.step()`` warning after skipped first steps, the scale as a log.
 
-Part 2, the loop checker (``ampviz.training.loopcheck_checker``): a learner writes ``train_step(model,
+Part 2, the loop checker (``ampviz.training.loopcheck.checker``): a learner writes ``train_step(model,
 optimizers, scaler, batches, max_norm)`` (one optimizer step; ``reference_step`` is a correct one)
 and, for the resume scenario, ``save(model, optimizers, scaler)`` and ``load(checkpoint, model,
 optimizers, scaler)``. ``check_loop`` runs it through adversarial ``SCENARIOS`` (and, when named,
 ``MORE_SCENARIOS``: a gradient penalty, a learning-rate scheduler, each passed to a step that
 takes ``penalty=`` or ``schedulers=``) beside the reference and compares the weights, the scale,
 which optimizer steps were skipped and the learning rates after every iteration: bit for bit, or
-within rounding (``ROUNDING``), which the verdict notes. Spies (``ampviz.training.loopcheck_spies``) name
+within rounding (``ROUNDING``), which the verdict notes. Spies (``ampviz.training.loopcheck.spies``) name
 the mistake behind a difference; each call of the learner's functions has a time limit and
 cannot leak torch's global state into the reference run. ``check_train_loop`` is the exercise
 checker (``ampviz.checks.Check``). ``mistaken_loop(name)`` writes a loop with one classic
@@ -51,7 +51,7 @@ depend only on which gradients overflow, and each overflow (or not) holds by a f
 more; a value torch computes (a norm, a penalty) prints at 4 significant digits
 (``ampviz.text.measured``), the same on every CPU. Reading the scaler's state uses its private
 attributes (``_scale``, ``_growth_tracker``): that state is the subject. ``LoopNet``,
-``reference_step`` and the checkpoint functions live in ``ampviz.training.loopcheck_problem``.
+``reference_step`` and the checkpoint functions live in ``ampviz.training.loopcheck.problem``.
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ import torch
 from ampviz.training.gradscaler import _capture, _check, _SpyScaler
 from ampviz.checks import Check, _yes_no, check
 from ampviz.text import Table, number
-from ampviz.training.loopcheck_checker import (MAX_SCENARIOS, MISTAKES, MORE_SCENARIOS, ROUNDING, SCENARIOS,
+from ampviz.training.loopcheck.checker import (MAX_SCENARIOS, MISTAKES, MORE_SCENARIOS, ROUNDING, SCENARIOS,
                                                CheckReport, Scenario, ScenarioResult, check_loop,
                                                check_train_loop, mistaken_loop)
-from ampviz.training.loopcheck_problem import (LARGE_TARGETS, MAX_ITERATIONS, MAX_MICRO_BATCHES, PART1_SCALE,
+from ampviz.training.loopcheck.problem import (LARGE_TARGETS, MAX_ITERATIONS, MAX_MICRO_BATCHES, PART1_SCALE,
                                                SPIKE, _PARTS, LoopNet, _error, _factor, _measured, _params,
                                                _setup, _Setup, load_checkpoint, reference_step,
                                                save_checkpoint)
