@@ -1,7 +1,9 @@
 """ampviz: mixed-precision training, made visible.
 
-The core (``formats``, ``census``) needs numpy only; torch, plotly and ipywidgets are imported by
-the modules that need them (``training``, ``plots``, ``widgets``), so ``import ampviz`` stays light.
+Three layers (ARCHITECTURE.md): the numpy core (``formats``, ``scaling``, and ``text``, ``checks``,
+``explain``, ``_args``), the torch side (``training``, ``ranks``, ``pitfalls``, ``env``) and the view
+(``plots``, ``widgets``). This package loads only ``formats``, so ``import ampviz`` stays light:
+numpy, no torch, plotly or ipywidgets.
 """
 
 from ampviz.formats import (

@@ -238,6 +238,15 @@ def test_the_readme_first_screen_has_the_commands_and_the_course_table():
     assert any(re.match(r"\|\s*\[?`?00", line) for line in first), "the course table starts in the first screen"
 
 
+def test_every_bench_runs_in_make_bench_and_has_its_target_on_the_bench_page():
+    scripts = {p.name for p in (ROOT / "bench").glob("bench_*.py")}
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile[makefile.index("\nbench:"):].split("\n\n")[0]
+    page = (ROOT / "bench" / "README.md").read_text()
+    assert {s for s in scripts if f"bench/{s}" not in recipe} == set(), "make bench must run these"
+    assert {s for s in scripts if f"`bench/{s}`" not in page} == set(), "bench/README.md must describe these"
+
+
 # ------------------------------------------------------------------------------------------------
 # The checks catch what they are for
 # ------------------------------------------------------------------------------------------------

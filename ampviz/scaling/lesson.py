@@ -172,7 +172,7 @@ def check_hysteresis_skips(answer) -> Check:
 def check_steady_interval(answer, every: int = 500) -> Check:
     """Q: overflows that no scale avoids come every ``every`` steps; the largest ``growth_interval``
     at which torch's scale holds steady instead of ratcheting down: ``every - 1``, the clean steps
-    between two overflows (``simulate`` shows it: tests/test_lessons.py)."""
+    between two overflows (``simulate`` shows it: tests/scaling/test_scaling_lesson.py)."""
     return check(answer, every - 1, hint="growth needs growth_interval clean steps in a row: how many clean "
                                          "steps lie between two overflows?")
 

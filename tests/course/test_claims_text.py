@@ -18,7 +18,7 @@ WRONG = [
     # saturation is the cast's, not the format's: tests/formats/test_formats.py::test_overflow_rules_match_each_librarys_cast
     ("01_fp16_range.py", "it *saturates* at 448"),
     ("01_fp16_range.py", "fp8 E4M3 saturates at 448"),
-    # 240 is float8_e4m3fnuz's max: tests/test_lessons.py::test_the_fnuz_checker_holds_torchs_float8_e4m3fnuz
+    # 240 is float8_e4m3fnuz's max: tests/formats/test_formats_lesson.py::test_the_fnuz_checker_holds_torchs_float8_e4m3fnuz
     ("01_fp16_range.py", "Which decoding mistake gives 240"),
     # unscale_ checks the scaled gradients, then divides (notebook 04 section 3)
     ("02_loss_scaling.py", "checks every gradient for inf and NaN after unscaling"),
