@@ -117,10 +117,17 @@ print("ampviz, fp32: 1 + 2^-11 == 1 ->", lesson.add(1.0, 2**-11, "fp32") == 1.0)
 # ## 5. Why a weight stops learning in fp16
 #
 # An optimizer step adds a small update u to each weight w, and fp16 rounds w + u to the nearest
-# fp16 value. So the update is **lost** (w + u == w) exactly when |u| is at most **half the gap
-# between w and its neighbour on u's side**; at exactly half (a tie) it is lost only if w's last
-# mantissa bit is 0 (ties go to the even neighbour). Below a power of two the gap is half as wide
-# as above it, so on w = 1 the direction matters.
+# fp16 value. Two words for what follows. The *ulp* (unit in the last place) of a number is the
+# gap between it and the next number of larger magnitude: the value of its last mantissa bit,
+# 2^-10 × 2^e for a normal fp16 number between 2^e and 2^(e+1). A *binade* is the set of numbers
+# from one power of two up to the next, 2^e ≤ |x| < 2^(e+1): they share the exponent e, so the ulp
+# is the same across a binade and doubles in the next one.
+#
+# So the update is **lost** (w + u == w) exactly when |u| is at most **half the gap between w and
+# its neighbour on u's side**: the *½-ulp rule*. That gap is one ulp of w, except when w is a power
+# of two and u points toward 0: the neighbour then lies in the binade below, half as far. At
+# exactly half (a tie) the update is lost only if w's last mantissa bit is 0 (ties go to the even
+# neighbour). So on w = 1 the direction matters.
 #
 # Predict before you run the table: the fp16 neighbours of 1.0 are 1 + 2^-10 above and 1 − 2^-11
 # below. Is the update −2^-11 lost?

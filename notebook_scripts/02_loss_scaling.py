@@ -34,7 +34,9 @@ from ampviz.formats.census import census
 from ampviz.scaling.lesson import (census_table, check_batch_effect, check_overflow_action, check_safe_scale,
                                    largest_safe_scale, layer_table)
 from ampviz.plots import plot_census
+from ampviz.text import number
 from ampviz.training import torch_cast_counts
+from ampviz.training.gradscaler import walk_iteration
 from ampviz.widgets import RangeExplorer
 
 rng = np.random.default_rng(0)
@@ -121,9 +123,11 @@ print(f"layer outputs' gradients that are 0 after a real fp16 backward pass: {np
 # ## 3. What the paper saw
 #
 # This is the effect Micikevicius et al. describe in *Mixed Precision Training* (ICLR 2018,
-# arXiv:1710.03740, Fig. 3): as reported there, 67% of the activation gradients of a Multibox SSD
-# detector were zero, and values down to 2^-27, below fp16's smallest subnormal, had to be
-# preserved; SSD diverged without scaling and matched fp32 with a loss scale of 8. NVIDIA's *Mixed Precision
+# arXiv:1710.03740, Fig. 3): as reported there, in a histogram of a Multibox SSD detector's
+# activation gradients taken during fp32 training, 67% of the values were zero. Those zeros were
+# fp32's own, not values fp16 had lost. What fp16 would lose lay among the rest: values down to
+# 2^-27, below fp16's smallest subnormal, had to be preserved; SSD diverged without scaling and
+# matched fp32 with a loss scale of 8. NVIDIA's *Mixed Precision
 # Training* guide reports, for the same kind of network, that converting to fp16 made "31% of
 # these values become zeros, leaving only 5.3% as non-zeros". These are their reported numbers;
 # this notebook shows the mechanism on its own model, not theirs.
@@ -217,9 +221,21 @@ print("weights no longer finite after one SGD step:", int((~torch.isfinite(weigh
 # %% [markdown]
 # `torch.amp.GradScaler`'s `unscale_` checks every scaled gradient for inf and NaN, then multiplies it
 # by 1/S, all before the optimizer runs (notebook 04, section 3). If it finds one, `step` skips that
-# `optimizer.step()` entirely and
-# multiplies the scale by `backoff_factor` (0.5 by default); after `growth_interval` clean steps
-# (2000) it doubles the scale again. Notebook 04 takes the real scaler apart, call by call.
+# `optimizer.step()` entirely and leaves the scale as it is; the next call, `update()`, multiplies
+# the scale by `backoff_factor` (0.5 by default). After `growth_interval` clean steps (2000),
+# `update()` doubles the scale again. One iteration of the real scaler on notebook 04's
+# two-weight problem, with an inf put into a gradient after the backward pass, and the scale after
+# each call:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+walk = walk_iteration(overflow=True)
+for call in ("backward", "unscale_", "step", "update"):
+    print(f"{walk[call].call:20} scale {number(walk[call].scale):6}  {walk[call].note}")
+
+# %% [markdown]
+# Notice: the scale is still 65536 (2^16) after `step`, which skipped the optimizer; `update()` halves
+# it. Notebook 04 takes the real scaler apart, call by call.
 
 # %% [markdown]
 # ## Try it
@@ -303,4 +319,6 @@ assert census(g, "fp16", 2.0**24).counts["underflow"] == 0
 assert at_S["underflow"] == at_S["overflow"] == 0  # nothing lost or inf at S = 2^33
 assert S == 2.0**33 and S * gmax < 65504 and 2 * S * gmax >= 65520
 assert at_2S["overflow"] == 24 and not torch.isfinite(unscaled.norm())  # 2S: inf, step ruined
+assert walk["unscale_"].found_inf == {"cpu": 1.0} and walk["step"].weight.tolist() == [3.0, -4.0]  # skipped
+assert [walk[c].scale for c in ("backward", "unscale_", "step", "update")] == [2.0**16] * 3 + [2.0**15]
 print("all claims hold")

@@ -269,9 +269,10 @@ overflow_table(overflow)
 # ### 6.3 Updates lost in bf16 weights, and three fixes
 #
 # bf16 pays for its range with precision: 8 significant bits. An update smaller than half the gap
-# between a weight and its bf16 neighbour is lost (the ½-ulp rule of notebook 01). At w = 1 the gap
-# above is 2^-7, so updates up to 2^-8 of the weight are lost (2^-8 itself is a tie, which rounds
-# to the even neighbour, 1); just below 2, up to about 2^-9 of it. Four fp32 updates of bf16 weights at 1.0:
+# between a weight and its bf16 neighbour is lost (the ½-ulp rule of notebook 01, section 5). At
+# w = 1 the gap above is 2^-7, so updates up to 2^-8 of the weight are lost (2^-8 itself is a tie,
+# which rounds to the even neighbour, 1); just below 2, up to about 2^-9 of it. Four fp32 updates
+# of bf16 weights at 1.0:
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -209,8 +209,11 @@ skip_detection_table(found_inf=[True, False])
 # skipped = scaler.get_scale() < scale_before
 # ```
 #
-# (`get_scale()` copies the scale to the host, which waits for the GPU; once per step is cheap.
-# It stops working only at a scale of 0, which cannot shrink any further.)
+# (`get_scale()` returns `_scale.item()`. On a GPU that is a blocking device-to-host copy: the CPU
+# waits until the GPU has finished all the work queued before it, and cannot queue the next
+# step's kernels meanwhile. A plain optimizer's `scaler.step()` already waits once, to read
+# found_inf; the two `get_scale()` calls add two more waits per step. The comparison stops
+# working only at a scale of 0, which cannot shrink any further.)
 
 # %% [markdown]
 # ## 8. `torch.cuda.amp` is deprecated, and the default device is `"cuda"`

@@ -213,8 +213,10 @@ trace_table([t for t in runs if t.policy.name in LEGACY])
 # %% [markdown]
 # Notice:
 # - Starting high costs a calibration: Megatron and NeMo start at 2^32 and skip their first 18
-#   steps (17 halvings down to 2^15, plus one overflow their hysteresis tolerates); Keras and
-#   jmp start at 2^15 and skip none at first.
+#   steps (17 halvings down to 2^15, plus one overflow their hysteresis tolerates); Keras starts
+#   at 2^15 and skips none at first. jmp's `DynamicLossScale` has no default initial scale (you
+#   pass `loss_scale`); the preset here (`JmpScaler`) starts at 2^15, the value in jmp's
+#   documentation, and so skips none at first either.
 # - DeepSpeed ZeRO grows on the 1,001st clean step after an overflow (since DeepSpeed 0.17.1; on
 #   the 1,000th before), and its hysteresis skips two steps per tooth of the sawtooth: 20 skipped
 #   steps where torch skips 5.

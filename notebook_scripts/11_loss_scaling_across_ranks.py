@@ -99,10 +99,10 @@ print("simulator agrees:", same_trace(simulate_ranks(policy, found_inf=flags2, m
 
 # %% [markdown]
 # Notice: each rank skips only its own overflow, so from step 3 the scales differ (1024 on rank 0,
-# 2048 on rank 1; 1024 and 4096 at step 4). They meet again at 2048 after step 5 only because the
-# pattern is symmetric. Each rank's weights differ from the others' from the first step on: they
-# never share gradients. That is what local SGD means, but a loss scale per rank is one more
-# thing that no longer agrees.
+# 2048 on rank 1; 1024 and 4096 at step 4). They meet again at 2048 at step 5 (after step 4's
+# update) only because the pattern is symmetric: each rank skipped once. Each rank's weights differ
+# from the others' from the first step on: they never share gradients. That is what local SGD
+# means, but a loss scale per rank is one more thing that no longer agrees.
 
 # %% [markdown]
 # ### b. `unscale_` and clipping on local gradients, then a manual all-reduce
@@ -162,8 +162,9 @@ print("simulator agrees:", same_trace(simulate_ranks(policy, found_inf=flags3, m
 # NBVAL_CHECK_OUTPUT
 plain = run_scaler_ranks("local", found_inf=flags2, fsdp=True, growth_interval=2)
 print(plain.trace.table())
-moved = plain.weights[0, 3] != plain.weights[0, 2]  # the full model over step 2
-print("weights that moved at step 2:", moved.astype(int))
+moved = plain.weights[0, 1:] != plain.weights[0, :-1]  # the full model, step by step
+print("weights that moved, one row per step:", moved.astype(int), sep="\n")
+print("steps at which both ranks use the same scale:", np.flatnonzero(plain.trace.scales_agree).tolist())
 sharded = run_scaler_ranks("synced", found_inf=flags2, fsdp=True, growth_interval=2)
 print(sharded.trace.table())
 agree = [same_trace(simulate_ranks(policy, found_inf=flags2, mode=r.trace.mode), r.trace) for r in (plain, sharded)]
@@ -171,9 +172,14 @@ print("simulator agrees (plain, sharded):", *agree)
 
 # %% [markdown]
 # Notice: with the plain scaler, rank 0 skips step 2 while rank 1 steps, so only rank 1's half of
-# the model moves (weights 4 to 7), and the scales part for good (1024 and 4096 at step 4). With
-# `ShardedGradScaler` both ranks skip both steps and keep one scale. FSDP1 did not hang here, since
-# its optimizer step is local; fairscale's sharded optimizer did hang on the same mismatch.
+# the model moves (weights 4 to 7); at step 4 it is the other way round. The scales differ at steps
+# 3 and 4 (1024 and 4096 at step 4) and meet again at 2048 at step 5, because each rank skipped
+# once. What does not come back is the half-model step: after step 2 the model held weights that
+# no single scaler would have produced, and in a real network the gradients of steps 3 and 4 were
+# computed from them. (This probe's gradients do not depend on the weights, so here the two halves
+# are level again after step 4, four updates each.) With `ShardedGradScaler` both ranks skip both
+# steps and keep one scale. FSDP1 did not hang here, since its optimizer step is local; fairscale's
+# sharded optimizer did hang on the same mismatch.
 #
 # **FSDP2** (`fully_shard`) needs no special scaler in torch 2.13: its gradients are `DTensor`s,
 # and the DTensor dispatch of `_amp_foreach_non_finite_check_and_unscale_` reduces `found_inf`
@@ -266,9 +272,10 @@ for world_size in (2, 4):
 # element is finite only if it is finite on all ranks: 12,546 of 65,536 entries at 2 ranks, 22,815
 # at 4. Both runs skip twice (40,000 → 20,000 → 10,000) where the fp32 all-reduce skipped none.
 # The hook's division by the world size, meant to keep the fp16 sum in range, comes after the cast
-# has made the inf. The bf16 hook has fp32's range: no non-finite entry, no skip. It has to be
-# written by hand on gloo (cast, divide, `dist.all_reduce`), since DDP refuses torch's own
-# `bf16_compress_hook` there:
+# has made the inf. The bf16 hook has fp32's range: no non-finite entry, no skip. It is written by
+# hand here (cast, divide, `dist.all_reduce`): DDP accepts torch's own `bf16_compress_hook` only
+# from a torch built with CUDA and NCCL 2.10 or later, or with XPU and XCCL, whatever backend the
+# process group uses. This course's torch is a CPU build, so DDP refuses it:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -384,7 +391,7 @@ check_compress_share(answer)
 #   same bits, so all ranks skip together and the weights stay bitwise identical. No sync code needed.
 # - Ranks disagree when each one judges gradients the others do not share: a scaler per rank on
 #   local gradients (the scales drift), `unscale_` before a manual all-reduce (a rank steps on NaN),
-#   FSDP1 with a plain `GradScaler` (half the model steps, the scales part).
+#   FSDP1 with a plain `GradScaler` (half the model steps; the scales drift too).
 # - The fix is to OR the flag over the group that shards: `ShardedGradScaler` (SUM), FSDP2's DTensor
 #   dispatch (MAX), Megatron and DeepSpeed (MAX).
 # - An all-reduce rounds once per extra rank, in gloo's ring order, which changes with the world
@@ -434,7 +441,12 @@ t = manual.trace
 assert t.poisoned_at == (3, 2) and not t.found_inf[1, 2] and t.found_inf[:, 4:].all()
 assert manual.weights_finite.tolist() == [[True] * 4 + [False] * 3, [True] * 3 + [False] * 4]
 assert synced.trace.found_inf[:, 2].all() and not synced.trace.nonfinite_step.any() and synced.weights_identical.all()
-assert moved.tolist() == [False] * 4 + [True] * 4 and plain.trace.scale[:, 4].tolist() == [1024.0, 4096.0]
+assert moved[2].tolist() == [False] * 4 + [True] * 4 and moved[4].tolist() == [True] * 4 + [False] * 4
+assert plain.trace.scale[:, 4].tolist() == [1024.0, 4096.0] and plain.trace.scale[:, 5].tolist() == [2048.0] * 2
+assert plain.trace.scales_agree.tolist() == [True] * 3 + [False] * 2 + [True]  # they meet again at step 5
+before, after = plain.weights[0, 2], plain.weights[0, 3]  # the full model before and after step 2
+assert (after[:4] == before[:4]).all() and (after[4:] != before[4:]).all()
+assert np.array_equal(plain.weights[0, 5], sharded.weights[0, -1])  # level after step 4: four updates per half
 assert sharded.trace.found_inf[:, [2, 4]].all() and sharded.trace.scales_agree.all()
 ratio = {d: errors.error[d] / errors.floor[d] for d in errors.dtypes}
 assert all(abs(r[0] - 1) < 1e-9 and 1.5 < r[1] < 1.7 and 2.1 < r[2] < 2.3 for r in ratio.values())

@@ -121,10 +121,15 @@ for rounding in ("floor", "ceil", "even", "rceil"):
 # %% [markdown]
 # ## 4. Where torchao departs from the rule
 #
-# torchao 0.18 computes rceil as `ceil(log2(amax / max))` in float32. For amax / max just above a
-# power of two, float32's log2 rounds to the integer, the ceiling finds nothing to round up, and the
-# scale comes out one step too small. Here amax is the float32 right after 3.5, so amax / 448 is just
-# above 2^-7. `mx_quantize` follows the exact rule; torchao's arithmetic, replayed in numpy float32:
+# torchao 0.18 computes rceil in `_to_mx_rceil` (`torchao/prototype/mx_formats/mx_tensor.py`), in
+# one of two ways. Under `torch.compile` on an NVIDIA GPU of SM100 or later (Blackwell), it converts
+# the float32 quotient amax / max to E8M0 with the PTX instruction `cvt.rp.satfinite.ue8m0x2.f32`,
+# which rounds it up to a power of two exactly, as the rule does. Everywhere else (eager mode, the
+# CPU, older GPUs) it falls back to `torch.ceil(torch.log2(amax / max))` in float32. For amax / max
+# just above a power of two, float32's log2 rounds to the integer, the ceiling finds nothing to
+# round up, and the scale comes out one step too small. Here amax is the float32 right after 3.5,
+# so amax / 448 is just above 2^-7. `mx_quantize` follows the exact rule; the fallback's
+# arithmetic, replayed in numpy float32:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -135,15 +140,16 @@ exact = mx_quantize(row, "fp8_e4m3", rounding="rceil")
 torchao_k = np.ceil(np.log2(amax / np.float32(448)))
 print(f"amax = {amax:.9g}, amax / 448 = {amax / np.float32(448):.9g}")
 print(f"the rule: scale 2^{int(exact.scales[0]) - 127}, amax -> {exact.values[0]:.9g}")
-print(f"float32 log2 gives {np.log2(amax / np.float32(448))}, so torchao's scale is 2^{int(torchao_k)}")
+print(f"float32 log2 gives {np.log2(amax / np.float32(448))}, so torchao's fallback picks 2^{int(torchao_k)}")
 print(f"at that scale, as the floor rule also picks: amax -> {mx_quantize(row, 'fp8_e4m3').values[0]:.9g}")
 
 # %% [markdown]
-# Notice: the rule gives 2^-6; float32's log2 returns exactly −7, so torchao stores 2^-7, the floor
-# rule's scale, and amax / 2^-7 lies just past 448, where it is clamped. Here the clamp costs nothing
-# (3.5 + 2^-22 rounds to 3.5 at either scale), but the scale pattern differs from the rule's, and a
-# bit-exact comparison has to expect it. `ampviz.formats.blocks` follows torchao bit for bit everywhere else
-# and names three such departures (tests/formats/test_blocks.py shows each against torchao itself).
+# Notice: the rule gives 2^-6; float32's log2 returns exactly −7, so torchao's fallback stores 2^-7,
+# the floor rule's scale, and amax / 2^-7 lies just past 448, where it is clamped. Here the clamp
+# costs nothing (3.5 + 2^-22 rounds to 3.5 at either scale), but the scale pattern differs from the
+# rule's, and a bit-exact comparison with torchao in eager mode has to expect it.
+# `ampviz.formats.blocks` follows torchao's eager path bit for bit everywhere else and names three
+# such departures (tests/formats/test_blocks.py shows each against torchao itself).
 
 # %% [markdown]
 # ## 5. NVFP4: blocks of 16, E4M3 scales, and a float32 scale for the tensor
@@ -332,7 +338,8 @@ check_single_level_value(answer)
 #   own block: one 2^10 value flushes its block of 32, not the tensor.
 # - MX scales are powers of two (E8M0). The OCP floor rule can clamp a block's largest value (E4M3: 500
 #   becomes 448); rounding the scale up (ceil, rceil) never does, and flushes more small values instead.
-#   torchao's float32 rceil is one step short just above a power of two.
+#   torchao's rceil fallback (a float32 log2: eager mode, the CPU, GPUs before SM100) is one step
+#   short just above a power of two; compiled on SM100 and later GPUs, its PTX conversion is exact.
 # - NVFP4's E4M3 block scales need the float32 tensor scale: without it a tensor of size 2^-24 is
 #   flushed entirely and one of size 2^24 saturates.
 # - Stochastic rounding is unbiased on average. The 16-point random Hadamard transform spreads an

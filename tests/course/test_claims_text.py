@@ -22,15 +22,37 @@ WRONG = [
     ("01_fp16_range.py", "Which decoding mistake gives 240"),
     # unscale_ checks the scaled gradients, then divides (notebook 04 section 3)
     ("02_loss_scaling.py", "checks every gradient for inf and NaN after unscaling"),
+    # step only skips; update() backs the scale off: notebook 02's checked walk_iteration(overflow=True)
+    # cell and tests/training/test_gradscaler.py::test_step_skips_and_update_backs_off
+    ("02_loss_scaling.py", "entirely and multiplies the scale by `backoff_factor`"),
+    # the paper's 67% are zeros of its fp32 histogram, not fp16 underflow (notebook 02 section 3, text)
+    ("02_loss_scaling.py", "67% of the activation gradients of a Multibox SSD detector were zero"),
+    # notebook 01 section 5 defines ulp, binade and the ½-ulp rule; 03 points to that section
+    ("03_autocast.py", "(the ½-ulp rule of notebook 01)"),
     # update() after unscale_ alone works: tests/training/test_gradscaler.py::test_every_error_case_has_its_exact_message
     ("04_gradscaler_internals.py", "`update()` needs a `step()` to count"),
+    # get_scale() is _scale.item(): a blocking device-to-host sync on a GPU (notebook 04 section 7, text)
+    ("04_gradscaler_internals.py", "once per step is cheap"),
     # a scale settles when backing off removes the overflow: notebook 06's checked cell and claims
     ("06_scaling_lab.py", "a scaler without hysteresis can only lower the scale"),
     ("06_scaling_lab.py", "what a dozen frameworks' loss scalers do"),
+    # jmp's DynamicLossScale has no default loss_scale; the preset (JmpScaler) picks 2^15 (notebook 06 section 4)
+    ("06_scaling_lab.py", "Keras and jmp start at 2^15"),
     # only the optimizers that overflow halve the scale: tests/pitfalls/test_pitfall_manual_backward.py
     ("08_lightning_manual_backward.py", "overflowing iteration divides the scale by 2^N"),
     # the stale weight copy is real on torch 2.13: tests/pitfalls/test_pitfall_autocast_cache.py
     ("09_lightning_autocast_cache.py", "Two independent changes made this safe:"),
+    # FSDP1 with a plain GradScaler: the scales meet again at step 5; the half-model steps stay
+    # (notebook 11 section 2c's checked cell: weights moved per step, steps with equal scales)
+    ("11_loss_scaling_across_ranks.py", "the scales part for good"),
+    ("11_loss_scaling_across_ranks.py", "They meet again at 2048 after step 5"),
+    # DDP's bf16_compress_hook check is on the torch build (CUDA + NCCL 2.10+, or XPU + XCCL), not the
+    # backend: notebook 11 section 3's checked error message
+    ("11_loss_scaling_across_ranks.py", "since DDP refuses torch's own `bf16_compress_hook` there"),
+    # only torchao's fallback (eager, CPU, GPUs before SM100) takes a float32 log2; compiled on SM100+
+    # _to_mx_rceil uses cvt.rp.satfinite.ue8m0x2.f32 (notebook 13 section 4, text)
+    ("13_mx_and_nvfp4.py", "torchao 0.18 computes rceil as `ceil(log2(amax / max))` in float32"),
+    ("13_mx_and_nvfp4.py", "torchao's float32 rceil is one step short"),
 ]
 
 
@@ -65,3 +87,16 @@ def test_a_sentence_is_found_on_either_side_across_line_breaks(tmp_path):
         jupytext.write(script, tmp_path / "py" / f"{stem}.py", fmt="py:percent")
         assert sides_saying(stem, sentence, tmp_path / "nb", tmp_path / "py") == found
         assert sides_saying(stem, "what a dozen frameworks' loss scalers do", tmp_path / "nb", tmp_path / "py") == []
+
+
+def test_notebook_01_defines_the_words_later_notebooks_use():
+    """03 cites "the ½-ulp rule of notebook 01, section 5": 01 defines ulp and binade there, before
+    it first uses them."""
+    cells = [c.source for c in jupytext.read(NOTEBOOKS / "01_fp16_range.ipynb").cells if c.cell_type == "markdown"]
+    text = _words("\n".join(cells))
+    section5 = text.index("## 5. Why a weight stops learning in fp16")
+    assert text.index("The *ulp* (unit in the last place) of a number") > section5
+    assert text.index("A *binade* is") > section5 and "the *½-ulp rule*" in text[section5:]
+    assert "ulp" not in text[:section5] and "binade" not in text[:section5]
+    assert "(the ½-ulp rule of notebook 01, section 5)" in _words(
+        "\n".join(c.source for c in jupytext.read(NOTEBOOKS / "03_autocast.ipynb").cells))

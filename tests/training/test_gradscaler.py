@@ -219,6 +219,18 @@ def test_walk_iteration_overflow_and_growth():
     assert "tracker reached growth_interval" in grown["update"].note
 
 
+def test_step_skips_and_update_backs_off():
+    """On an inf gradient, scaler.step() skips optimizer.step() and leaves the scale as it is; only
+    update() multiplies it by backoff_factor (notebook 02, section 6)."""
+    walk = G.walk_iteration(overflow=True)
+    assert walk["unscale_"].found_inf == {"cpu": 1.0}
+    assert walk["step"].weight.tolist() == [3.0, -4.0] and "skipped" in walk["step"].note
+    assert [walk[c].scale for c in ("scale", "backward", "unscale_", "step")] == [65536.0] * 4
+    assert (walk["update"].scale, walk["update"].tracker) == (32768.0, 0)
+    quartered = G.walk_iteration(overflow=True, backoff_factor=0.25)
+    assert (quartered["step"].scale, quartered["update"].scale) == (65536.0, 16384.0)
+
+
 def test_unscale_overflow_is_not_detected():
     table = G.unscale_overflow_table()
     values = dict(table.rows)
