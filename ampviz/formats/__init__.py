@@ -45,55 +45,11 @@ from __future__ import annotations
 # The code lives in the modules below (each imports its siblings directly, never this package):
 # inputs (reading values), spec (FloatFormat), beyond_ieee (fnuz, finite, E8M0), catalog (the
 # built-in formats and get_format). Every function, class and constant importable from here before stays so.
-from ampviz.formats.beyond_ieee import (  # noqa: F401
-    E8M0Format,
-    FiniteFormat,
-    FnuzFormat,
-    _AllNumbersFormat,
-    _check_choice,
-    _float32_bits,
-)
-from ampviz.formats.catalog import (  # noqa: F401
-    ALL_FORMATS,
-    BF16,
-    E8M0,
-    FORMATS,
-    FP4_E2M1,
-    FP6_E2M3,
-    FP6_E3M2,
-    FP8_E4M3,
-    FP8_E4M3FNUZ,
-    FP8_E5M2,
-    FP8_E5M2FNUZ,
-    FP16,
-    FP32,
-    TF32,
-    get_format,
-)
-from ampviz.formats.inputs import (  # noqa: F401
-    _REFUSED_KINDS,
-    _TORCH_MAX_NAN,
-    _as_float32_values,
-    _describe,
-    _first_line,
-    _is_tensor,
-    _object_values,
-    _real_array,
-    _scalar_or_array,
-    _tensor_values,
-)
-from ampviz.formats.spec import (  # noqa: F401
-    CATEGORIES,
-    NAN,
-    NORMAL,
-    OVERFLOW,
-    OVERFLOW_RULES,
-    SUBNORMAL,
-    UNDERFLOW,
-    ZERO,
-    _CATEGORY_NAMES,
-    FloatFormat,
-)
+from ampviz.formats.beyond_ieee import E8M0Format, FiniteFormat, FnuzFormat
+from ampviz.formats.catalog import (ALL_FORMATS, BF16, E8M0, FORMATS, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3,
+    FP8_E4M3FNUZ, FP8_E5M2, FP8_E5M2FNUZ, FP16, FP32, TF32, get_format)
+from ampviz.formats.inputs import _describe, _real_array
+from ampviz.formats.spec import CATEGORIES, UNDERFLOW, ZERO, FloatFormat
 
 __all__ = [
     "FloatFormat",

@@ -61,30 +61,14 @@ This module only gathers the names; the code lives in one module per concept:
 from __future__ import annotations
 
 from ampviz.ranks import launcher as _launcher
-from ampviz.ranks.launcher import (  # noqa: F401
-    MAX_TIMEOUT, MAX_WORLD_SIZE, RankError, _collect, _die_with_parent, _exit_code, _free_port, _interrupts_held,
-    _one_line, _rank_main, _reap, _text, prewarm, run_ranks,
-)
-from ampviz.ranks.gloo import (  # noqa: F401
-    _DTYPES, GLOO_MAX_SEGMENT_BYTES, MAX_LAYOUT, ORDERS, _add, _allreduce_rank, _chunks, _grads, _length_args,
-    _ring_layout, _round_up, _rounded, _sum_format, allreduce, gloo_chunks, gloo_summation_order, run_allreduce,
-)
-from ampviz.ranks.simulator import (  # noqa: F401
-    MAX_SIM_CELLS, MODES, RanksTrace, _fast, _mode, _pattern_rows, _rank_flags, _rank_gradients, _step_loop,
-    _stream, _trace, _unscale_first, same_trace, simulate_ranks,
-)
-from ampviz.ranks.real import (  # noqa: F401
-    _PROBE_CLEAN, _PROBE_PATTERN, _SPIKE, MAX_REAL_STEPS, MLP_MAX_SCALE, RanksRun, _batch, _Probe, _scaler_rank,
-    run_scaler_ranks,
-)
-from ampviz.ranks.reduce_precision import (  # noqa: F401
-    COMPRESS_HOOKS, CompressTrace, ReduceErrors, _bf16_hook_gloo, _compress_args, _compress_grads, _compress_rank,
-    _relative_error, reduce_errors, run_compress_hook, simulate_compress_hook,
-)
-from ampviz.ranks.lesson import (  # noqa: F401
-    _share_text, check_compress_share, check_ddp_skips, check_found_inf_op, check_local_scales,
-)
-from ampviz.ranks.lightning import LightningRun, _lightning_rank, run_lightning_ranks  # noqa: F401
+from ampviz.ranks.launcher import MAX_WORLD_SIZE, RankError, prewarm, run_ranks
+from ampviz.ranks.gloo import ORDERS, allreduce, gloo_chunks, gloo_summation_order, run_allreduce
+from ampviz.ranks.simulator import MODES, RanksTrace, _step_loop, same_trace, simulate_ranks
+from ampviz.ranks.real import RanksRun, run_scaler_ranks
+from ampviz.ranks.reduce_precision import (COMPRESS_HOOKS, CompressTrace, ReduceErrors, _compress_grads,
+    reduce_errors, run_compress_hook, simulate_compress_hook)
+from ampviz.ranks.lesson import check_compress_share, check_ddp_skips, check_found_inf_op, check_local_scales
+from ampviz.ranks.lightning import LightningRun, run_lightning_ranks
 
 __all__ = [
     "RankError",

@@ -58,42 +58,19 @@ from __future__ import annotations
 # _FAST_F32 where the code that reads it lives (steps).
 from ampviz._args import _shown
 from ampviz.formats import FP16, FP32, FloatFormat, get_format
-from ampviz.scaling.inputs import (
-    _as_array, _flags, _gradients, _is_tensor, _loss_format, _overflow_format, _real_values,
-)
-from ampviz.scaling.overflow import (
-    _FP16_THRESHOLDS, _cast_array, _fp16_thresholds, _overflowing, _overflowing32, _thresholds, _thresholds32,
-    _thresholds64, _ulp_exponent, overflows,
-)
+from ampviz.scaling.inputs import _as_array, _overflow_format
+from ampviz.scaling.overflow import _thresholds32, overflows
 from ampviz.scaling.presets import LEGACY, PRESETS
 from ampviz.scaling.presets.apex import ApexAmpScaler, ApexHysteresisScaler
-from ampviz.scaling.presets.arguments import _flag, _real, _steps_count, _tolerance
-from ampviz.scaling.presets.deepspeed import (
-    DeepSpeedScaler, DeepSpeedZeroScaler, _deepspeed_before_0_17_1, _deepspeed_scales,
-)
+from ampviz.scaling.presets.deepspeed import DeepSpeedScaler, DeepSpeedZeroScaler
 from ampviz.scaling.presets.fairseq import FairseqScaler, MetaseqScaler
 from ampviz.scaling.presets.jmp import JmpScaler
 from ampviz.scaling.presets.keras import Keras3Scaler, KerasScaler
 from ampviz.scaling.presets.megatron import MegatronScaler
 from ampviz.scaling.presets.torch_amp import StaticScaler, TorchGradScaler
-from ampviz.scaling.scaler import (
-    _AT_MINIMUM, _DEFAULTS, _FLT_MAX, _MINIMUM_REACHED, _PACK_F, _UNPACK_F, ARITHMETIC, DynamicScaler, ScalerState,
-    _check_state, _f32, _mul, _number, _whole_number,
-)
-from ampviz.scaling.simulator import ScalerTrace, _run, _run_adjust, simulate
-from ampviz.scaling.simulator.arrays import (
-    _CHUNK, _COUNTED, _DENSE_EVENTS, _DENSE_GAP, _DENSITY, _RAMP, _SPARSE_EVENTS, _STRETCH, _identical, _int32, _ramp,
-    _TraceArrays,
-)
-from ampviz.scaling.simulator.events import (
-    _backoff_keeps, _cannot_move, _events, _fixed_scale, _overflow_ends, _stretches,
-)
-from ampviz.scaling.simulator.steps import (
-    _FAST_F32, _array_rounds_to_float32, _count_steps, _grow_or_back, _steps, _write_loop,
-)
-from ampviz.scaling.streams import (
-    _PACK_E, _UNPACK_E, _FixedOverflows, _ScaleDependentOverflows, _cast_scalar, _f16,
-)
+from ampviz.scaling.scaler import DynamicScaler, ScalerState
+from ampviz.scaling.simulator import ScalerTrace, simulate
+from ampviz.scaling.streams import _ScaleDependentOverflows
 
 __all__ = [
     "DynamicScaler",

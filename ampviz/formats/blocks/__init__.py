@@ -63,32 +63,9 @@ from __future__ import annotations
 # stochastic (stochastic rounding), hadamard (the random Hadamard transform), common (the
 # checks and element casts they share) and tables (the fast paths' tables, chunks and
 # threads). Every function, class and constant importable from here before stays so.
-from ampviz.formats.blocks.common import (  # noqa: F401
-    _F32,
-    _block_size,
-    _choice,
-    _element_codes,
-    _element_values,
-    _float32_blocks,
-    _pow2,
-    _sealed,
-    _x_shape,
-)
-from ampviz.formats.blocks.tables import (  # noqa: F401
-    _ABS_BITS,
-    _CHUNK,
-    _INF_BITS,
-    _PARALLEL_MIN,
-    _PIECE,
-    _TABLES,
-    _abs_max_bits,
-    _element_table,
-    _ElementTable,
-    _in_parallel,
-    _scaled_elements,
-    _table_index,
-    _table_representatives,
-)
+from ampviz.formats.blocks.common import _element_codes, _element_values
+from ampviz.formats.blocks.tables import (_INF_BITS, _PARALLEL_MIN, _abs_max_bits, _element_table,
+    _ElementTable, _table_index)
 from ampviz.formats.catalog import (  # noqa: F401
     E8M0,
     FP4_E2M1,
@@ -98,46 +75,14 @@ from ampviz.formats.catalog import (  # noqa: F401
     FP8_E5M2,
     get_format,
 )
-from ampviz.formats.blocks.hadamard import (  # noqa: F401
-    TE_RHT_SIGNS,
-    _exact_matmul_f32,
-    hadamard_matrix,
-    random_hadamard_transform,
-)
+from ampviz.formats.blocks.hadamard import TE_RHT_SIGNS, hadamard_matrix, random_hadamard_transform
 from ampviz.formats.inputs import _TORCH_MAX_NAN, _describe, _real_array, _scalar_or_array  # noqa: F401
-from ampviz.formats.blocks.mx import (  # noqa: F401
-    MX_ELEMENT_FORMATS,
-    MX_ROUNDING,
-    MXBlocks,
-    _mx_element_format,
-    _mx_exponents,
-    _mx_fast,
-    _mx_reference,
-    _mx_scale_codes,
-    _mx_scale_index,
-    _mx_scale_tables,
-    mx_quantize,
-)
-from ampviz.formats.blocks.nvfp4 import (  # noqa: F401
-    _E4M3_MAX,
-    _E4M3_TINY,
-    _F32_MAX,
-    _FP4_MAX,
-    _NVFP4_BLOCK,
-    NVFP4_CONVENTIONS,
-    NVFP4Blocks,
-    _e4m3_codes,
-    _e4m3_lookup,
-    _e4m3_scale_table,
-    _e4m3_scale_values,
-    _nan_kept,
-    _nvfp4_fast,
-    _nvfp4_reference,
-    _tensor_scale,
-    nvfp4_quantize,
-)
+from ampviz.formats.blocks.mx import (MX_ELEMENT_FORMATS, MX_ROUNDING, MXBlocks, _mx_exponents, _mx_fast,
+    _mx_reference, _mx_scale_codes, mx_quantize)
+from ampviz.formats.blocks.nvfp4 import (NVFP4_CONVENTIONS, NVFP4Blocks, _e4m3_codes, _e4m3_lookup,
+    _nvfp4_fast, _nvfp4_reference, nvfp4_quantize)
 from ampviz.formats.spec import FloatFormat  # noqa: F401
-from ampviz.formats.blocks.stochastic import _generator, stochastic_round  # noqa: F401
+from ampviz.formats.blocks.stochastic import stochastic_round
 
 __all__ = [
     "MX_ELEMENT_FORMATS",

@@ -64,52 +64,13 @@ import numpy as np
 # common (the checks and recipe_formats they share); the exercise checkers stay here. Every
 # function, class and constant importable from here before stays so.
 from ampviz.formats.catalog import FP8_E4M3, FP8_E5M2, get_format  # noqa: F401
-from ampviz.formats.fp8.common import (  # noqa: F401
-    _F32,
-    _FLT_MAX,
-    _FP8,
-    _amaxes,
-    _choice,
-    _flag,
-    _float32,
-    _fp8_format,
-    _readonly,
-    _whole,
-    recipe_formats,
-)
-from ampviz.formats.fp8.current import (  # noqa: F401
-    CONVENTIONS,
-    EPS,
-    GRANULARITIES,
-    CurrentScaled,
-    _current_scale,
-    _pow2_floor_bits,
-    _pow2_floor_torchao,
-    current_quantize,
-    current_scale,
-)
-from ampviz.formats.fp8.delayed import (  # noqa: F401
-    ALGOS,
-    DELAYED_CONVENTIONS,
-    DelayedScaler,
-    DelayedState,
-    DelayedTrace,
-    _sliding_max,
-    simulate_delayed,
-)
-from ampviz.formats.fp8.stream import (  # noqa: F401
-    _FINITE,
-    _INF,
-    _NAN,
-    RECIPES,
-    Fp8ScalingTrace,
-    TensorStream,
-    _first_true,
-    _real_arg,
-    _stream_counts,
-    simulate_fp8_scaling,
-    tensor_stream,
-)
+from ampviz.formats.fp8.common import _readonly, recipe_formats
+from ampviz.formats.fp8.current import (CONVENTIONS, EPS, GRANULARITIES, CurrentScaled, _pow2_floor_bits,
+    _pow2_floor_torchao, current_quantize, current_scale)
+from ampviz.formats.fp8.delayed import (ALGOS, DELAYED_CONVENTIONS, DelayedScaler, DelayedState, DelayedTrace,
+    simulate_delayed)
+from ampviz.formats.fp8.stream import (RECIPES, Fp8ScalingTrace, TensorStream, simulate_fp8_scaling,
+    tensor_stream)
 from ampviz.formats.inputs import _TORCH_MAX_NAN, _describe, _real_array  # noqa: F401
 from ampviz.formats.spec import FloatFormat  # noqa: F401
 

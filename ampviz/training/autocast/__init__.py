@@ -64,22 +64,16 @@ keeps working): ``dispatch`` (dtype names, the cast and op recorders), ``ops``
 from __future__ import annotations
 
 # A facade: every name the module held is imported back from its new home (``__all__`` lists the public ones).
-from ampviz.training.autocast.dispatch import _CAST_OPS, SHORT, _CastLog, _dt, _dt_name, _error, _OpLog
-from ampviz.training.autocast.ops import (_OPS, AS_INPUT, CUDA_DOCS_BANNED, CUDA_DOCS_FP16, CUDA_DOCS_FP32,
-                                          CUDA_DOCS_PROMOTE, OPS, OWN_PROMOTION, RAN_FP32, RAN_LOW, WIDEST, Cell,
-                                          _documented, _fake_cuda_autocast, _Maker, _measure, _Op, _op, _ops, _run)
-from ampviz.training.autocast.walk import MAX_TRY_OPS, AutocastRun, _grad_path, layer_walk, under_autocast
-from ampviz.training.autocast.dtype_table import (CUDA_SOURCES, OpRow, OpTable, _cuda_where, _device, _dtypes, _release,
-                                               _rule_of, op_table)
-from ampviz.training.autocast.loss import (_FP16_MAX, DEFAULT_SCALE, LOSSES, OTHER_LOSSES, LossReport, _loss_name,
-                                           _loss_of, loss_report, loss_table)
-from ampviz.training.autocast.weight_cache import (_STALE_CASE, CACHE_CASES, CacheReport, _autocast_depth, _case,
-                                                   _cases, _weight_node, cache_table, weight_casts)
-from ampviz.training.autocast.compile import (BACKENDS, CompileReport, _fresh, _fresh_forward, _updated_twice,
-                                              compile_report, compile_table)
-from ampviz.training.autocast.checkers import (_DTYPE_WORDS, _SPECIAL_BITS, _dtype_said, _special_values_kept,
-                                               _whole_answer, check_casts_inside_outer, check_round_up_share,
-                                               check_softmax_dtype, check_stochastic_rounding, check_sum_loss_step)
+from ampviz.training.autocast.ops import (_OPS, CUDA_DOCS_BANNED, CUDA_DOCS_FP16, CUDA_DOCS_FP32,
+    CUDA_DOCS_PROMOTE, OPS, Cell, _measure)
+from ampviz.training.autocast.walk import MAX_TRY_OPS, AutocastRun, layer_walk, under_autocast
+from ampviz.training.autocast.dtype_table import CUDA_SOURCES, OpRow, OpTable, _cuda_where, _rule_of, op_table
+from ampviz.training.autocast.loss import LOSSES, OTHER_LOSSES, LossReport, loss_report, loss_table
+from ampviz.training.autocast.weight_cache import (_STALE_CASE, CACHE_CASES, CacheReport, _autocast_depth,
+    cache_table, weight_casts)
+from ampviz.training.autocast.compile import BACKENDS, CompileReport, compile_report, compile_table
+from ampviz.training.autocast.checkers import (check_casts_inside_outer, check_round_up_share,
+    check_softmax_dtype, check_stochastic_rounding, check_sum_loss_step)
 
 __all__ = [
     "CUDA_DOCS_FP16",

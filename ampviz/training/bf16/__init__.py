@@ -52,21 +52,15 @@ working): ``arguments`` (``BF16_MAX`` and the shared argument checks), ``roundin
 from __future__ import annotations
 
 # A facade: every name the module held is imported back from its new home (``__all__`` lists the public ones).
-from ampviz.training.bf16.arguments import _MAKER, BF16_MAX, _float32_tensor, _generator, _stats
-from ampviz.training.bf16.rounding import (ROUNDINGS, _fifteen_bits, _round_to_nearest, _seventeen_bits, _sign_blind,
-                                           stochastic_round_bf16)
-from ampviz.training.bf16.rounding_stats import (DEFAULT_VALUES, MAX_DRAWS, MAX_SAMPLES, MAX_VALUES, RoundingCheck,
-                                                 RoundingStats, _bf16_neighbours, _rounding, rounding_statistics,
-                                                 rounding_table, variant_table)
-from ampviz.training.bf16.scaler import (_DTYPE_LABELS, GRADIENT_SETS, MAX_BEAM_BATCH, GradientShare, RunZeros,
-                                         ScalerNeed, scaler_need, scaler_need_table)
-from ampviz.training.bf16.overflow import (MAX_BATCH, MAX_DEPTH, MAX_WIDTH, MAX_WORK, OverflowReport, _evaluate,
-                                           _largest, _overflow_sizes, fp16_overflow, overflow_model, overflow_table)
+from ampviz.training.bf16.rounding import ROUNDINGS, stochastic_round_bf16
+from ampviz.training.bf16.rounding_stats import (DEFAULT_VALUES, RoundingCheck, RoundingStats,
+    rounding_statistics, rounding_table, variant_table)
+from ampviz.training.bf16.scaler import (GRADIENT_SETS, GradientShare, RunZeros, ScalerNeed, scaler_need,
+    scaler_need_table)
+from ampviz.training.bf16.overflow import OverflowReport, fp16_overflow, overflow_model, overflow_table
 from ampviz.training.bf16.kahan import kahan_add_
-from ampviz.training.bf16.updates import (MAX_FEATURES, MAX_ROWS, MAX_RUN_WORK, MAX_STEPS, MAX_TRACE, METHODS,
-                                          LostUpdateRuns, UpdateRun, _one_run, _problem, _relative_distance,
-                                          _run_sizes, _share, lost_update_runs, lost_update_steps_table,
-                                          lost_update_table)
+from ampviz.training.bf16.updates import (METHODS, LostUpdateRuns, UpdateRun, lost_update_runs,
+    lost_update_steps_table, lost_update_table)
 
 __all__ = [
     # stochastic rounding

@@ -42,26 +42,16 @@ works for every name it ever had):
 
 from __future__ import annotations
 
-from ampviz.training.gradscaler.tiny import (  # noqa: F401
-    DEFAULTS, INF, Tiny, _FLT_MAX, _SETTINGS, _TINY_DTYPES, _backward_scaled, _entry, _found_inf, _plain,
-    _scale_value, _scaler, _scaler_settings, _stage, _tensor_or_none, _torch_scaler, _values, _vec, _vec_np,
-    build_tiny)
-from ampviz.training.gradscaler.walk import Snapshot, Walk, walk_iteration  # noqa: F401
-from ampviz.training.gradscaler.runs import (  # noqa: F401
-    MAX_REAL_STEPS, MAX_TABLE_ROWS, RealRun, StepOutOfRangeError, _final_scale, _flags, _run_arg, _step_indices,
-    found_inf_from, run_real_scaler, same_run, skip_detection_table, step_table)
-from ampviz.training.gradscaler.unscale import clipping_norms, clipping_table, unscale_overflow_table  # noqa: F401
-from ampviz.training.gradscaler.errors import (  # noqa: F401
-    ErrorCase, _CASES, _case_backoff_factor, _case_closure, _case_fp16_grads, _case_growth_factor, _case_scale_float,
-    _case_step_before_scale, _case_step_twice, _case_step_without_grads, _case_unscale_after_step,
-    _case_unscale_before_scale, _case_unscale_twice, _case_update_after_unscale_only, _case_update_before_scale,
-    _case_update_without_step, error_cases)
-from ampviz.training.gradscaler.warning_reports import (  # noqa: F401
-    MAX_ITERATIONS, Caught, ConstructorReport, SchedulerReport, _CONSTRUCTORS, _capture, constructor_warnings,
-    scheduler_report)
-from ampviz.training.gradscaler.checks import (  # noqa: F401
-    LOOP_ITERATIONS, LOOP_OVERFLOW_AT, _UNREADABLE, _SpyScaler, _as_answer, _check, _loop_run, amp_step_reference,
-    check_amp_loop, check_backoffs_to_zero, check_clip_before_unscale, check_scale_after_pattern, check_skip_test)
+from ampviz.training.gradscaler.tiny import Tiny, build_tiny
+from ampviz.training.gradscaler.walk import Snapshot, Walk, walk_iteration
+from ampviz.training.gradscaler.runs import (RealRun, _step_indices, found_inf_from, run_real_scaler,
+    same_run, skip_detection_table, step_table)
+from ampviz.training.gradscaler.unscale import clipping_norms, clipping_table, unscale_overflow_table
+from ampviz.training.gradscaler.errors import ErrorCase, _CASES, error_cases
+from ampviz.training.gradscaler.warning_reports import (Caught, ConstructorReport, SchedulerReport, _capture,
+    constructor_warnings, scheduler_report)
+from ampviz.training.gradscaler.checks import (_SpyScaler, _check, amp_step_reference, check_amp_loop,
+    check_backoffs_to_zero, check_clip_before_unscale, check_scale_after_pattern, check_skip_test)
 
 __all__ = [
     "Tiny",

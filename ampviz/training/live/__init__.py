@@ -50,15 +50,12 @@ from ampviz.formats.census import CensusResult, census  # noqa: F401 (importable
 from ampviz._args import _count as _whole, _number as _real, _shown, _whole as _strict_whole  # noqa: F401
 from ampviz.training import MLP  # noqa: F401 (the plain MLP of notebook 07's frozen-weights experiment)
 from ampviz.formats import CATEGORIES, get_format  # noqa: F401 (importable from here before the split)
-from ampviz.training.live.config import (  # noqa: F401
-    MODELS, MODES, ScalerControl, TrainConfig, _AUTOCAST, _DEFAULT_BATCH, _DEFAULT_LR, _check_scaler_settings,
-    _iterable, describe_device, resolve_device)
-from ampviz.training.live.models import SequenceClassifier, Task, _BEAM_DATA, _beam_data, build_task  # noqa: F401
-from ampviz.training.live.activations import _ActivationWatch, _census_at  # noqa: F401
-from ampviz.training.live.records import (  # noqa: F401
-    Run, StepRecord, _CENSUSES, _CSV_COLUMNS, _CSV_MAGIC, _EXPECTED_RUN, _FLOAT_FIELDS, _INT_FIELDS, _SCALARS,
-    _census_from_dict, _census_to_dict, _config_from_dict, _csv_cell, _device_line, _not_a_run, _parse_cell,
-    _read_field, _reading, _record_from_dict, _record_to_dict, _run_text, load_run)
+from ampviz.training.live.config import (MODELS, MODES, ScalerControl, TrainConfig, _AUTOCAST,
+    _check_scaler_settings, describe_device, resolve_device)
+from ampviz.training.live.models import Task, build_task
+from ampviz.training.live.activations import _ActivationWatch, _census_at
+from ampviz.training.live.records import (Run, StepRecord, _CENSUSES, _CSV_COLUMNS, _SCALARS, _csv_cell,
+    load_run)
 
 __all__ = [
     "MODES",
