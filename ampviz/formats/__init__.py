@@ -44,7 +44,8 @@ from __future__ import annotations
 
 # The code lives in the modules below (each imports its siblings directly, never this package):
 # inputs (reading values), spec (FloatFormat), beyond_ieee (fnuz, finite, E8M0), catalog (the
-# built-in formats and get_format). Every function, class and constant importable from here before stays so.
+# built-in formats and get_format). The public API (``__all__``) and the private names other
+# modules and tests use are re-exported.
 from ampviz.formats.beyond_ieee import E8M0Format, FiniteFormat, FnuzFormat
 from ampviz.formats.catalog import (ALL_FORMATS, BF16, E8M0, FORMATS, FP4_E2M1, FP6_E2M3, FP6_E3M2, FP8_E4M3,
     FP8_E4M3FNUZ, FP8_E5M2, FP8_E5M2FNUZ, FP16, FP32, TF32, get_format)

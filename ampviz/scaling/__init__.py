@@ -53,9 +53,8 @@ This module needs numpy only.
 
 from __future__ import annotations
 
-# Every name this module held before it was split, private ones included (other modules, tests and
-# notebooks import them). A module-level value is the child's at import: patch a flag such as
-# _FAST_F32 where the code that reads it lives (steps).
+# Re-exported from the modules below: the public API (``__all__``) and the private names other
+# modules and tests use. Patch a module-level value where the code that reads it lives.
 from ampviz._args import _shown
 from ampviz.formats import FP16, FP32, FloatFormat, get_format
 from ampviz.scaling.inputs import _as_array, _overflow_format

@@ -62,7 +62,8 @@ from __future__ import annotations
 # The code lives in the modules below (each imports its siblings directly): mx (MX), nvfp4 (NVFP4),
 # stochastic (stochastic rounding), hadamard (the random Hadamard transform), common (the
 # checks and element casts they share) and tables (the fast paths' tables, chunks and
-# threads). Every function, class and constant importable from here before stays so.
+# threads). The public API (``__all__``) and the private names other
+# modules and tests use are re-exported.
 from ampviz.formats.blocks.common import _element_codes, _element_values
 from ampviz.formats.blocks.tables import (_INF_BITS, _PARALLEL_MIN, _abs_max_bits, _element_table,
     _ElementTable, _table_index)

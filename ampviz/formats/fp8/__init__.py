@@ -61,8 +61,8 @@ import numpy as np
 
 # The code lives in the modules below (each imports its siblings directly): current (current
 # scaling), delayed (delayed scaling), stream (a stream of tensors under either recipe) and
-# common (the checks and recipe_formats they share); the exercise checkers stay here. Every
-# function, class and constant importable from here before stays so.
+# common (the checks and recipe_formats they share); the exercise checkers stay here.
+# The public API (``__all__``) and the private names other modules and tests use are re-exported.
 from ampviz.formats.catalog import FP8_E4M3, FP8_E5M2, get_format  # noqa: F401
 from ampviz.formats.fp8.common import _readonly, recipe_formats
 from ampviz.formats.fp8.current import (CONVENTIONS, EPS, GRANULARITIES, CurrentScaled, _pow2_floor_bits,

@@ -63,7 +63,8 @@ keeps working): ``dispatch`` (dtype names, the cast and op recorders), ``ops``
 
 from __future__ import annotations
 
-# A facade: every name the module held is imported back from its new home (``__all__`` lists the public ones).
+# Re-exported from the modules below: the public API (``__all__``) and the private names other
+# modules and tests use. Patch a module-level value where the code that reads it lives.
 from ampviz.training.autocast.ops import (_OPS, CUDA_DOCS_BANNED, CUDA_DOCS_FP16, CUDA_DOCS_FP32,
     CUDA_DOCS_PROMOTE, OPS, Cell, _measure)
 from ampviz.training.autocast.walk import MAX_TRY_OPS, AutocastRun, layer_walk, under_autocast

@@ -51,7 +51,8 @@ working): ``arguments`` (``BF16_MAX`` and the shared argument checks), ``roundin
 
 from __future__ import annotations
 
-# A facade: every name the module held is imported back from its new home (``__all__`` lists the public ones).
+# Re-exported from the modules below: the public API (``__all__``) and the private names other
+# modules and tests use. Patch a module-level value where the code that reads it lives.
 from ampviz.training.bf16.rounding import ROUNDINGS, stochastic_round_bf16
 from ampviz.training.bf16.rounding_stats import (DEFAULT_VALUES, RoundingCheck, RoundingStats,
     rounding_statistics, rounding_table, variant_table)

@@ -26,8 +26,8 @@ tests (and the lesson's checked outputs) would show the change.
 Reading the scaler's state uses its private attributes (``_scale``, ``_growth_tracker``,
 ``_per_optimizer_states``): that state is the subject of the lesson.
 
-Where each part lives (this module re-exports them all, so ``from ampviz.training.gradscaler import X``
-works for every name it ever had):
+Where each part lives (this module re-exports the public API, ``__all__``, and the private names
+other modules and tests use):
 
 * ``tiny``: the tiny problem (``Tiny``, ``build_tiny``), the scaler it drives, the
   argument checks, and reading the scaler's private state.

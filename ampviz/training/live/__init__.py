@@ -20,8 +20,7 @@ differs from CUDA's (on the CPU ``layer_norm`` and ``softmax`` are not upcast to
 ``cross_entropy`` is, so the loss under autocast is a float32 scalar on both).
 
 This module holds the training loop (``train_steps``, ``run_training``, ``failure_sentence``) and
-``trained_parameter``; the rest lives beside it and is re-exported here, so
-``from ampviz.training.live import X`` works for every name it ever had:
+``trained_parameter``; the rest lives beside it, and its public API is re-exported here:
 
 * ``config``: ``MODES``, ``MODELS``, ``TrainConfig``, ``ScalerControl``, ``resolve_device``,
   ``describe_device``.
@@ -34,22 +33,15 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import io  # noqa: F401 (importable from here before the split)
-import json  # noqa: F401 (importable from here before the split)
 import math
-import threading  # noqa: F401 (importable from here before the split)
 import time
-from dataclasses import asdict, dataclass, field, fields, replace  # noqa: F401 (importable from here before the split)
-from pathlib import Path  # noqa: F401 (importable from here before the split)
 
 import numpy as np
 import torch
 from torch import nn
 
-from ampviz.formats.census import CensusResult, census  # noqa: F401 (importable from here before the split)
-from ampviz._args import _count as _whole, _number as _real, _shown, _whole as _strict_whole  # noqa: F401
+from ampviz._args import _shown, _whole as _strict_whole
 from ampviz.training import MLP  # noqa: F401 (the plain MLP of notebook 07's frozen-weights experiment)
-from ampviz.formats import CATEGORIES, get_format  # noqa: F401 (importable from here before the split)
 from ampviz.training.live.config import (MODELS, MODES, ScalerControl, TrainConfig, _AUTOCAST,
     _check_scaler_settings, describe_device, resolve_device)
 from ampviz.training.live.models import Task, build_task
