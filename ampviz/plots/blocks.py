@@ -86,6 +86,24 @@ def _block_parts(x, result, what: str = "x") -> dict:
             "saturated": saturated, "flushed": flushed, "err": err}
 
 
+def block_scale_words(parts: dict, label: str, b: int) -> str:
+    """Block ``b``'s scale in words, from its label above the block (``label``): for NVFP4 "E4M3
+    scale 448 × tensor scale 0.000866 = 0.388" (the E4M3 block scale alone without a tensor
+    scale), for MX "scale 2^8 (E8M0)"."""
+    if not parts["nvfp4"]:
+        return f"scale {label} (E8M0)"
+    step = parts["step"][b]
+    total = format_number(float(step)) if np.isfinite(step) else "NaN"
+    if parts["ts"] is None:
+        return f"E4M3 scale {label} (no tensor scale)"
+    return f"E4M3 scale {label} × tensor scale {format_number(parts['ts'])} = {total}"
+
+
+def scale_hover(parts: dict, labels) -> list:
+    """What hovering each block's scale label shows: the block and its scale in words."""
+    return [f"block {b}: {block_scale_words(parts, label, b)}" for b, label in enumerate(labels)]
+
+
 def _block_extents(parts: dict) -> np.ndarray:
     """The finite log2 magnitudes ``plot_blocks`` draws on its value axis for ``parts``: the
     row's, the dequantized values' and each block's largest and smallest nonzero value."""
@@ -129,7 +147,9 @@ def plot_blocks(x, result, *, title=None, legend_counts: bool = True, hold=()) -
 
     Every trace carries ``meta["kind"]`` (range, least, original, dequantized, saturated,
     flushed, error, scale); ``layout.meta`` holds the scheme, element format, block size, each
-    block's scale (its pattern and value), the tensor scale, the counts saturated and flushed,
+    block's scale (its pattern and value, the text written above the block in ``scale_labels``, and
+    in ``scale_words`` that text explained: "E4M3 scale 448 × tensor scale 0.000866 = 0.388"; the
+    scale labels' hover says the same), the tensor scale, the counts saturated and flushed,
     each block's worst relative error and the zero row's place on the value axis (``zero_y``).
     """
     _title(title)
@@ -214,8 +234,8 @@ def plot_blocks(x, result, *, title=None, legend_counts: bool = True, hold=()) -
         {"type": "scatter", "x": tick_x, "y": tick_y, "mode": "lines", "name": "dequantized",
          "line": {"color": BLOCK_COLORS["dequantized"], "width": 2.5},
          "customdata": tick_data, "hoveron": "points",
-         "hovertemplate": "element %{x:.0f} · q = %{customdata[1]:.4~g} · block scale %{customdata[0]}"
-                          "<extra></extra>",
+         "hovertemplate": "element %{x:.0f} · q = %{customdata[1]:.4~g} · "
+                          + ("E4M3 block scale" if nvfp4 else "block scale") + " %{customdata[0]}<extra></extra>",
          "meta": {"kind": "dequantized"}},
     ]
     for kind, flags, label in (("saturated", p["saturated"], "saturated (held at the block's max)"),
@@ -238,11 +258,12 @@ def plot_blocks(x, result, *, title=None, legend_counts: bool = True, hold=()) -
                  "hovertemplate": "element %{customdata} · error %{y:.3~%}<extra></extra>",
                  "showlegend": False, "meta": {"kind": "error"}})
     # each block's scale above it, on an axis of its own over the value panel: a trace, so that a
-    # new scale moves no layout
+    # new scale moves no layout; hovering one says what it is (NVFP4: the E4M3 block scale, which
+    # the tensor scale multiplies into the scale the block's elements take)
     data.append({"type": "scatter", "x": idx[::bs] + (bs - 1) / 2, "y": np.ones(blocks), "yaxis": "y3",
                  "mode": "text", "text": scale_texts, "textposition": "top center", "cliponaxis": False,
-                 "textfont": {"size": 10, "color": "#555555"}, "hoverinfo": "skip", "showlegend": False,
-                 "meta": {"kind": "scale"}})
+                 "textfont": {"size": 10, "color": "#555555"}, "hovertext": scale_hover(p, scale_texts),
+                 "hoverinfo": "text", "showlegend": False, "meta": {"kind": "scale"}})
     shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": b * bs - 0.5, "x1": b * bs - 0.5, "y0": 0, "y1": 1,
                "line": {"color": "#888888", "width": 1, "dash": "dot"}} for b in range(1, blocks)]
     scheme = "NVFP4" if nvfp4 else f"MX {fmt.name}"
@@ -268,6 +289,8 @@ def plot_blocks(x, result, *, title=None, legend_counts: bool = True, hold=()) -
         "meta": {"scheme": "nvfp4" if nvfp4 else "mx", "fmt": fmt.name, "block_size": int(bs),
                  "scale_codes": p["scales"].astype(int).tolist(),
                  "scales": [float(v) if np.isfinite(v) else None for v in step.astype(np.float64)],
+                 "scale_labels": list(scale_texts),
+                 "scale_words": [block_scale_words(p, label, b) for b, label in enumerate(scale_texts)],
                  "tensor_scale": ts, "saturated": int(p["saturated"].sum()), "flushed": int(p["flushed"].sum()),
                  "block_worst": worst, "zero_y": zero_y},
     }

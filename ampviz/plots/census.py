@@ -147,11 +147,17 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None, *, legend
             }
         )
     # what happens in the two outer bands, written inside them at their inner edge, on the row of
-    # the "smallest normal" label (which sits between them), under the other two labels' row
+    # the "smallest normal" label (which sits between them), under the other two labels' row; a
+    # band too narrow on screen for its words (bf16's overflow band, 10 binades of 282) gets them
+    # against the plot's outer edge instead, reaching into the next band: never cut by the edge
     for cat, text, x, side in (
         ("underflow", "becomes 0", math.log2(f.underflow_boundary), "right"),
         ("overflow", _past_max(f).replace(" (", "<br>("), math.log2(f.overflow_boundary), "left"),
     ):
+        room = (x - lo_x if side == "right" else hi_x - x) / (hi_x - lo_x) * _PLOT_PX \
+            + (_MARGIN_PX["l"] if side == "right" else _MARGIN_PX["r"])
+        if room < _text_px(text):
+            x, side = (lo_x, "left") if side == "right" else (hi_x, "right")
         annotations.append(
             {
                 "name": f"{cat}-band",
@@ -269,7 +275,7 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None, *, legend
         "bargap": 0,
         # the same plot area with or without the legend and the shares line
         "height": (420 if legend else 380) - (0 if shares else 30),
-        "margin": {"l": 60, "r": 30, "t": (100 if counted else 90) if shares else 60, "b": 100 if legend else 60},
+        "margin": {**_MARGIN_PX, "t": (100 if counted else 90) if shares else 60, "b": 100 if legend else 60},
         "template": "plotly_white",
         # at the bottom of the figure, under the axis title, with room for a second row
         "legend": {"orientation": "h", "x": 0.01, "y": 0, "yref": "container", "yanchor": "bottom"},
@@ -291,6 +297,20 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None, *, legend
                   **({"dtick": 1} if tallest <= 5 else {}), **_LABELS_AS_THEY_ARE, **_LINEAR},
     }
     return _figure(traces, layout)
+
+
+#: The census figure's side margins, and the narrowest plot area (pixels) its band labels are
+#: placed for (a figure in a narrow notebook column; wider ones only have more room).
+_MARGIN_PX = {"l": 60, "r": 30}
+_PLOT_PX = 560
+
+
+def _text_px(text: str, size: int = 11) -> float:
+    """About how wide ``text`` (lines split by "<br>") is drawn at font ``size`` in pixels, its
+    background's padding and shift included: 0.62 em a character, as wide as plotly's Open Sans
+    draws digits and lower-case letters."""
+    longest = max((len(line) for line in text.split("<br>")), default=0)
+    return longest * 0.62 * size + 8
 
 
 def _count_label(n: int) -> str:

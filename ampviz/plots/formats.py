@@ -10,7 +10,7 @@ import math
 import plotly.graph_objects as go
 
 from ampviz.formats import FloatFormat, get_format
-from ampviz.plots.style import BAND_CATEGORIES, CATEGORY_COLORS, _LABELS_AS_THEY_ARE, _LINEAR, _figure
+from ampviz.plots.style import BAND_CATEGORIES, CATEGORY_COLORS, Figure, _LABELS_AS_THEY_ARE, _LINEAR, _figure
 from ampviz.plots.text import _pow2_short, format_number, format_pow2
 
 
@@ -216,7 +216,7 @@ def plot_format_ranges(formats=None) -> go.Figure:
     if not fmts:
         raise ValueError("plot_format_ranges needs at least one format")
     x_range = _log2_window(fmts)
-    fig = go.Figure(data=[*_band_traces(fmts, x_range), _landmark_trace(fmts)])
+    fig = Figure(data=[*_band_traces(fmts, x_range), _landmark_trace(fmts)])
     fig.update_layout(
         title={"text": "Where each format can hold a value", "x": 0.01, "y": 0.99, "yanchor": "top"},
         barmode="overlay",

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 from ampviz.formats import get_format
 from ampviz.plots.arguments import _census_result, _shown, _title
 from ampviz.plots.axes import _log2_scale
-from ampviz.plots.style import TRACE_COLORS, _WHITE, _WHITE_AXIS
+from ampviz.plots.style import LOST_COLORSCALE, TRACE_COLORS, Figure, _WHITE, _WHITE_AXIS
 
 
 #: Which mode's census ``plot_live`` draws as the heat map by default: the first of these present
@@ -201,7 +201,9 @@ def live_traces(runs_by_mode: dict, *, heat_mode=None) -> list:
                  dtype=np.float64).reshape(len(names), len(cens))
     data.append({
         "type": "heatmap", "x": np.array([r.step for r in cens], dtype=np.int64), "y": _short_names(names),
-        "z": z, "name": f"{hm} lost gradient share", "zmin": 0.0, "zmax": 1.0, "colorscale": "Blues",
+        "z": z, "name": f"{hm} lost gradient share", "zmin": 0.0, "zmax": 1.0,
+        # explicit, light (0% lost) to dark: plotly.js's own "Blues" runs the other way
+        "colorscale": [list(stop) for stop in LOST_COLORSCALE],
         # under the step axis, at the right: the figure's width stays with the panels
         "colorbar": {"title": {"text": "lost", "side": "right"}, "orientation": "h", "lenmode": "pixels",
                      "len": 140, "thickness": 10, "x": 1.0, "xanchor": "right", "xref": "paper",
@@ -289,4 +291,4 @@ def plot_live(runs_by_mode: dict, *, steps=None, heat_mode=None, fmt="fp16", tit
         "annotations": notes,
         "meta": {"modes": list(runs_by_mode), "heat_mode": heat, "fmt": get_format(fmt).name},
     }
-    return go.Figure(data=data, layout=layout)
+    return Figure(data=data, layout=layout)

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from ampviz.formats import FloatFormat, get_format
 from ampviz.plots.arguments import _shown, _title
-from ampviz.plots.style import _WHITE, _WHITE_AXIS
+from ampviz.plots.style import Figure, _WHITE, _WHITE_AXIS
 from ampviz.plots.text import _pow2_short, _power_text, format_number
 
 
@@ -152,4 +152,4 @@ def plot_lost_band(fmt="fp16", w_min=1.0, w_max=4.0, *, points=None, via=None, t
         "annotations": notes,
         "meta": {"fmt": f.name, "via": via_name, "weights": int(ws.size)},
     }
-    return go.Figure(data=data, layout=layout)
+    return Figure(data=data, layout=layout)

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from ampviz.plots.arguments import _shown, _title
 from ampviz.plots.axes import _changes, _log2_scale, _log2_ticks, _marked_part, _padded_range, _share_top, _thin
-from ampviz.plots.style import TRACE_COLORS, _LINEAR, _WHITE, _WHITE_AXIS, _figure
+from ampviz.plots.style import TRACE_COLORS, _LINEAR, _WHITE, _WHITE_AXIS, _figure, scaler_colors
 
 
 #: A scale line with more change points than this is drawn at screen resolution (``_scale_steps``).
@@ -95,7 +95,9 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60,
     narrower than a pixel keeps its first, last, lowest and highest scale), so a figure of a
     million steps sends a few thousand points per trace whatever the settings. Overlaid scalers
     differ in colour, line width and dash (``TRACE_DASHES``: each later line narrower, drawn on
-    top), so scales that coincide all stay visible. The skipped steps are marked in a strip above
+    top), so scales that coincide all stay visible. A preset (``ampviz.scaling.PRESETS``) is drawn
+    in its own colour (``PRESET_COLORS``) whatever is drawn with it; other scalers take the
+    colours no preset in the figure has (``scaler_colors``). The skipped steps are marked in a strip above
     the scale panel, one lane per scaler (the marks never cover the lines or each other), thinned
     to ``max_markers`` per scaler, evenly among its skipped steps so that dense stretches stay
     dense (the scaler's name then says "1 in N marked"). A scale of exactly 0 is drawn at
@@ -119,8 +121,10 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60,
         raise TypeError(f"lost must be a dict name -> (steps, shares), got {type(lost).__name__}")
     rows = 2 if lost else 1
     data, markers, shapes, notes, ys = [], [], [], [], []
+    # a preset keeps its own colour whatever is drawn with it (``PRESET_COLORS``)
+    colors = scaler_colors(t.policy.name for t in traces)
     for k, t in enumerate(traces):
-        color = TRACE_COLORS[k % len(TRACE_COLORS)]
+        color = colors[k]
         idx, sc = _scale_steps(t)
         name = t.policy.name
         y = _log2_scale(sc)
@@ -159,10 +163,13 @@ def plot_scale_trace(traces, *, title=None, lost=None, max_markers: int = 60,
                           "xanchor": "right", "yanchor": "bottom", "text": f"{name} stopped",
                           "font": {"color": color}})
     data += markers
+    color_of = {t.policy.name: c for t, c in zip(traces, colors)}
     for k, (name, (steps, shares)) in enumerate((lost or {}).items()):
+        # the colour of the scaler of that name, else of the k-th scaler
+        color = color_of.get(name, colors[k] if k < len(colors) else TRACE_COLORS[k % len(TRACE_COLORS)])
         data.append({
             "type": "scatter", "x": np.asarray(steps), "y": 100 * np.asarray(shares, dtype=np.float64),
-            "mode": "lines", "line": {"shape": "hv", "color": TRACE_COLORS[k % len(TRACE_COLORS)], "width": 1.5},
+            "mode": "lines", "line": {"shape": "hv", "color": color, "width": 1.5},
             "name": f"{name}: % lost", "legendgroup": name, "showlegend": False, "yaxis": "y2",
             "meta": {"policy": name, "kind": "lost"},
         })

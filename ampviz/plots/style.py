@@ -34,6 +34,98 @@ BAND_OPACITY = 0.18
 #: Colours for overlaid scalers, in order (Okabe-Ito).
 TRACE_COLORS = ("#000000", "#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
 
+#: One fixed colour per scaler preset (``ampviz.scaling.PRESETS``, by name): a framework keeps its
+#: colour in every figure and in ScalerLab, whatever else is drawn with it (Okabe-Ito, then Paul
+#: Tol's muted colours). A scaler of no preset (e.g. ScalerLab's "your settings") takes the first
+#: of ``TRACE_COLORS`` that no preset in the same figure has (``scaler_colors``).
+PRESET_COLORS = {
+    "torch": "#000000",
+    "DeepSpeed ZeRO": "#0072B2",
+    "DeepSpeed": "#56B4E9",
+    "Megatron": "#D55E00",
+    "NeMo (apex hysteresis)": "#009E73",
+    "Keras 3": "#CC79A7",
+    "jmp": "#E69F00",
+    "static 1024": "#888888",
+    "Keras 2": "#882255",
+    "apex amp": "#117733",
+    "fairseq": "#332288",
+    "metaseq": "#999933",
+}
+
+
+def scaler_colors(names) -> list:
+    """The colour of each scaler named in ``names``, in order: a preset's own (``PRESET_COLORS``);
+    any other takes the next of ``TRACE_COLORS`` that no preset drawn with it has."""
+    names = [str(n) for n in names]
+    taken = {PRESET_COLORS[n] for n in names if n in PRESET_COLORS}
+    free = [c for c in TRACE_COLORS if c not in taken] or list(TRACE_COLORS)
+    out, k = [], 0
+    for n in names:
+        if n in PRESET_COLORS:
+            out.append(PRESET_COLORS[n])
+        else:
+            out.append(free[k % len(free)])
+            k += 1
+    return out
+
+
+#: The colour scale of every heat map (the live trainer's "gradients lost"), spelled out as
+#: [position, colour] pairs from light (0: nothing lost) to dark blue (1: all lost; ColorBrewer's
+#: Blues). A named scale would not do: plotly.py resolves "Blues" light to dark, while plotly.js,
+#: which draws the live figure's traces as sent, runs its own "Blues" dark to light.
+LOST_COLORSCALE = [[0.0, "rgb(247,251,255)"], [0.125, "rgb(222,235,247)"], [0.25, "rgb(198,219,239)"],
+                   [0.375, "rgb(158,202,225)"], [0.5, "rgb(107,174,214)"], [0.625, "rgb(66,146,198)"],
+                   [0.75, "rgb(33,113,181)"], [0.875, "rgb(8,81,156)"], [1.0, "rgb(8,48,107)"]]
+
+#: plotly.js's config for every figure (the explorers' ``FigureView``s and the figures the notebooks
+#: show): no plotly logo, and no "Share chart" link or button that uploads the figure to Plotly
+#: Cloud (plotly.js 3 shows one by default, also in the offline Voila app; it no longer has the
+#: older "showLink" option, which plotly.py would warn about).
+FIGURE_CONFIG = {"displaylogo": False, "showSendToCloud": False,
+                 "modeBarButtonsToRemove": ["sendDataToCloud", "sendChartToCloud"]}
+
+
+def figure_config(config=None) -> dict:
+    """``FIGURE_CONFIG`` with ``config`` (a dict, or None) over it, as a new dict."""
+    if config is not None and not isinstance(config, dict):
+        raise TypeError(f"config must be a dict of plotly.js options, got {type(config).__name__}")
+    merged = {**FIGURE_CONFIG, **(config or {})}
+    merged["modeBarButtonsToRemove"] = list(merged.get("modeBarButtonsToRemove") or [])
+    return merged
+
+
+class Figure(go.Figure):
+    """A ``go.Figure`` that is shown with ``FIGURE_CONFIG`` (no "Share chart" upload to Plotly
+    Cloud), in a notebook, by ``show()`` and in HTML; every ``plot_*`` returns one. A ``config``
+    given to ``show`` or ``to_html`` goes over ``FIGURE_CONFIG``."""
+
+    config = property(lambda self: figure_config(), doc="The plotly.js config the figure is shown with.")
+
+    def _ipython_display_(self):
+        if pio.renderers.render_on_display and pio.renderers.default:
+            self.show()
+        else:
+            print(repr(self))
+
+    def _repr_mimebundle_(self, include=None, exclude=None, validate=True, **kwargs):
+        kwargs["config"] = figure_config(kwargs.get("config"))
+        return super()._repr_mimebundle_(include, exclude, validate, **kwargs)
+
+    def show(self, *args, **kwargs):
+        kwargs["config"] = figure_config(kwargs.get("config"))
+        return super().show(*args, **kwargs)
+
+    def to_html(self, *args, **kwargs):
+        if not args:  # the config is to_html's first argument
+            kwargs["config"] = figure_config(kwargs.get("config"))
+        return super().to_html(*args, **kwargs)
+
+    def write_html(self, *args, **kwargs):
+        if len(args) < 2:  # the file, then the config
+            kwargs["config"] = figure_config(kwargs.get("config"))
+        return super().write_html(*args, **kwargs)
+
 
 @lru_cache(maxsize=None)
 def _template(name: str) -> dict:
@@ -53,7 +145,7 @@ def _figure(data: list, layout: dict) -> go.Figure:
     figures built this way are tested to hold exactly what validating them gives."""
     layout = {k: v for k, v in layout.items() if not (k in _LAYOUT_ARRAYS and len(v) == 0)}  # as validated
     layout["template"] = _template(layout.get("template") or pio.templates.default)
-    return go.Figure({"data": list(data), "layout": layout}, _validate=False)
+    return Figure({"data": list(data), "layout": layout}, _validate=False)
 
 
 #: Tick labels drawn where they fall, never measured to hide those that stick out past the axis

@@ -54,13 +54,15 @@ class BlockExplorer(_Explorer):
     ``data_dropdown`` (``DATA``), ``outlier_slider`` (log2 of the outlier placed in the normal data
     at ``outlier_at``), ``seed_input`` and ``hadamard_checkbox`` (the NVFP4 recipe's random
     Hadamard transform, 16 values at a time, before quantizing; the figure then shows the
-    transformed row). Controls that do not apply to the scheme are disabled.
+    transformed row). Controls that do not apply to the scheme are disabled; the per-tensor scale
+    box, NVFP4's alone, is also hidden under MX.
 
     State: ``x`` (the row quantized: the data, transformed when the Hadamard box is ticked),
     ``data`` (the row before any transform), ``result`` (``MXBlocks`` or ``NVFP4Blocks``),
     ``figure``, ``error``. The readout gives the mean and largest relative error, the shares
-    saturated and flushed to zero, each block's scale and worst relative error, and with the
-    transform the errors after undoing it.
+    saturated and flushed to zero, each block's scale and worst relative error (for NVFP4 both
+    the E4M3 scale written above the block in the figure and the scale it makes with the tensor
+    scale), and with the transform the errors after undoing it.
     """
 
     SCHEMES = SCHEMES
@@ -168,7 +170,9 @@ class BlockExplorer(_Explorer):
     def _enable(self) -> None:
         nvfp4 = self.scheme_dropdown.value == "nvfp4"
         self.block_dropdown.disabled = self.rounding_dropdown.disabled = nvfp4
+        # NVFP4's alone: under MX it is hidden (a ticked box there would say it applies)
         self.tensor_scale_checkbox.disabled = not nvfp4
+        self.tensor_scale_checkbox.layout.display = None if nvfp4 else "none"
         self.outlier_slider.disabled = self.data_dropdown.value != "normal"
 
     def _on_change(self, change) -> None:
@@ -235,8 +239,26 @@ class BlockExplorer(_Explorer):
                                 f"{format_share(e.mean()) if e.size else '0%'} · "
                                 f"max {format_share(e.max()) if e.size else '0%'}")
             extra = f"<div>{extra}</div>"
-        table = _table(("block", "scale", "worst relative error"),
-                       ((b, html.escape(format_pow2(s) if s is not None else "nan"),
-                         html.escape(format_share(w) if w is not None else "nan"))
-                        for b, (s, w) in enumerate(zip(meta["scales"], meta["block_worst"]))))
+        worst = [html.escape(format_share(w) if w is not None else "nan") for w in meta["block_worst"]]
+        if meta["scheme"] == "nvfp4":
+            # the figure writes each block's E4M3 scale above it; its elements take that × the
+            # tensor scale: both columns, named as the figure names them
+            ts = meta["tensor_scale"]
+            note = ("NVFP4: above each block the figure writes its E4M3 scale; "
+                    + (f"its values are multiplied by that × the per-tensor scale {format_number(ts)}."
+                       if ts is not None else "with no per-tensor scale, that is the scale its values take."))
+            extra += f"<div>{html.escape(note)}</div>"
+            scale_head = "scale = E4M3 scale × tensor scale" if ts is not None else "scale"
+            times = "" if ts is None else f"{format_number(ts)} = "
+
+            def product(label, s):
+                return f"{label} × {times}{format_number(s)}" if ts is not None and s is not None else \
+                    (format_number(s) if s is not None else "nan")
+            rows = ((b, html.escape(label), html.escape(product(label, s)), w)
+                    for b, (label, s, w) in enumerate(zip(meta["scale_labels"], meta["scales"], worst)))
+            table = _table(("block", "E4M3 scale (above the block)", scale_head, "worst relative error"), rows)
+        else:
+            table = _table(("block", "scale (E8M0, above the block)", "worst relative error"),
+                           ((b, html.escape(format_pow2(s) if s is not None else "nan"), w)
+                            for b, (s, w) in enumerate(zip(meta["scales"], worst))))
         return f"<div>{html.escape(line)}</div>{extra}{table}"

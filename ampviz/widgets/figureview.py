@@ -36,6 +36,8 @@ import anywidget
 import numpy as np
 import traitlets
 
+from ampviz.plots.style import figure_config
+
 __all__ = ["FigureView", "Prepared", "pack"]
 
 # numpy dtypes that travel as they are; everything else numeric is converted (int64 -> the narrowest
@@ -426,8 +428,9 @@ class FigureView(anywidget.AnyWidget):
 
     def __init__(self, figure=None, *, config=None, **kwargs):
         data, layout = _figure_parts(figure) if figure is not None else ([], {})
-        super().__init__(data=data, layout=layout,
-                         config={"displaylogo": False, **(config or {})}, **kwargs)
+        # no plotly logo and no "Share chart" upload to Plotly Cloud (``FIGURE_CONFIG``), unless
+        # ``config`` says otherwise
+        super().__init__(data=data, layout=layout, config=figure_config(config), **kwargs)
         self._shown_layout = _layout_key(self.layout)
         self.on_msg(self._on_custom)
 

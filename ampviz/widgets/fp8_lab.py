@@ -13,7 +13,7 @@ from ampviz.widgets.figureview import FigureView
 from ampviz.formats.fp8 import ALGOS, simulate_fp8_scaling, tensor_stream
 from ampviz.plots import format_share, plot_fp8_scaling
 
-from ampviz.widgets.base import _Explorer, _shown, _whole
+from ampviz.widgets.base import _Explorer, _shown, _whole, parse_number
 
 #: The recipes: (what the learner reads, the value).
 RECIPES = (("delayed (Transformer Engine)", "delayed"), ("current (torchao)", "current"))
@@ -39,7 +39,10 @@ class Fp8ScalingLab(_Explorer):
     (``ampviz.formats.fp8.simulate_fp8_scaling``), drawn by ``plot_fp8_scaling``.
 
     Controls: ``recipe_buttons`` (delayed, as Transformer Engine's ``DelayedScaling``, or current,
-    as torchao's), ``history_slider`` (``amax_history_len``), ``algo_dropdown`` (``"max"`` or
+    as torchao's), ``history_slider`` (``amax_history_len``; the length in use is shown in
+    ``history_input`` beside it, where a length can be typed: text that is not one of
+    ``HISTORY_LENGTHS`` is refused with a message, and the box shows the length in use again),
+    ``algo_dropdown`` (``"max"`` or
     ``"most_recent"``), ``margin_slider`` (the scale is divided by 2**margin), ``fmt_dropdown``
     (E4M3 or E5M2), ``spike_slider`` (log2 of the spikes), ``nonfinite_dropdown`` and
     ``seed_input``. The history, algo and margin apply to delayed scaling only and are disabled
@@ -88,8 +91,16 @@ class Fp8ScalingLab(_Explorer):
         # buttons wide enough for "delayed (Transformer Engine)" (the default width cuts it off)
         self.recipe_buttons = W.ToggleButtons(options=list(RECIPES), value=recipe, description="recipe",
                                               style={**style, "button_width": "220px"})
+        # the slider's own readout is editable in the browser but reads nothing typed into it (a
+        # SelectionSlider's): the length in use is shown, and can be typed, in a box beside it
         self.history_slider = W.SelectionSlider(options=list(HISTORY_LENGTHS), value=history_len,
-                                                description="history length", style=style, layout=wide)
+                                                description="history length", style=style,
+                                                layout=W.Layout(width="300px"), readout=False)
+        self.history_input = W.Text(value=str(history_len), continuous_update=False,
+                                    layout=W.Layout(width="64px"),
+                                    tooltip="amax_history_len: a power of two from 1 to 1,024 (then Enter)")
+        self.history_input.add_class("ampviz-fp8-history-input")
+        self._history_syncing = False
         self.algo_dropdown = W.Dropdown(options=list(ALGOS), value=algo, description="amax algo", style=style)
         self.margin_slider = W.IntSlider(value=margin, min=self.MARGIN_RANGE[0], max=self.MARGIN_RANGE[1],
                                          description="margin", style=style, layout=wide)
@@ -106,12 +117,15 @@ class Fp8ScalingLab(_Explorer):
                        (self.seed_input, "seed")):
             w.add_class(f"ampviz-fp8-{cls}")
             w.observe(self._on_change, names="value")
+        self.history_slider.observe(self._show_history, names="value")
+        self.history_input.observe(self._on_history_typed, names="value")
         self.readout = W.HTML()
         self.readout.add_class("ampviz-fp8-readout")
         self.view.add_class("ampviz-fp8-figure")
         self.ui = W.VBox([
             self.recipe_buttons,
-            W.HBox([W.VBox([self.history_slider, self.algo_dropdown, self.margin_slider]),
+            W.HBox([W.VBox([W.HBox([self.history_slider, self.history_input]), self.algo_dropdown,
+                            self.margin_slider]),
                     W.VBox([self.fmt_dropdown, self.spike_slider, self.nonfinite_dropdown, self.seed_input])],
                    layout=W.Layout(flex_flow="row wrap")),
             self.message, self.readout, self.view,
@@ -150,6 +164,39 @@ class Fp8ScalingLab(_Explorer):
     def _enable(self) -> None:
         current = self.recipe_buttons.value == "current"
         self.history_slider.disabled = self.algo_dropdown.disabled = self.margin_slider.disabled = current
+        self.history_input.disabled = current
+
+    def _show_history(self, change=None) -> None:
+        """The history box shows the length in use (the slider's)."""
+        self._history_syncing = True
+        try:
+            self.history_input.value = str(self.history_slider.value)
+        finally:
+            self._history_syncing = False
+
+    def _on_history_typed(self, change) -> None:
+        """A length typed into the history box (on Enter): the slider moves to it. Text that is not
+        one of the lengths is refused with a message, and the box shows the length in use again."""
+        if self._history_syncing:
+            return
+        typed = str(change["new"]) if isinstance(change, dict) else str(self.history_input.value)
+        try:
+            try:
+                value = parse_number(typed)
+            except ValueError:
+                value = None
+            if value is None or value not in HISTORY_LENGTHS:
+                raise ValueError(f"the history length must be a power of two from 1 to 1,024, got "
+                                 f"{_shown(typed.strip(), 20)}: the figure still uses "
+                                 f"{self.history_slider.value:,}")
+        except ValueError as exc:
+            self._show_history()
+            self._show_error(exc)
+            return
+        if int(value) == self.history_slider.value:
+            self._show_history()  # "128.0" or " 128": shown as the length in use
+        else:
+            self.history_slider.value = int(value)  # redraws; the box follows the slider
 
     def _on_change(self, change) -> None:
         self._enable()

@@ -69,7 +69,9 @@ class LiveTrainer(_Explorer):
     ``interval_slider`` (growth_factor, backoff_factor, growth_interval of "fp16+scaler"), which
     act on a running training from its next step (``live.ScalerControl``); buttons ``start_button``,
     ``pause_button`` (Pause / Resume, held between steps), ``stop_button`` (the run ends within a
-    step); ``progress`` with ``status`` (steps done and steps per second), ``device_line``
+    step); ``progress`` with ``status`` (steps done and steps per second, then a short line per
+    mode: its steps, and whether it finished, stopped, or failed and why; a failed mode's steps
+    not trained leave the count and the bar, which ends full, red when a mode failed), ``device_line``
     (``live.describe_device``) and the message line.
 
     The figure (``figure``, a ``FigureView`` built from ``plot_live`` of empty runs) is redrawn
@@ -272,7 +274,7 @@ class LiveTrainer(_Explorer):
         with self._ui_lock:
             self._run, self.runs = run, run.runs
             self._clear_error()
-            self.progress.max, self.progress.value = max(total, 1), 0
+            self.progress.max, self.progress.value, self.progress.bar_style = max(total, 1), 0, ""
             self._new_figure([c.mode for c in configs], max(c.steps for c in configs))
             self._figure_key = None  # this figure now belongs to a run: the next start builds a fresh one
             self.status.value = f"0 / {total:,} steps · starting"
@@ -398,13 +400,64 @@ class LiveTrainer(_Explorer):
                 self._refresh(run)
                 draw_cost = time.perf_counter() - t1
 
+    @staticmethod
+    def _mode_steps(r) -> tuple[int, int, str | None]:
+        """(steps trained, steps it was to train, what ended it or None) of one mode's ``live.Run``:
+        a failed mode's last record says why it ended, and is no step trained."""
+        error = r.error
+        return r.steps_recorded - (error is not None), r.config.steps, error
+
+    def _expected(self, run: _LiveRun) -> int:
+        """The steps the run will have trained when it ends: each mode's steps, a failed mode's
+        only those it trained (it trains no more)."""
+        total = 0
+        for r in run.runs.values():
+            done, steps, error = self._mode_steps(r)
+            total += done if error is not None else steps
+        return total
+
+    @staticmethod
+    def _short_reason(mode: str, error: str) -> str:
+        """What ended a mode, short: the failure sentence without the mode's name and the advice
+        after it ("overflowed at step 12: … went past 65504"); the message line has it whole."""
+        text = error[len(mode) + 1:] if error.startswith(mode + " ") else error
+        for cut in (" (", ", so ", "; "):
+            at = text.find(cut)
+            if at > 0:
+                text = text[:at]
+        return text
+
     def _state(self, run: _LiveRun, ended: bool) -> str:
         if not ended:
             return "waiting for the previous run to end" if run.waiting else (
                 "paused" if not run.resume.is_set() else "running")
-        done = sum(r.steps_recorded for r in run.runs.values())
-        return ("failed" if run.errors else
-                "stopped" if run.stop_event.is_set() and done < run.total else "done")
+        modes = [self._mode_steps(r) for r in run.runs.values()]
+        failed = sum(error is not None for _, _, error in modes)
+        finished = sum(error is None and done >= steps for done, steps, error in modes)
+        if run.errors and not failed:  # an internal error: no mode says why
+            return "failed"
+        if failed:
+            return "failed" if not finished else f"{finished} finished, {failed} failed"
+        return "stopped" if finished < len(modes) else "done"
+
+    def _mode_lines(self, run: _LiveRun, ended: bool) -> str:
+        """One short line per mode: its steps, and whether it finished, failed (and why), or
+        stopped (HTML)."""
+        lines = []
+        for mode, r in run.runs.items():
+            done, steps, error = self._mode_steps(r)
+            if error is not None:
+                state = f"failed: {self._short_reason(mode, error)}"
+            elif done >= steps:
+                state = "finished"
+            elif ended:
+                state = "stopped"
+            else:
+                state = ""
+            text = f"{mode}: {done:,} / {steps:,} steps" + (f" · {state}" if state else "")
+            color = "#B00020" if error is not None else "inherit"
+            lines.append(f'<div class="ampviz-live-mode-status" style="color:{color}">{html.escape(text)}</div>')
+        return "".join(lines)
 
     def _refresh(self, run: _LiveRun | None = None, ended: bool = False) -> None:
         """Progress, status, message and figure from the records so far (never raises). Only the
@@ -416,11 +469,19 @@ class LiveTrainer(_Explorer):
             if run is not self._run:
                 return
             try:
-                done = sum(r.steps_recorded for r in run.runs.values())
+                done = sum(self._mode_steps(r)[0] for r in run.runs.values())
                 rate = done / run.active_time if run.active_time > 0 else 0.0
+                # a failed mode trains no more: the bar and the count leave its other steps out
+                expected = self._expected(run)
+                self.progress.max = max(expected, 1)
                 self.progress.value = min(done, self.progress.max)
-                self.status.value = (f"{done:,} / {run.total:,} steps · {rate:,.0f} steps/s · "
-                                     f"{self._state(run, ended)}")
+                self.progress.bar_style = ("danger" if ended and any(r.error for r in run.runs.values())
+                                           else "")
+                head = (f"{done:,} / {expected:,} steps · {rate:,.0f} steps/s · "
+                        f"{self._state(run, ended)}")
+                if expected != run.total:
+                    head += f" ({run.total:,} planned)"
+                self.status.value = f"<div>{html.escape(head)}</div>{self._mode_lines(run, ended)}"
                 if run.errors:
                     self.error = "; ".join(run.errors)
                     self.message.value = f'<span style="{_ERROR_STYLE}">⚠ {html.escape(self.error)}</span>'

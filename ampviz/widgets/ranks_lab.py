@@ -17,6 +17,22 @@ from ampviz.widgets.base import _Explorer, _real, _shown, _table, _whole
 
 _STEP_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
 _STEP_CHARS_SHOWN = 20  # how much of a step list a message repeats
+_STEPS_LISTED = 8  # how many overflow steps the readout lists before it counts the rest
+
+
+class _StepsNotRead(ValueError):
+    """The "at steps" text could not be read (or names a step beyond the run)."""
+
+
+def overflow_summary(flags: np.ndarray) -> str:
+    """A rank's own overflows (its row of the flags), in words: "steps 5, 20", "no step", or the
+    first few and how many in all ("steps 2, 5, 8, 11, 14, 17, … (20 in all)")."""
+    at = np.flatnonzero(np.asarray(flags, bool)).tolist()
+    if not at:
+        return "no step"
+    if len(at) <= _STEPS_LISTED:
+        return ("step " if len(at) == 1 else "steps ") + ", ".join(f"{t:,}" for t in at)
+    return "steps " + ", ".join(f"{t:,}" for t in at[:_STEPS_LISTED - 2]) + f", … ({len(at):,} in all)"
 
 
 def _log2_init(init_scale, lo: int, hi: int, name: str = "init_scale") -> int:
@@ -141,8 +157,11 @@ class RanksLab(_Explorer):
 
     State: ``trace`` (the ``RanksTrace``), ``found_inf`` (each rank's own overflows, the input to
     the simulation), ``figure`` (``plot_ranks``), ``error``. The readout is a table per rank:
-    final scale, own overflows, skipped steps, steps on inf/NaN. Text that cannot be read, or a
-    step beyond the run, shows a one-line message and keeps the last good figure and table.
+    final scale, own overflows, skipped steps, steps on inf/NaN, under a line that says which
+    overflows were simulated ("rank 1 overflows at steps 5, 20"). The "at steps" box is read on
+    Enter (or when it loses focus), not at every keystroke. Text that cannot be read, or a step
+    beyond the run, shows a one-line message that says it is not applied and what the figure and
+    table, which stay as they were, still show.
     """
 
     #: The sync modes: (what the learner reads, ``simulate_ranks``'s mode).
@@ -187,6 +206,7 @@ class RanksLab(_Explorer):
 
         self.trace = None
         self.found_inf = None
+        self._applied = None  # (rank, what its overflows are, steps) that the figure and table show
         self._syncing = False  # the rank dropdown's options are being rebuilt
         style = {"description_width": "130px"}
         wide = W.Layout(width="420px")
@@ -196,8 +216,11 @@ class RanksLab(_Explorer):
                                         style=style, layout=wide)
         self.rank_dropdown = W.Dropdown(options=self._rank_options(ranks), value=overflow_rank,
                                         description="overflow on", style=style)
+        # read on Enter (or when the box loses focus), never keystroke by keystroke: "1e309" is
+        # never drawn as the "1" typed on the way
         self.steps_text = W.Text(value=overflow_steps, description="at steps", style=style, layout=wide,
-                                 placeholder="e.g. 5, 20 or 7-9, or a pattern ..x (repeats)")
+                                 placeholder="e.g. 5, 20 or 7-9, or a pattern ..x (repeats); then Enter",
+                                 continuous_update=False)
         self.init_slider = W.IntSlider(value=log2_init, min=self.LOG2_INIT_RANGE[0], max=self.LOG2_INIT_RANGE[1],
                                        description="log2 init_scale", style=style, layout=wide)
         self.interval_input = W.BoundedIntText(value=growth_interval, min=1, max=self.MAX_INTERVAL,
@@ -323,7 +346,10 @@ class RanksLab(_Explorer):
                              "before the all-reduce")
         if s["reduce"] not in _REDUCE_NAMES:
             raise ValueError("choose the all-reduce dtype: fp32, fp16 or bf16")
-        flags = self._flags_of(s["ranks"], s["rank"], s["text"], s["steps"])
+        try:
+            flags = self._flags_of(s["ranks"], s["rank"], s["text"], s["steps"])
+        except ValueError as exc:
+            raise _StepsNotRead(str(exc)) from None
         policy = self._policy_of(s["log2_init"], s["interval"])
         grad = 2.0 ** int(s["log2_grad"])
         trace = simulate_lab(policy, flags, grad, s["mode"], s["reduce"])
@@ -338,13 +364,26 @@ class RanksLab(_Explorer):
             note = (f"The all-reduce dtype ({s['reduce']}) is a DDP comm hook: it acts in the DDP mode only; "
                     f"this mode keeps fp32 gradients.")
         fig = plot_ranks(trace, title=title)
-        state = (trace, flags, self._readout_html(trace, note), fig, FigureView.prepare(fig))
+        at = overflow_summary(flags[s["rank"]])
+        applied = f"rank {s['rank']} " + ("never overflows" if at == "no step" else f"overflows at {at}")
+        state = (trace, flags, self._readout_html(trace, note, applied), fig, FigureView.prepare(fig))
         return self._keep_state(key, state, self.KEPT_DRAWN)
 
     def update(self) -> None:
-        """Simulate the ranks with the controls' settings and redraw (the last good figure and
-        table stay on error)."""
-        self.trace, self.found_inf, readout, fig, prepared = self._drawn()
+        """Simulate the ranks with the controls' settings and redraw. Text that cannot be read
+        keeps the last good figure and table, and the message says so and what they show."""
+        try:
+            self.trace, self.found_inf, readout, fig, prepared = self._drawn()
+        except _StepsNotRead as exc:
+            shown = self._applied
+            if shown is None:
+                raise ValueError(str(exc)) from None
+            rank, at, steps = shown
+            what = "no overflow" if at == "no step" else f"rank {rank} overflowing at {at}"
+            raise ValueError(f"{exc}. Not applied: the figure and table still show {what} (of {steps:,} "
+                             f"steps)") from None
+        s = dict(self._settings())
+        self._applied = (s["rank"], overflow_summary(self.found_inf[s["rank"]]), s["steps"])
         self.readout.value = readout
         self._clear_error()
         self._draw(fig, prepared)
@@ -361,10 +400,11 @@ class RanksLab(_Explorer):
                 f"scale {format_pow2(trace.final_scale[0])}; with fp32 {format_pow2(fp32.final_scale[0])}.")
 
     @staticmethod
-    def _readout_html(trace, note: str = "") -> str:
+    def _readout_html(trace, note: str = "", applied: str = "") -> str:
         div = trace.first_divergence
-        summary = ("The ranks' scales agree at every step." if div is None else
-                   f"The ranks' scales differ from step {div:,}.")
+        summary = (f"Simulated: {applied}. " if applied else "") + (
+            "The ranks' scales agree at every step." if div is None else
+            f"The ranks' scales differ from step {div:,}.")
         poisoned = [f"rank {r} from step {t:,}" for r, t in enumerate(trace.poisoned_at) if t is not None]
         if poisoned:
             summary += " Weights inf/NaN: " + ", ".join(poisoned) + "."

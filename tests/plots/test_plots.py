@@ -24,10 +24,15 @@ from ampviz.plots import (
     format_pow2,
     format_share,
     format_shares,
+    live_traces,
     plot_census,
     plot_format_ranges,
+    plot_live,
+    plot_lost_band,
+    plot_scale_trace,
     plot_value,
 )
+from ampviz.plots.formats import _past_max
 
 # A few gradients spread over many binades, one exact zero, both signs.
 TINY = np.array(
@@ -1006,3 +1011,123 @@ def test_plot_scale_trace_lost_panel_has_a_fixed_range_over_the_shares():
     fig = plot_scale_trace(run, lost={"your settings": (steps, shares)})
     assert tuple(fig.layout.yaxis2.range) == (0, 0.05)
     assert max(fig.data[-1].y) <= fig.layout.yaxis2.range[1]
+
+
+# ----- one look everywhere: no cloud link, a preset's own colour, labels kept whole -----
+def _every_plot():
+    """One figure of every plot_* function (the static figures the lessons show)."""
+    from ampviz import scaling
+    from ampviz.formats.blocks import mx_quantize, nvfp4_quantize
+    from ampviz.formats.fp8 import simulate_fp8_scaling, tensor_stream
+    from ampviz.plots import plot_blocks, plot_fp8_scaling
+
+    stream = np.full(50, 1.0)
+    row = np.linspace(-3, 3, 32).astype(np.float32)
+    return {
+        "plot_census": plot_census(TINY, "fp16"),
+        "plot_format_ranges": plot_format_ranges(),
+        "plot_value": plot_value("fp16", 0.1),
+        "plot_scale_trace": plot_scale_trace(scaling.simulate(scaling.PRESETS["Megatron"], grad_max=stream)),
+        "plot_live": plot_live({"fp16": []}),
+        "plot_lost_band": plot_lost_band("fp16"),
+        "plot_blocks": plot_blocks(row, mx_quantize(row, "fp8_e4m3")),
+        "plot_blocks nvfp4": plot_blocks(row, nvfp4_quantize(row)),
+        "plot_fp8_scaling": plot_fp8_scaling(simulate_fp8_scaling(tensor_stream(20, 64, seed=0), "current")),
+    }
+
+
+def assert_no_cloud_link(config):
+    """plotly.js's config ``config`` offers no upload to Plotly Cloud: no "Share chart" button in
+    the modebar, no link under the figure."""
+    assert config["showSendToCloud"] is False and "showLink" not in config  # plotly.js 3 has no showLink
+    assert {"sendDataToCloud", "sendChartToCloud"} <= set(config["modeBarButtonsToRemove"])
+    assert config["displaylogo"] is False
+
+
+def test_every_plot_is_shown_with_no_cloud_link(monkeypatch, recwarn):
+    """plotly.js 3 offers "Share chart → upload to Plotly Cloud" unless told not to: every figure
+    is shown (notebook display, show(), HTML) with FIGURE_CONFIG, which turns it off."""
+    import warnings
+
+    import plotly.io as pio
+    from ampviz.plots import FIGURE_CONFIG, Figure
+
+    assert_no_cloud_link(FIGURE_CONFIG)
+    monkeypatch.setattr(pio.renderers, "default", "plotly_mimetype")
+    warnings.simplefilter("always")
+    for name, fig in _every_plot().items():
+        assert isinstance(fig, Figure), name
+        assert_no_cloud_link(fig.config)
+        bundle = fig._repr_mimebundle_()
+        assert_no_cloud_link(bundle["application/vnd.plotly.v1+json"]["config"])
+        html = fig.to_html(include_plotlyjs=False)
+        assert '"showSendToCloud": false' in html and '"sendChartToCloud"' in html, name
+    # no option plotly.py does not know (it warns of each)
+    assert not [w for w in recwarn if "config" in str(w.message)]
+    shown = plot_census(TINY, "fp16").to_html(config={"scrollZoom": True}, include_plotlyjs=False)
+    assert '"scrollZoom": true' in shown and '"showSendToCloud": false' in shown  # a config given goes over it
+
+
+def test_the_live_heat_map_has_an_explicit_light_to_dark_colour_scale():
+    """Named, "Blues" ran light to dark in plotly.py (which resolves the name in a static figure)
+    and dark to light in plotly.js (which the live figure's traces reach as sent): the heat map's
+    scale is spelled out, 0% lost light, 100% dark, the same in the trace dicts and the figure."""
+    from ampviz.plots import LOST_COLORSCALE
+
+    def lightness(color):
+        return sum(int(v) for v in re.findall(r"\d+", color))
+
+    (heat,) = [t for t in plot_live({"fp16": []}).data if t.meta["kind"] == "heat"]
+    static = [[float(p), c] for p, c in heat.colorscale]
+    (sent,) = [t for t in live_traces({"fp16": []}) if t["meta"]["kind"] == "heat"]
+    assert isinstance(sent["colorscale"], list) and [[float(p), c] for p, c in sent["colorscale"]] == static
+    assert static == LOST_COLORSCALE and static[0][0] == 0.0 and static[-1][0] == 1.0
+    assert lightness(static[0][1]) > lightness(static[-1][1])  # 0% lost: the light end
+
+
+def test_a_preset_keeps_its_colour_whatever_is_drawn_with_it():
+    from ampviz import scaling
+    from ampviz.plots import PRESET_COLORS, scaler_colors
+
+    assert set(PRESET_COLORS) == set(scaling.PRESETS)  # every preset has one, and they differ
+    assert len(set(PRESET_COLORS.values())) == len(PRESET_COLORS)
+    stream = np.full(30, 1.0)
+    runs = {name: scaling.simulate(p, grad_max=stream) for name, p in scaling.PRESETS.items()}
+
+    def colors(names):
+        fig = plot_scale_trace([runs[n] for n in names])
+        return {t.meta["policy"]: t.line.color for t in fig.data if t.meta["kind"] == "scale"}
+
+    for group in (["DeepSpeed ZeRO"], ["Megatron", "DeepSpeed ZeRO"], ["torch", "fairseq", "DeepSpeed ZeRO"],
+                  list(reversed(list(scaling.PRESETS)))):
+        assert colors(group) == {n: PRESET_COLORS[n] for n in group}
+    # a scaler of no preset takes a colour no preset drawn with it has
+    mine = scaling.simulate(scaling.DynamicScaler(name="mine", init_scale=2.0**16), grad_max=stream)
+    fig = plot_scale_trace([mine, runs["torch"], runs["Megatron"]])
+    got = {t.meta["policy"]: t.line.color for t in fig.data if t.meta["kind"] == "scale"}
+    assert got["torch"] == PRESET_COLORS["torch"] and got["Megatron"] == PRESET_COLORS["Megatron"]
+    assert got["mine"] not in (PRESET_COLORS["torch"], PRESET_COLORS["Megatron"])
+    assert scaler_colors(["mine", "other"])[0] != scaler_colors(["mine", "other"])[1]
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp32"])
+def test_the_outer_bands_words_are_never_cut_by_the_figures_edge(fmt):
+    """bf16's overflow band is 10 binades of 282 on the axis, too narrow for "becomes inf" drawn
+    from its edge ("becomes in" showed): such words are set against the plot's outer edge, inside
+    it, and kept whole."""
+    from ampviz.plots.census import _MARGIN_PX, _PLOT_PX, _text_px
+
+    fig = plot_census(TINY, fmt)
+    lo, hi = fig.layout.xaxis.range
+    f = get_format(fmt)
+    for name, words in (("underflow-band", "becomes 0"), ("overflow-band", _past_max(f).replace(" (", "<br>("))):
+        note = _annotation(fig, name)
+        assert note.text == words
+        px = (hi - lo) / _PLOT_PX  # binades per pixel at the narrowest plot
+        if note.xanchor == "left":  # from x to the right: within the plot and its right margin
+            assert note.x >= lo and (hi - note.x) / px + _MARGIN_PX["r"] >= _text_px(words)
+        else:
+            assert note.x <= hi and (note.x - lo) / px + _MARGIN_PX["l"] >= _text_px(words)
+    if fmt == "bf16":
+        over = _annotation(fig, "overflow-band")
+        assert (over.x, over.xanchor, over.text) == (hi, "right", "becomes inf")

@@ -197,9 +197,15 @@ def assert_explorer_follows(ex, scheme="fp8_e4m3", block=32, rounding="floor", p
     meta = ex.figure.layout.meta
     assert f"saturated {_share(meta['saturated'] / 128)} ({meta['saturated']})" in read
     assert f"flushed to zero {_share(meta['flushed'] / 128)} ({meta['flushed']})" in read
-    rows = re.findall(r"<tr><td[^>]*>(\d+)</td><td[^>]*>[^<]*</td><td[^>]*>([^<]*)</td></tr>", ex.readout.value)
-    assert [int(b) for b, _ in rows] == list(range(result.scales.size))
-    assert [html.unescape(w) for _, w in rows] == [_share(w) for w in meta["block_worst"]]
+    # the table's rows: the block, its scale (NVFP4: the E4M3 scale written above the block, then
+    # the scale it makes with the tensor scale), the worst relative error
+    rows = [re.findall(r"<td[^>]*>([^<]*)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", ex.readout.value)[1:]]
+    assert [int(r[0]) for r in rows] == list(range(result.scales.size))
+    assert [html.unescape(r[-1]) for r in rows] == [_share(w) for w in meta["block_worst"]]
+    assert all(len(r) == (4 if scheme == "nvfp4" else 3) for r in rows)
+    if scheme == "nvfp4":
+        assert [html.unescape(r[1]) for r in rows] == list(next(t for t in ex.figure.data
+                                                                if t.meta["kind"] == "scale").text)
     assert ("After undoing the transform" in read) == hadamard
 
 
@@ -604,3 +610,54 @@ def test_lesson_13s_static_figure_shows_what_its_text_says():
     assert set(marked(fig, "flushed").tolist()) >= set(others.tolist())
     assert np.all(originals(fig)[0][others] < 7)  # below the dotted step
     assert np.all(dequantized(fig)[others] == 0) and np.all(on_axis(fig, dequantized(fig)[others]) == fig.layout.meta["zero_y"])
+
+
+# ----- one name for each scale; controls that do not apply are not shown -----
+def _rows(ex):
+    return [[html.unescape(c) for c in re.findall(r"<td[^>]*>([^<]*)</td>", r)]
+            for r in re.findall(r"<tr>(.*?)</tr>", ex.readout.value)[1:]]
+
+
+def test_nvfp4_names_both_scales_of_a_block_the_same_way_in_the_table_and_the_figure():
+    """Under NVFP4 the figure writes each block's E4M3 scale above it (448), while its elements
+    take that × the tensor scale (0.388): the table shows both, headed as such, each row saying
+    how the one makes the other, and hovering a label says the same."""
+    from ampviz.plots import format_number
+
+    ex = BlockExplorer("nvfp4")
+    meta, r = ex.figure.layout.meta, ex.result
+    labels = list(next(t for t in ex.figure.data if t.meta["kind"] == "scale").text)
+    head = [html.unescape(h) for h in re.findall(r"<th[^>]*>([^<]*)</th>", ex.readout.value)]
+    assert head == ["block", "E4M3 scale (above the block)", "scale = E4M3 scale × tensor scale",
+                    "worst relative error"]
+    ts = format_number(r.tensor_scale)
+    e4m3 = FP8_E4M3.decode(r.scales.astype(np.int64))
+    for b, row in enumerate(_rows(ex)):
+        assert row[1] == labels[b] == format_number(e4m3[b])  # the label above block b
+        assert row[2] == f"{labels[b]} × {ts} = {format_number(meta['scales'][b])}"
+        assert meta["scale_words"][b] == f"E4M3 scale {labels[b]} × tensor scale {ts} = {format_number(meta['scales'][b])}"
+    hover = next(t for t in ex.figure.data if t.meta["kind"] == "scale").hovertext
+    assert list(hover) == [f"block {b}: {w}" for b, w in enumerate(meta["scale_words"])]
+    assert f"multiplied by that × the per-tensor scale {ts}" in text(ex.readout)
+    big = int(np.argmax(e4m3))  # the outlier's block: its label is the E4M3 maximum, 448
+    assert labels[big] == "448" and _rows(ex)[big][2].startswith("448 × ")
+    ex.tensor_scale_checkbox.value = False  # no tensor scale: the E4M3 scale is the scale
+    rows = _rows(ex)
+    assert all(row[1] == row[2] for row in rows)
+    assert "with no per-tensor scale, that is the scale its values take" in text(ex.readout)
+    ex.scheme_dropdown.value = "fp8_e4m3"
+    assert re.findall(r"<th[^>]*>([^<]*)</th>", ex.readout.value)[1] == "scale (E8M0, above the block)"
+
+
+def test_the_per_tensor_scale_box_is_hidden_and_disabled_where_it_does_not_apply():
+    ex = BlockExplorer("fp8_e4m3")
+    box = ex.tensor_scale_checkbox
+    assert box.disabled and box.layout.display == "none"
+    for scheme in ("fp8_e5m2", "fp6_e3m2", "fp4_e2m1"):
+        ex.scheme_dropdown.value = scheme
+        assert box.disabled and box.layout.display == "none"
+    ex.scheme_dropdown.value = "nvfp4"
+    assert not box.disabled and box.layout.display != "none" and box.value is True
+    ex.scheme_dropdown.value = "fp8_e5m2"
+    assert box.disabled and box.layout.display == "none"
+    assert not BlockExplorer("nvfp4").tensor_scale_checkbox.layout.display

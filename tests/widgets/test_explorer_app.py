@@ -275,3 +275,39 @@ def test_the_default_app_uses_the_course_model_and_a_million_steps():
         assert app.training.error is None and not app.training.running
     finally:
         app.training.stop()
+
+
+# ----- no upload to Plotly Cloud from any figure -----
+def figure_views(widget) -> list:
+    """Every FigureView in a widget's tree."""
+    from ampviz.widgets.figureview import FigureView
+
+    if isinstance(widget, FigureView):
+        return [widget]
+    return [v for child in getattr(widget, "children", ()) for v in figure_views(child)]
+
+
+def test_no_figure_view_offers_a_cloud_link(small_app):
+    """plotly.js 3 shows a "Share chart → upload to Plotly Cloud" button unless its config says
+    not to; every explorer's view (and the app's, in Voila) says so."""
+    from ampviz.widgets import RanksLab
+    from ampviz.widgets.figureview import FigureView
+
+    def no_cloud(config):
+        assert config["showSendToCloud"] is False and "showLink" not in config  # plotly.js 3 has no showLink
+        assert {"sendDataToCloud", "sendChartToCloud"} <= set(config["modeBarButtonsToRemove"])
+        assert config["displaylogo"] is False
+
+    explorers = [*small_app.explorers, RanksLab(steps=30),
+                 LiveTrainer(modes=("fp32",), steps=2, census_every=0)]
+    assert {type(e).__name__ for e in explorers} >= {"FormatExplorer", "RangeExplorer", "ScalerLab", "Fp8ScalingLab",
+                                                      "BlockExplorer", "RanksLab", "LiveTrainer"}
+    views = figure_views(small_app.ui)
+    for explorer in explorers:
+        mine = figure_views(explorer.ui)
+        assert mine, type(explorer).__name__
+        views += mine
+    for view in views:
+        no_cloud(view.config)
+    no_cloud(FigureView().config)
+    assert FigureView(config={"showSendToCloud": True}).config["showSendToCloud"] is True  # unless asked

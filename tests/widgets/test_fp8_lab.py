@@ -449,3 +449,38 @@ def test_the_share_axis_reads_as_a_log_axis_in_percent():
     shown = np.isfinite(y)
     assert np.allclose(10.0 ** y[shown], 100.0 * c[shown] / lab.trace.size, rtol=1e-6)
     assert np.array_equal(shown, c > 0)
+
+
+# ----- the history length shown is the one in use -----
+def test_the_history_box_always_shows_the_length_in_use():
+    """A SelectionSlider's readout can be typed into in the browser but reads nothing typed, and
+    went blank after "-1e9" + Enter while the title said 128: the slider shows no readout, and a
+    box beside it shows the length in use, takes a length typed, and refuses any other text with a
+    message, showing the length in use again."""
+    lab = Fp8ScalingLab(history_len=128)
+    assert lab.history_slider.readout is False and lab.history_input.value == "128"
+    assert lab.history_input.continuous_update is False  # read on Enter
+    assert "history length" in lab.history_slider.description
+    figure = lab.figure
+    for typed in ("-1e9", "abc", "", "100", "2048", "nan", "1.5"):
+        lab.history_input.value = typed
+        assert lab.history_input.value == "128", typed  # never blank, never other than the length in use
+        assert one_line(lab.error) and lab.error.startswith("the history length must be a power of two from 1 to "
+                                                            "1,024, got ") and "the figure still uses 128" in lab.error
+        assert lab.error in text(lab.message)
+        assert lab.figure is figure and lab.trace.settings["history_len"] == 128
+    assert "'-1e9'" not in lab.error  # the message names what was typed last
+    lab.history_input.value = "16"  # a length typed: the slider and the figure follow
+    assert lab.error is None and lab.history_slider.value == 16 and lab.history_input.value == "16"
+    assert_lab_follows(lab, history_len=16)
+    assert "16" in lab.figure.layout.title.text
+    lab.history_input.value = " 2^5 "
+    assert lab.history_slider.value == 32 and lab.history_input.value == "32" and lab.error is None
+    lab.history_slider.value = 512  # the slider moved: the box follows
+    assert lab.history_input.value == "512"
+    lab.recipe_buttons.value = "current"  # the history does not act: its box is disabled with the slider
+    assert lab.history_input.disabled and lab.history_slider.disabled
+    lab.recipe_buttons.value = "delayed"
+    assert not lab.history_input.disabled
+    assert "ampviz-fp8-history-input" in lab.history_input._dom_classes and lab.history_input in \
+        lab.ui.children[1].children[0].children[0].children

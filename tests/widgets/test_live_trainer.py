@@ -380,3 +380,64 @@ def test_settings_are_shown_as_given():
     assert lt.growth_slider.value == 10.0 and lt.growth_slider.max >= 10.0
     assert lt.backoff_slider.value == 0.99 and lt.interval_slider.value == 20_000
     assert lt.scaler_settings() == {"growth_factor": 10.0, "backoff_factor": 0.99, "growth_interval": 20_000}
+
+
+# ----- what the learner reads: per mode, and the heat map's colours -----
+def test_a_failed_mode_is_reported_per_mode_and_the_bar_ends_full():
+    """Half fails at step 1 (the beam's Adam in fp16 weights) while the other modes finish: the
+    status says so mode by mode, each in one short line, the count and the bar leave out the steps
+    the failed mode will never train, and the message line keeps the whole sentence."""
+    lt = LiveTrainer(modes=("fp32", "fp16+scaler", "half"), model="beam", steps=12, census_every=0,
+                     redraw_interval=0)
+    lt.start()
+    assert lt.wait(60)
+    half = lt.runs["half"]
+    assert half.error is not None and half.error.startswith("half diverged at step 1:")
+    assert lt.error == half.error and all(lt.runs[m].error is None for m in ("fp32", "fp16+scaler"))
+    lines = [re.sub(r"<[^>]+>", "", html_line) for html_line in re.findall(r"<div[^>]*>.*?</div>", lt.status.value)]
+    head, *per_mode = [line.replace("&#x27;", "'") for line in lines]
+    trained = 12 + 12 + 1  # the failed step trains nothing
+    assert re.fullmatch(rf"{trained} / {trained} steps · [\d,]+ steps/s · 2 finished, 1 failed \(36 planned\)", head)
+    assert per_mode == ["fp32: 12 / 12 steps · finished", "fp16+scaler: 12 / 12 steps · finished",
+                        "half: 1 / 12 steps · failed: diverged at step 1: the previous update made some weights "
+                        "inf or NaN"]
+    assert all(len(line) < 100 for line in per_mode)  # short: the message line has the advice
+    assert lt.progress.value == lt.progress.max == trained and lt.progress.bar_style == "danger"
+    assert "(in fp16 weights an optimizer's own small numbers" in lt.error
+
+
+def test_a_run_that_finishes_says_done_per_mode():
+    lt = LiveTrainer(modes=("fp32", "bf16"), model="beam", steps=5, census_every=0, redraw_interval=0)
+    lt.start()
+    assert lt.wait(60) and lt.error is None
+    text = re.sub(r"<[^>]+>", "\n", lt.status.value)
+    assert "10 / 10 steps" in text and "done" in text and "(" not in text.split("\n")[1]
+    assert "fp32: 5 / 5 steps · finished" in text and "bf16: 5 / 5 steps · finished" in text
+    assert lt.progress.value == lt.progress.max == 10 and lt.progress.bar_style == ""
+
+
+def test_the_live_and_the_static_heat_maps_share_one_explicit_colour_scale():
+    """The live figure's traces reach plotly.js as sent, where "Blues" runs dark to light, while
+    plotly.py resolves the same name light to dark for the lesson's static figure: both use one
+    scale spelled out, 0% lost at the light end."""
+    from ampviz.plots import LOST_COLORSCALE
+
+    def scale_of(trace):
+        scale = trace["colorscale"] if isinstance(trace, dict) else trace.colorscale
+        assert not isinstance(scale, str), "a named scale: plotly.js and plotly.py read it differently"
+        return [[float(p), str(c)] for p, c in scale]
+
+    def lightness(color):
+        return sum(int(v) for v in re.findall(r"\d+", color))
+
+    lt = LiveTrainer(modes=("fp16", "fp16+scaler"), steps=4, census_every=2, redraw_interval=0)
+    (before,) = traces(lt.figure, "heat")  # the empty live figure, as first shown
+    lt.start()
+    assert lt.wait(60) and lt.error is None
+    (live,) = traces(lt.figure, "heat")  # redrawn from the records
+    assert len(live["x"]) == 2
+    (static,) = traces(plot_live(lt.runs), "heat")  # lesson 07's figure of the same runs
+    assert scale_of(before) == scale_of(live) == scale_of(static) == LOST_COLORSCALE
+    scale = scale_of(static)
+    assert scale[0][0] == 0.0 and scale[-1][0] == 1.0 and lightness(scale[0][1]) > lightness(scale[-1][1])
+    assert live["zmin"] == static.zmin == 0.0 and live["zmax"] == static.zmax == 1.0

@@ -252,7 +252,8 @@ def test_every_control_position_is_valid_or_a_one_line_message(lab, ranks, mode,
     try:
         own = parse_overflow_steps(typed, s)
     except ValueError as e:
-        assert lab.error == str(e) and one_line(lab.error)
+        # the message, and that the figure and table still show the last text that could be read
+        assert lab.error.startswith(f"{e}. Not applied: the figure and table still show ") and one_line(lab.error)
         return
     assert lab.error is None
     want = np.zeros((n, s), bool)
@@ -632,7 +633,8 @@ def test_every_dtype_and_gradient_position_is_valid_or_a_one_line_message(hook_l
     try:
         own = parse_overflow_steps(typed, s)
     except ValueError as e:
-        assert lab.error == str(e) and one_line(lab.error)
+        # the message, and that the figure and table still show the last text that could be read
+        assert lab.error.startswith(f"{e}. Not applied: the figure and table still show ") and one_line(lab.error)
         return
     assert lab.error is None
     want = np.zeros((n, s), bool)
@@ -707,3 +709,43 @@ def test_every_dropdown_position_is_valid_or_a_one_line_message(hook_lab, mode, 
     want = np.zeros((lab.ranks_slider.value, 30), bool)
     want[rank or 0, 5] = True
     assert same_trace(lab.trace, hook_expected(settings_of(lab), want, mode, reduce_dtype, lab.grad_slider.value))
+
+
+# ----- the box, the message and the figure agree -----
+def test_text_that_cannot_be_read_is_not_applied_and_the_message_says_what_is_shown():
+    """Typing "1e309": the box is read on Enter, not keystroke by keystroke, so the "1" typed on
+    the way never reaches the figure from the browser; and text that cannot be read keeps the last
+    good figure and table, the message saying that the box is not applied and what they show."""
+    lab = RanksLab()
+    assert lab.steps_text.continuous_update is False
+    assert "Simulated: rank 1 overflows at steps 5, 20." in text(lab.readout)
+    lab.steps_text.value = "1"  # as if "1" had been applied (Enter pressed after it)
+    trace, figure, readout = lab.trace, lab.figure, lab.readout.value
+    assert "Simulated: rank 1 overflows at step 1." in text(lab.readout)
+    lab.steps_text.value = "1e309"
+    assert lab.steps_text.value == "1e309"  # the box keeps what was typed
+    assert lab.error == ("could not read '1e309' as a step: type steps such as '5, 20', a range such as '7-9', "
+                         "or a pattern such as '..x' (x: an overflow). Not applied: the figure and table still "
+                         "show rank 1 overflowing at step 1 (of 60 steps)")
+    assert one_line(lab.error) and lab.error in text(lab.message)
+    assert lab.trace is trace and lab.figure is figure and lab.readout.value == readout
+    assert np.flatnonzero(lab.found_inf[1]).tolist() == [1]  # what the message says is what is shown
+    lab.steps_text.value = "13"
+    assert lab.error is None and "Simulated: rank 1 overflows at step 13." in text(lab.readout)
+    lab.steps_input.value = 10  # the steps typed now lie beyond the run
+    assert lab.error.startswith("step 13 is beyond the run (steps 0 to 9)")
+    assert lab.error.endswith("Not applied: the figure and table still show rank 1 overflowing at step 13 "
+                              "(of 60 steps)")
+    assert lab.figure.layout.meta["steps"] == 60
+
+
+def test_the_readout_names_the_overflows_simulated():
+    from ampviz.widgets.ranks_lab import overflow_summary
+
+    assert overflow_summary(np.zeros(5, bool)) == "no step"
+    assert overflow_summary(parse_overflow_steps("3", 10)) == "step 3"
+    assert overflow_summary(parse_overflow_steps("..x", 60)) == "steps 2, 5, 8, 11, 14, 17, … (20 in all)"
+    lab = RanksLab(overflow_steps="", steps=30)
+    assert "Simulated: rank 1 never overflows." in text(lab.readout)
+    lab.steps_text.value = "x!"
+    assert lab.error.endswith(". Not applied: the figure and table still show no overflow (of 30 steps)")

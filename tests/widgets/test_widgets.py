@@ -812,3 +812,34 @@ def test_wait_until_sent_waits_for_the_iopub_thread_and_only_in_a_kernel(monkeyp
     assert _wait_until_sent(0.2) is False and time.monotonic() - t >= 0.15
     monkeypatch.setattr(Kernel, "instance", classmethod(lambda cls: types.SimpleNamespace()))
     assert _wait_until_sent(5) is False  # a kernel without an IOPub thread to ask
+
+
+def test_range_explorer_in_bf16_writes_the_overflow_bands_words_whole():
+    """bf16's overflow band is a sliver of its 282-binade axis: "becomes inf" written from the band's
+    edge ran past the figure ("becomes in"); it is set against the plot's right edge instead."""
+    ex = RangeExplorer(GRADS, fmt="bf16")
+    notes = {a.name: a for a in ex.figure.layout.annotations}
+    over, hi = notes["overflow-band"], ex.figure.layout.xaxis.range[1]
+    assert over.text == "becomes inf" and over.xanchor == "right" and over.x == hi
+    assert notes["underflow-band"].text == "becomes 0"
+    ex.format_dropdown.value = "fp16"  # room enough: at the band's edge, as before
+    over = {a.name: a for a in ex.figure.layout.annotations}["overflow-band"]
+    assert over.text == "becomes inf" and over.xanchor == "left" and over.x == math.log2(get_format("fp16").overflow_boundary)
+
+
+def test_scaler_lab_draws_each_framework_in_its_own_colour():
+    from ampviz.plots import PRESET_COLORS
+
+    lab = widgets.ScalerLab(steps=2000, overlay=("Megatron",))
+
+    def colors():
+        return {t.meta["policy"]: t.line.color for t in lab.figure.data if t.meta["kind"] == "scale"}
+
+    first = colors()
+    lab.overlay.value = ("DeepSpeed ZeRO", "Megatron")
+    second = colors()
+    lab.overlay.value = ("DeepSpeed ZeRO",)
+    third = colors()
+    assert first["Megatron"] == second["Megatron"] == PRESET_COLORS["Megatron"]
+    assert second["DeepSpeed ZeRO"] == third["DeepSpeed ZeRO"] == PRESET_COLORS["DeepSpeed ZeRO"]
+    assert first["your settings"] == second["your settings"] == third["your settings"] == "#000000"
