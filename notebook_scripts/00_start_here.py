@@ -24,7 +24,9 @@
 # - see what *your* machine measures for fp16 and bf16, rather than what a datasheet promises.
 #
 # Teaching with this course? The [teacher's guide](../TEACHING.md) gives, per notebook, timings,
-# the answers to every exercise and what to demo live.
+# the answers to every exercise and what to demo live ([its section on this notebook](../TEACHING.md#nb00)).
+# The words the course uses, in English and Chinese (中文), each with a one-line definition: the
+# [glossary](../GLOSSARY.md).
 
 # %%
 import numpy as np

@@ -27,6 +27,7 @@
 #
 # Teaching this lesson? The [teacher's guide](../TEACHING.md#nb03) has its timings, the answers to
 # its exercises and what to demo live.
+# Its words in English and Chinese (中文), each with a one-line definition: the [glossary](../GLOSSARY.md).
 
 # %%
 import numpy as np

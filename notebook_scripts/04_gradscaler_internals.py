@@ -26,6 +26,7 @@
 #
 # Teaching this lesson? The [teacher's guide](../TEACHING.md#nb04) has its timings, the answers to
 # its exercises and what to demo live.
+# Its words in English and Chinese (中文), each with a one-line definition: the [glossary](../GLOSSARY.md).
 
 # %%
 import numpy as np
@@ -291,7 +292,7 @@ found_inf = found_inf_from(pattern)
 trace = simulate(TorchGradScaler(**settings), found_inf=found_inf)
 print("the real GradScaler agrees:", same_run(run_real_scaler(found_inf, **settings), trace))
 print(step_table(trace, steps=range(12)))
-plot_scale_trace(trace, title=f"{settings}")
+plot_scale_trace(trace, title="init_scale 2^16, growth_factor 2, backoff_factor 0.5, growth_interval 4")
 
 # %% [markdown]
 # Section 4's run of overflows, drawn the same way: log2(scale) falls by one per step, 166 steps

@@ -16,9 +16,11 @@
 # # 12 · FP8 per-tensor scaling
 #
 # FP8 keeps about 18 binades; one tensor's values already span more. Each tensor therefore gets its own
-# scale, from its own amax (current scaling, as torchao does) or from the amaxes of earlier steps
-# (delayed scaling, as Transformer Engine does). Here both run over a stream of 2,000 tensors with spikes,
-# counting, value by value, what saturates and what becomes 0.
+# scale, from its own amax (current scaling: torchao's float8 training, and Transformer Engine's
+# `Float8CurrentScaling` recipe) or from the amaxes of earlier steps (delayed scaling: Transformer
+# Engine's `DelayedScaling` recipe; Transformer Engine 2.x also ships block scaling recipes). Here both
+# run over a stream of 2,000 tensors with spikes, counting, value by value, what saturates and what
+# becomes 0.
 #
 # You will be able to:
 # - compute a tensor's FP8 scale from its amax, with or without a margin, and say where its values land,
@@ -28,6 +30,7 @@
 #
 # Teaching this lesson? The [teacher's guide](../TEACHING.md#nb12) has its timings, the answers to
 # its exercises and what to demo live.
+# Its words in English and Chinese (中文), each with a one-line definition: the [glossary](../GLOSSARY.md).
 
 # %%
 import numpy as np
@@ -69,7 +72,7 @@ for name, t in (("gradients  ", x * np.float32(2**-20)), ("activations", x * np.
 # than E4M3 keeps, so even the best scale loses its smallest values.
 
 # %% [markdown]
-# ## 2. Current scaling (torchao) and delayed scaling (Transformer Engine)
+# ## 2. Current scaling and delayed scaling
 #
 # **Current scaling** takes the amax of the tensor being cast, then casts: torchao's
 # `scale = max / max(amax, 1e-12)`. It needs the amax before the cast, one more pass over the tensor.
@@ -192,18 +195,13 @@ for f in (FP8_E4M3, FP8_E5M2):
 # %% [markdown]
 # ## Try it
 #
+# The lab opens at the settings of section 3's figure (delayed, max over 16), which is its static twin.
 # Switch the recipe, shorten the history, change the algo, the margin, the format, the spike size, add
 # inf or NaN steps. The readout counts the steps that saturate and those that lose at least 1% to
 # underflow.
 
 # %%
 Fp8ScalingLab(history_len=16)
-
-# %% [markdown]
-# The lab at those settings, as a static figure:
-
-# %%
-plot_fp8_scaling(simulate_fp8_scaling(stream, history_len=16))
 
 # %% [markdown]
 # ## Check yourself
@@ -235,9 +233,9 @@ check_margin_scale(answer)
 #
 # - FP8 keeps 17.8 (E4M3) or 31.8 (E5M2) binades; a scale per tensor, `max / amax`, slides each
 #   tensor's values into that window.
-# - Current scaling (torchao) uses the tensor's own amax: it never saturates, at the price of an amax
-#   pass before every cast.
-# - Delayed scaling (Transformer Engine) uses earlier amaxes. A spike saturates at its own step; under
+# - Current scaling (torchao's float8 training; Transformer Engine's `Float8CurrentScaling`) uses the
+#   tensor's own amax: it never saturates, at the price of an amax pass before every cast.
+# - Delayed scaling (Transformer Engine's `DelayedScaling`) uses earlier amaxes. A spike saturates at its own step; under
 #   `"max"` it then holds the scale 2^k low for `history_len` steps (underflow), under `"most_recent"`
 #   for one step, and drift can saturate.
 # - An inf amax freezes a delayed scale for `history_len` steps; torchao's current scale becomes 0 and

@@ -79,3 +79,15 @@ def test_the_course_terms_are_there_with_their_chinese_term(term):
 @pytest.mark.parametrize("page", ["README.md", "TEACHING.md"])
 def test_readme_and_the_teachers_guide_link_the_glossary(page):
     assert re.search(r"\]\(GLOSSARY\.md\)", (ROOT / page).read_text(encoding="utf-8")), f"{page} links GLOSSARY.md"
+
+
+def test_every_lesson_links_the_glossary():
+    """Each notebook (00 to 13) links GLOSSARY.md near its top, on both sides of its pair."""
+    root = Path(__file__).resolve().parents[2]
+    lessons = sorted((root / "notebook_scripts").glob("[01][0-9]_*.py"))
+    assert len(lessons) == 14
+    for script in lessons:
+        head = script.read_text()[:4000]
+        assert "](../GLOSSARY.md" in head, f"{script.name} does not link the glossary near its top"
+        notebook = root / "notebooks" / (script.stem + ".ipynb")
+        assert "](../GLOSSARY.md" in notebook.read_text(), f"{notebook.name} does not link the glossary"
