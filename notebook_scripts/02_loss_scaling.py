@@ -38,6 +38,7 @@ from ampviz.plots import plot_census
 from ampviz.text import number
 from ampviz.training import torch_cast_counts
 from ampviz.training.gradscaler import walk_iteration
+from ampviz.training.gradscaler.writeups import loss_scaling_claims, step_if_pattern
 from ampviz.widgets import RangeExplorer
 
 rng = np.random.default_rng(0)
@@ -239,6 +240,18 @@ for call in ("backward", "unscale_", "step", "update"):
 # it. Notebook 04 takes the real scaler apart, call by call.
 
 # %% [markdown]
+# ## 7. What the write-up says, measured
+#
+# A widely read Chinese write-up on loss scaling, 《详解混合精度训练的梯度稳定性:从损失缩放原理到PyTorch/TensorFlow实战》
+# (the index names no author), makes claims this lesson can run. Each row quotes one, puts it in
+# English, and gives what a run on this machine found: the real `torch.amp.GradScaler("cpu")` on
+# notebook 04's two-weight problem, and torch's own fp16 cast.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+loss_scaling_claims()
+
+# %% [markdown]
 # ## Try it
 #
 # Move the log2-scale slider from 0 to 35: watch the lost share (left) shrink and, past 33, the
@@ -322,4 +335,5 @@ assert S == 2.0**33 and S * gmax < 65504 and 2 * S * gmax >= 65520
 assert at_2S["overflow"] == 24 and not torch.isfinite(unscaled.norm())  # 2S: inf, step ruined
 assert walk["unscale_"].found_inf == {"cpu": 1.0} and walk["step"].weight.tolist() == [3.0, -4.0]  # skipped
 assert [walk[c].scale for c in ("backward", "unscale_", "step", "update")] == [2.0**16] * 3 + [2.0**15]
+assert step_if_pattern(2).crashed_at == 2  # the write-up's `if scaler.step(...)` test crashes
 print("all claims hold")

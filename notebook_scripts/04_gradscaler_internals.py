@@ -37,6 +37,7 @@ from ampviz.training.gradscaler import (check_amp_loop, check_backoffs_to_zero, 
                                         clipping_table, constructor_warnings, error_cases, found_inf_from,
                                         run_real_scaler, same_run, scheduler_report, skip_detection_table,
                                         step_table, unscale_overflow_table, walk_iteration)
+from ampviz.training.gradscaler.writeups import gradscaler_claims, update_report
 from ampviz.plots import plot_scale_trace
 from ampviz.scaling import TorchGradScaler, simulate
 
@@ -277,6 +278,18 @@ assert np.array_equal(real.growth_tracker, trace.growth_tracker)  # the same tra
 print("real and simulated scaler agree on all", real.steps, "steps")
 
 # %% [markdown]
+# ## 11. What the write-up says, measured
+#
+# A short Chinese tutorial, 《PyTorch自动混合精度训练》 (the index names no author), walks through
+# the same calls. Three of its claims, quoted and put in English, beside what the real scaler did
+# here: `update()` run after a clean step (`growth_interval=1`) and after an overflow, with the
+# weights' dtype read before and after, and the constructor of section 8.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+gradscaler_claims()
+
+# %% [markdown]
 # ## Try it
 #
 # Change the settings and the pattern (`x`: a step that overflows, `.`: a clean step), then run
@@ -389,4 +402,5 @@ assert abs(clipping_norms(unscale_first=False)["applied"] / 2.0**-16 - 1) < 1e-5
 skips = run_real_scaler([True, False])
 assert skips.returned == (None, None) and skips.skipped.tolist() == [True, False]  # None either way
 assert scheduler_report().warnings and not scheduler_report(guard=True).warnings
+assert update_report().dtypes == ("torch.float32",)  # update() moves the scale, never the dtype
 print("all claims hold")

@@ -76,16 +76,17 @@ for m, r in runs.items():
 
 # %% [markdown]
 # Notice: fp32, bf16 and fp16 with a scaler learn; fp16 without a scaler stalls, and pure fp16
-# weights fail at the second step (section 5). The loss curves side by side (top), the scaler's
-# scale (middle), and the share of each layer's gradient that fp16 without a scaler loses (bottom):
+# weights fail at the second step (section 5). The loss curves side by side (top, in m², the unit
+# the model trains in: 1 mm² is 10^-6 m², so 83 mm² is 8.3·10^-5 m²), the scaler's scale (middle),
+# and the share of each layer's gradient that fp16 without a scaler loses (bottom):
 
 # %%
 plot_live({m: runs[m] for m in ("fp32", "fp16", "fp16+scaler", "bf16")}, heat_mode="fp16",
           title="200 steps of the beam model: fp32, fp16, fp16 + scaler, bf16")
 
 # %% [markdown]
-# The losses at the end, as a share of the start (they differ a little from one CPU to another,
-# so this cell's output is not checked; the claims are, at the end of the notebook):
+# The losses at the end in mm² (10^-6 m²), as a share of the start (they differ a little from one
+# CPU to another, so this cell's output is not checked; the claims are, at the end of the notebook):
 
 # %%
 for m in ("fp32", "fp16", "fp16+scaler", "bf16"):

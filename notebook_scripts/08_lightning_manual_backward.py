@@ -33,6 +33,7 @@
 import torch
 
 from ampviz.pitfalls import versions
+from ampviz.pitfalls.writeups import manual_claims
 from ampviz.pitfalls.manual_backward import (CLIPS, applied_factor, check_clip_before_step_norm,
                                              check_cpu_precision, check_partial_overflow_factor,
                                              check_third_optimizer_factor, check_unscale_wrapper_raises,
@@ -315,6 +316,18 @@ print(*refused.details["error_chain"], sep="\n")
 #   after an overflowing one.
 # - A manual `self.clip_gradients(opt, ...)` right before `opt.step()` looks right and runs, but
 #   under fp16 AMP it clips the scaled gradients.
+
+# %% [markdown]
+# ## 9. What the write-up says, measured
+#
+# A Chinese write-up of this error, 《PyTorch Lightning混合精度训练中的手动优化陷阱》 (the index names
+# no author), gets the cause right. Its fixed `training_step`, though, never calls `zero_grad()`.
+# Below, its claims beside sections 2 and 3's runs, and its snippet in a real fp32 `Trainer` on one
+# fixed batch, with and without `opt.zero_grad()`:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+manual_claims(bug, on_cpu)
 
 # %% [markdown]
 # ## Try it

@@ -33,6 +33,7 @@
 # %%
 import torch
 
+from ampviz.pitfalls.writeups import cache_claims
 from ampviz.pitfalls.autocast_cache import (LOOP_CASES, SimulatedLegacyAutocastCache, autocast_source,
                                             check_fabric_loop_loss_changes, check_loop_fixes,
                                             check_no_grad_sees_update, check_params_without_grad, fix_table,
@@ -206,6 +207,18 @@ print("lightning.pytorch  MixedPrecision.autocast_context_manager:", *autocast_s
 # model returned by `fabric.setup` runs inside this context; on its own that forward is the
 # outermost autocast, and its exit empties the cache. `fabric.autocast()` enters the same context,
 # for code outside the model's forward.
+
+# %% [markdown]
+# ## 6. What the write-up says, measured
+#
+# A Chinese write-up of this pitfall, 《PyTorch Lightning中混合精度训练与手动梯度计算的问题解析》 (the
+# index names no author), explains the stale cast and offers two fixes. Its claims, beside the runs of
+# sections 2 to 4 (the installed torch, and the simulated legacy rule):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+cache_claims(real_plain("linear"), simulated_plain("linear"), simulated_plain("linear", "autocast_off_in_no_grad"),
+             simulated_plain("linear", "reenter_nested"))
 
 # %% [markdown]
 # ## Try it

@@ -31,6 +31,7 @@
 import torch
 
 from ampviz.pitfalls import versions
+from ampviz.pitfalls.writeups import encoder_claims
 from ampviz.pitfalls.transformer_eval import (check_all_false_mask, check_fp32_fast_path, check_frozen_encoder,
                                               check_furthest_fix, check_sanity_steps, condition_table, crash,
                                               encoder_call, fix_runs, fix_table, lightning_run, old_message)
@@ -190,6 +191,17 @@ fix_table(runs, exact=True)
 # - "It's fixed, it doesn't happen on my GPU": CUDA autocast sets the flag the encoder checks, CPU
 #   autocast does not.
 # - Upstream: Lightning-AI/pytorch-lightning#19980; pytorch/pytorch#132613, #107663, #82783 (PR #84722).
+
+# %% [markdown]
+# ## 6. What the write-up says, measured
+#
+# A Chinese write-up of this crash, 《PyTorch Lightning中Transformer编码器的混合精度训练问题解析》 (the
+# index names no author), quotes the old message and suggests `bf16-true` first. Its claims, beside
+# section 1's crash, section 2's plain-torch call and section 4's fixes:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+encoder_claims(crash("bf16-mixed"), encoder_call(), runs)
 
 # %% [markdown]
 # ## Try it

@@ -613,6 +613,24 @@ def test_live_x_range_is_the_steps_not_the_heat_cells():
     assert list(plot_live({"fp16": []}, steps=50).layout.xaxis.range) == [0, 49]
 
 
+def test_live_loss_axis_names_the_beams_unit():
+    """The beam model's loss is in m² (notebook 07 prints it in mm²): the loss axis says so for runs
+    of the beam, and only "loss" for the classifiers, a mix of models, or bare records."""
+    from ampviz.plots import plot_live
+    from ampviz.training.live import TrainConfig, run_training
+
+    def runs(model, modes=("fp32", "fp16")):
+        return {m: run_training(TrainConfig(model=model, mode=m, steps=2, census_every=0)) for m in modes}
+
+    def axis(runs_by_mode):
+        return plot_live(runs_by_mode).layout.yaxis.title.text
+
+    beam, mlp = runs("beam"), runs("mlp")
+    assert axis(beam) == "loss (m²)" and axis({"fp16": beam["fp16"]}) == "loss (m²)"
+    assert axis(mlp) == "loss" and axis({"fp32": beam["fp32"], "fp16": mlp["fp16"]}) == "loss"
+    assert axis({m: r.records for m, r in beam.items()}) == "loss" and axis({"fp16": []}) == "loss"
+
+
 def test_coinciding_lines_stay_visible():
     """Scales (or losses) that coincide: each later line is narrower and dashed differently, and
     drawn on top, so every earlier one shows around it; the skip marks come after every line."""

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ampviz.training import live
-from ampviz.training.beam import GAUGES, SPAN, BeamData, BeamNet, beams, deflection, gradients
+from ampviz.training.beam import GAUGES, SHORT_MODES, SPAN, BeamData, BeamNet, beams, deflection, gradients, short_runs
 from ampviz.formats.census import census
 from ampviz.scaling.lesson import largest_safe_scale
 
@@ -67,6 +67,28 @@ def test_fp32_bf16_and_the_scaler_learn_fp16_alone_stalls(runs):
     assert stalled > 0.3 * start and stalled > 10 * _loss(runs["fp16+scaler"], -10, None)
     scaler = runs["fp16+scaler"]
     assert not np.asarray(scaler["skipped"]).any() and set(np.asarray(scaler["scale"]).tolist()) == {65536.0}
+
+
+def test_short_runs_are_live_runs_and_show_fp16_alone_stalling():
+    """notebook 00's first look: the losses of live's beam runs, step for step, and after 100 steps
+    fp16 without a scaler stalls far above the three others; torch's thread count is left as it was."""
+    few = short_runs(steps=5, seed=3)
+    for m in SHORT_MODES:
+        live_run = live.run_training(live.TrainConfig(model="beam", mode=m, steps=5, seed=3, census_every=0))
+        assert np.array_equal(few.losses[m], live_run["loss"]), m
+    threads = torch.get_num_threads()
+    runs = short_runs()
+    assert torch.get_num_threads() == threads and list(runs.losses) == list(SHORT_MODES)
+    assert all(runs.losses[m].shape == (100,) for m in SHORT_MODES)
+    learners = ("fp32", "fp16+scaler", "bf16")
+    assert runs.verdict("fp16") == "stalls" and all(runs.verdict(m) == "learns" for m in learners)
+    assert runs.end("fp16") > 0.7 * runs.start("fp16")  # 0.82 here
+    assert all(runs.end(m) < 0.2 * runs.start(m) and runs.end("fp16") > 5 * runs.end(m) for m in learners)
+    assert runs.end("fp16") == float(np.mean(runs.losses["fp16"][-10:])) and runs.start("bf16") == runs.losses["bf16"][0]
+    for kwargs in ({"steps": 0}, {"modes": "fp16"}, {"modes": ()}, {"modes": ("fp8",)}, {"seed": 1.5}):
+        with pytest.raises(ValueError) as e:
+            short_runs(**kwargs)
+        assert "\n" not in str(e.value)
 
 
 def test_the_census_shows_where_fp16_loses_the_gradients(runs):

@@ -1,0 +1,47 @@
+"""The write-ups' GradScaler claims, run on the real torch.amp.GradScaler("cpu") (lessons 02 and 04)."""
+
+import pytest
+import torch
+
+from ampviz.training.gradscaler.writeups import (default_init_scale, fp16_limits, gradscaler_claims,
+    loss_scaling_claims, step_if_pattern, update_report)
+
+STEPPED = "step() has already been called since the last update()"
+
+
+def test_the_if_step_pattern_crashes_on_its_second_iteration():
+    run = step_if_pattern(2)
+    assert run.returned == (None,) and run.updates == 0 and run.steps_taken == 1
+    assert run.crashed_at == 2 and run.error.startswith("RuntimeError: ") and STEPPED in run.error
+    assert STEPPED in run.verdict
+
+
+def test_one_iteration_of_the_pattern_runs():
+    run = step_if_pattern(1)
+    assert run.crashed_at is None and run.error is None and run.verdict == "runs 1 iterations"
+
+
+def test_iterations_are_checked():
+    with pytest.raises((TypeError, ValueError)):
+        step_if_pattern(0)
+
+
+def test_the_default_scale_and_fp16s_limits():
+    assert default_init_scale() == 2.0**16
+    lim = fp16_limits()
+    assert lim == {"smallest_normal": 2.0**-14, "max": 65504.0, "keeps_2^-24": True, "keeps_2^-25": False}
+
+
+def test_update_changes_the_scale_and_not_the_weights_dtype():
+    up = update_report()
+    assert up.clean == (2.0**16, 2.0**17) and up.overflow == (2.0**16, 2.0**15)
+    assert up.dtypes == (str(torch.float32),)
+
+
+def test_the_lessons_tables_hold_the_verdicts():
+    ls = loss_scaling_claims()
+    assert len(ls.rows) == 4 and "crashes at iteration 2" in ls.rows[2][2] and STEPPED in ls.rows[2][2]
+    assert ls.rows[1][2] == "holds: get_scale() = 65536" and ls.rows[3][2].startswith("not measured here")
+    gs = gradscaler_claims()
+    assert len(gs.rows) == 3 and "not precision" in gs.rows[0][2] and "float32" in gs.rows[0][2]
+    assert gs.rows[1][2].startswith("deprecated: FutureWarning")
