@@ -37,8 +37,8 @@ class _NoTensor:
 
 
 # --------------------------------------------------------------------------------------------
-# Argument checks shared by the torch-side modules (gradscaler, pitfalls): each returns the value
-# or raises one ValueError/TypeError whose one-line message names the argument and what to pass.
+# "..., not <value>": the torch side (training, ranks, pitfalls) and the gradient streams (synth).
+# Each returns the value or raises one ValueError/TypeError naming the argument and what to pass.
 # --------------------------------------------------------------------------------------------
 
 #: The seeds torch's generators take (``torch.manual_seed``, ``torch.Generator().manual_seed``).
