@@ -20,7 +20,7 @@ from ampviz._args import _shown, _whole
 __all__ = ["WRITEUP_MANUAL", "WRITEUP_CACHE", "WRITEUP_ENCODER", "accumulation_run", "manual_claims",
            "cache_claims", "encoder_claims"]
 
-#: The titles of the three write-ups (../shared/design/writeups/README.md gives no author).
+#: The titles of the three write-ups (their index gives no author).
 WRITEUP_MANUAL = "PyTorch Lightning混合精度训练中的手动优化陷阱"
 WRITEUP_CACHE = "PyTorch Lightning中混合精度训练与手动梯度计算的问题解析"
 WRITEUP_ENCODER = "PyTorch Lightning中Transformer编码器的混合精度训练问题解析"

@@ -25,7 +25,7 @@ from ampviz.training.gradscaler.warning_reports import constructor_warnings
 __all__ = ["WRITEUP_LOSS_SCALING", "WRITEUP_GRADSCALER", "PatternRun", "step_if_pattern", "default_init_scale",
            "fp16_limits", "UpdateReport", "update_report", "loss_scaling_claims", "gradscaler_claims"]
 
-#: The titles of the two write-ups (../shared/design/writeups/README.md gives no author).
+#: The titles of the two write-ups (their index gives no author).
 WRITEUP_LOSS_SCALING = "详解混合精度训练的梯度稳定性:从损失缩放原理到PyTorch/TensorFlow实战"
 WRITEUP_GRADSCALER = "PyTorch自动混合精度训练"
 
