@@ -236,15 +236,20 @@ def _live_geometry(rows: int) -> dict:
 LOSS_UNITS = {"beam": "m²"}
 
 
-def _loss_axis_title(runs_by_mode: dict) -> str:
-    """"loss", with its unit where every run names its model (a ``live.Run``) and all name one
-    model that has a unit ("loss (m²)" for the beam)."""
+def _loss_axis_title(runs_by_mode: dict, model=None) -> str:
+    """"loss", with its unit where ``model`` (a model's name) has one, or else where every run
+    names its model (a ``live.Run``) and all name one model that has a unit ("loss (m²)" for the
+    beam)."""
+    if model is not None:
+        unit = LOSS_UNITS.get(model) if isinstance(model, str) else None
+        return f"loss ({unit})" if unit else "loss"
     models = {getattr(getattr(run, "config", None), "model", None) for run in runs_by_mode.values()}
     unit = LOSS_UNITS.get(models.pop()) if len(models) == 1 else None
     return f"loss ({unit})" if isinstance(unit, str) else "loss"
 
 
-def plot_live(runs_by_mode: dict, *, steps=None, heat_mode=None, fmt="fp16", title=None) -> go.Figure:
+def plot_live(runs_by_mode: dict, *, steps=None, heat_mode=None, fmt="fp16", title=None,
+              model=None) -> go.Figure:
     """Live training on one figure: the loss per mode (top), the loss scale on a log2 axis with
     skipped steps marked for the modes with a scaler (middle), and a heat map of ``heat_mode``'s
     parameter census over time (bottom): per parameter, the share of its gradient (× the step's
@@ -253,7 +258,8 @@ def plot_live(runs_by_mode: dict, *, steps=None, heat_mode=None, fmt="fp16", tit
     ``runs_by_mode``: mode -> ``live.Run`` or list of ``StepRecord``, possibly empty: a figure of
     empty runs has every trace already (see ``live_traces``), so a live figure built from it can take
     the traces of later calls as the runs grow. The loss axis names the loss's unit where the runs
-    are ``live.Run``s of one model that has one ("loss (m²)" for the beam model). ``steps`` fixes the x range to [0, steps - 1] (else
+    are ``live.Run``s of one model that has one ("loss (m²)" for the beam model), or where ``model``
+    names it (a figure of empty runs, as LiveTrainer builds). ``steps`` fixes the x range to [0, steps - 1] (else
     [0, the last step recorded]); ``fmt`` only names the format in the heat map's title (the
     census's own format is used). The heat map is ``_HEAT_ROW_PX`` pixels per parameter row, so
     every row is labelled (from 12 to 40 rows; more rows share the labels, every second or third
@@ -294,7 +300,8 @@ def plot_live(runs_by_mode: dict, *, steps=None, heat_mode=None, fmt="fp16", tit
         "legend": {"orientation": "h", "x": 0, "xanchor": "left", "y": g["legend_y"], "yanchor": "bottom",
                    "font": {"size": 12}},
         "xaxis": {**x_axis, "anchor": "y", "showticklabels": False},
-        "yaxis": {**_WHITE_AXIS, "title": {"text": _loss_axis_title(runs_by_mode)}, "domain": g["loss"], "tickformat": "~g"},
+        "yaxis": {**_WHITE_AXIS, "title": {"text": _loss_axis_title(runs_by_mode, model)}, "domain": g["loss"],
+                  "tickformat": "~g"},
         "xaxis2": {**x_axis, "anchor": "y2", "matches": "x", "showticklabels": False},
         # whole powers of two: the axis always spans 2^0 (no scaling) to 2^16 (GradScaler's start)
         "yaxis2": {**_WHITE_AXIS, "title": {"text": "scale"}, "domain": g["scale"], "tickprefix": "2^",

@@ -507,11 +507,13 @@ class LiveTrainer(_Explorer):
             w.disabled = running
 
     def _new_figure(self, modes: list, steps: int) -> None:
-        """A fresh FigureView from ``plot_live`` of empty runs (every trace present from the start)."""
-        key = (tuple(modes), int(steps))
+        """A fresh FigureView from ``plot_live`` of empty runs (every trace present from the start),
+        its loss axis in the unit of the model chosen."""
+        model = self.model_dropdown.value
+        key = (tuple(modes), int(steps), model)
         if key == self._figure_key and self.figure is not None:
             return
-        fig = plot_live({m: [] for m in modes}, steps=steps)
+        fig = plot_live({m: [] for m in modes}, steps=steps, model=model)
         self._heat_mode = fig.layout.meta["heat_mode"]
         view = FigureView(fig)
         view.add_class("ampviz-live-plot")

@@ -441,3 +441,13 @@ def test_the_live_and_the_static_heat_maps_share_one_explicit_colour_scale():
     scale = scale_of(static)
     assert scale[0][0] == 0.0 and scale[-1][0] == 1.0 and lightness(scale[0][1]) > lightness(scale[-1][1])
     assert live["zmin"] == static.zmin == 0.0 and live["zmax"] == static.zmax == 1.0
+
+
+def test_the_live_figure_names_the_loss_unit_of_the_model_chosen():
+    """LiveTrainer draws from empty runs, which name no model: its loss axis takes the unit from the
+    model chosen ("loss (m²)" for the beam, as lesson 07's static figure), and a new choice redraws it."""
+    lt = LiveTrainer(modes=("fp32",), model="beam", steps=5)
+    assert lt.figure.layout["yaxis"]["title"]["text"] == "loss (m²)"
+    lt.model_dropdown.value = "mlp"
+    lt._new_figure(["fp32"], 5)
+    assert lt.figure.layout["yaxis"]["title"]["text"] == "loss"
