@@ -36,7 +36,7 @@ from ampviz import env
 from ampviz.formats.lesson import cast_table, check_cast
 from ampviz.plots import plot_format_ranges
 from ampviz.text import measured
-from ampviz.training.beam import short_runs
+from ampviz.training.live.short import short_runs
 from ampviz.widgets import FormatExplorer
 
 rng = np.random.default_rng(0)

@@ -38,7 +38,7 @@ from ampviz._args import _shown
 from ampviz._args import _real, _seed, _whole
 
 __all__ = ["SPAN", "GAUGES", "N_TRAIN", "N_TEST", "beams", "deflection", "BeamNet", "BeamData",
-           "BeamGradients", "gradients", "SHORT_MODES", "ShortRuns", "short_runs"]
+           "BeamGradients", "gradients"]
 
 SPAN = 5.0  # m
 LOADS = 2  # point loads per beam
@@ -261,77 +261,3 @@ def gradients(seed: int = 0, *, loss_scale=1.0, batch_size: int = 256, autocast=
             h.remove()
     params = {name: p.grad.detach().float().reshape(-1).numpy().copy() for name, p in model.named_parameters()}
     return BeamGradients(params, {name: outputs[name] for name in linears}, float(loss.detach()))
-
-
-# --------------------------------------------------------------------------------------------
-# A short run in each mode, as notebook 00 shows it
-# --------------------------------------------------------------------------------------------
-
-#: The modes ``short_runs`` trains, named as ``ampviz.training.live`` names them.
-SHORT_MODES = ("fp32", "fp16", "fp16+scaler", "bf16")
-_SHORT_AUTOCAST = {"fp32": None, "fp16": torch.float16, "fp16+scaler": torch.float16, "bf16": torch.bfloat16}
-
-
-@dataclass(frozen=True, eq=False)
-class ShortRuns:
-    """The training losses (m^2, one per step, float64 numpy) of ``short_runs``, by mode.
-    ``start(m)`` is the first step's loss, ``end(m)`` the mean of the last 10 steps', and
-    ``verdict(m)`` "learns" where the end is below half the start, else "stalls"."""
-
-    losses: dict
-
-    def start(self, mode: str) -> float:
-        return float(self.losses[mode][0])
-
-    def end(self, mode: str) -> float:
-        return float(np.mean(self.losses[mode][-10:]))
-
-    def verdict(self, mode: str) -> str:
-        return "learns" if self.end(mode) < 0.5 * self.start(mode) else "stalls"
-
-
-def short_runs(steps: int = 100, seed: int = 0, modes=SHORT_MODES) -> ShortRuns:
-    """Train the fresh beam model for ``steps`` steps in each of ``modes``: the model, data and
-    batches of ``ampviz.training.live.run_training(TrainConfig(model="beam", mode=m, steps=steps,
-    seed=seed))`` (Adam, learning rate 1e-3, batches of 256), the same losses, without its records
-    and censuses. "fp16" and "bf16" run the forward pass under CPU autocast; "fp16+scaler" adds
-    ``torch.amp.GradScaler`` (its defaults: the scale starts at 2^16). It runs on one thread (torch's
-    thread count is restored after): for matrices this small, more threads cost more than they save.
-    About half a second per 100 steps and mode."""
-    steps = _whole("steps", steps, 1, 10**5)
-    seed = _seed(seed, spare=2)
-    if isinstance(modes, str) or not isinstance(modes, (tuple, list)) or not modes \
-            or not all(isinstance(m, str) and m in _SHORT_AUTOCAST for m in modes):
-        raise ValueError(f"modes must be a non-empty tuple of {', '.join(SHORT_MODES)}, not {_shown(modes)}")
-    data = BeamData(seed + 1)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return ShortRuns({mode: _short_run(data, mode, steps, seed) for mode in modes})
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _short_run(data: BeamData, mode: str, steps: int, seed: int) -> np.ndarray:
-    """One short run of ``short_runs``: its losses, one per step."""
-    model, batch = data.model(seed), data.sampler(256, seed + 2)
-    model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu") if mode == "fp16+scaler" else None
-    dtype = _SHORT_AUTOCAST[mode]
-    out = np.empty(steps)
-    for step in range(steps):
-        (x,), y = batch()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-            loss = nn.functional.mse_loss(model(x), y)
-        out[step] = loss.item()
-        if scaler is None:
-            loss.backward()
-            optimizer.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            scaler.step(optimizer)
-            scaler.update()
-    return out

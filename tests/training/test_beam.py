@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ampviz.training import live
-from ampviz.training.beam import GAUGES, SHORT_MODES, SPAN, BeamData, BeamNet, beams, deflection, gradients, short_runs
+from ampviz.training.beam import GAUGES, SPAN, BeamData, BeamNet, beams, deflection, gradients
+from ampviz.training.live.short import SHORT_MODES, short_runs
 from ampviz.formats.census import census
 from ampviz.scaling.lesson import largest_safe_scale
 
@@ -69,13 +70,9 @@ def test_fp32_bf16_and_the_scaler_learn_fp16_alone_stalls(runs):
     assert not np.asarray(scaler["skipped"]).any() and set(np.asarray(scaler["scale"]).tolist()) == {65536.0}
 
 
-def test_short_runs_are_live_runs_and_show_fp16_alone_stalling():
-    """notebook 00's first look: the losses of live's beam runs, step for step, and after 100 steps
-    fp16 without a scaler stalls far above the three others; torch's thread count is left as it was."""
-    few = short_runs(steps=5, seed=3)
-    for m in SHORT_MODES:
-        live_run = live.run_training(live.TrainConfig(model="beam", mode=m, steps=5, seed=3, census_every=0))
-        assert np.array_equal(few.losses[m], live_run["loss"]), m
+def test_short_runs_show_fp16_alone_stalling():
+    """notebook 00's first look: after 100 steps fp16 without a scaler stalls far above the three
+    others; torch's thread count is left as it was."""
     threads = torch.get_num_threads()
     runs = short_runs()
     assert torch.get_num_threads() == threads and list(runs.losses) == list(SHORT_MODES)
