@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ['Check', 'check']
+__all__ = ['Check', 'Choice', 'check', 'check_choice']
 
 
 # --------------------------------------------------------------------------------------------
@@ -130,3 +130,71 @@ def _yes_no(expected: bool, more=()):
     return accept
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# Questions that ask why: one reason chosen among distractors
+# --------------------------------------------------------------------------------------------
+
+#: Every ``Choice`` made, by its name (tests/course/test_exercises.py holds each notebook cell that
+#: asks one to list its options as the package words them).
+CHOICES: dict[str, "Choice"] = {}
+
+_LETTER = re.compile(r"\(?([a-z])\)?[.):]?")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A question that tests an explanation: pick the reason among ``options`` (letter → text),
+    written from real misconceptions. ``right`` is the right letter; ``why_not`` says, for each
+    wrong letter, what is wrong with that reason (shown when it is chosen; it never names the
+    right one)."""
+
+    name: str
+    question: str
+    options: dict
+    right: str
+    why_not: dict
+
+    def __post_init__(self):
+        letters = list(self.options)
+        if letters != [chr(ord("a") + i) for i in range(len(letters))] or not 2 <= len(letters) <= 6:
+            raise ValueError(f"{self.name}: options are lettered a, b, c ... (2 to 6 of them), got {letters}")
+        if self.right not in self.options:
+            raise ValueError(f"{self.name}: the right letter {self.right!r} is not an option")
+        wrong = sorted(set(letters) - {self.right})
+        if sorted(self.why_not) != wrong or not all(isinstance(t, str) and t for t in self.why_not.values()):
+            raise ValueError(f"{self.name}: why_not needs one non-empty reason for each wrong letter {wrong}")
+        if self.name in CHOICES and CHOICES[self.name] != self:
+            raise ValueError(f"a different Choice is already named {self.name!r}")
+        CHOICES[self.name] = self
+
+    @property
+    def letters(self) -> str:
+        """The letters, as the hint for an unreadable answer names them: "a, b or c"."""
+        letters = list(self.options)
+        return ", ".join(letters[:-1]) + " or " + letters[-1]
+
+    def read(self, answer):
+        """The letter ``answer`` picks ("b", "(b)", "B)", or the option's own text), else None."""
+        said = _said(answer)
+        if said is None:
+            return None
+        letter = _LETTER.fullmatch(said)
+        if letter and letter[1] in self.options:
+            return letter[1]
+        folded = {" ".join(text.casefold().rstrip(".").split()): key for key, text in self.options.items()}
+        return folded.get(said)
+
+
+def check_choice(answer, choice: Choice) -> Check:
+    """The verdict on a letter chosen for ``choice``: right, wrong with what is wrong with the reason
+    chosen, wrong with the letters to choose from if the answer picks none, or unanswered."""
+    if answer is None or answer is Ellipsis:
+        return check(answer, None)
+    picked = choice.read(answer)
+    if picked is None:
+        return Check("wrong", f"✗ not quite: answer with one letter, {choice.letters}")
+    if picked == choice.right:
+        return Check("right", "✓ correct")
+    return Check("wrong", f"✗ not quite: ({picked}) {choice.why_not[picked]}")

@@ -33,6 +33,7 @@ import torch
 from ampviz.training.beam import gradients
 from ampviz.formats.census import census
 from ampviz.scaling.lesson import (census_table, check_batch_effect, check_overflow_action, check_safe_scale,
+                                   check_why_scaling_works,
                                    largest_safe_scale, layer_table)
 from ampviz.plots import plot_census
 from ampviz.text import number
@@ -287,6 +288,16 @@ check_batch_effect(answer)
 # GradScaler finds an inf among a step's gradients. What does it do with that step? (a word)
 answer = None
 check_overflow_action(answer)
+
+# %%
+# Why does multiplying the loss by S keep small gradients from becoming 0 in fp16? (a letter)
+#   a) fp16 keeps more significant bits for larger values
+#   b) the backward pass is linear in the loss, so every gradient is S times larger and lands
+#      above fp16's smallest subnormal; dividing by S in fp32 undoes it
+#   c) the loss itself underflows in fp16, and scaling keeps it nonzero
+#   d) the scaler rounds gradients below 2^-24 up to 2^-24
+answer = None
+check_why_scaling_works(answer)
 
 # %% [markdown]
 # ## Summary

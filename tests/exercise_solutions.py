@@ -23,6 +23,7 @@ SOLUTIONS = {
         "its largest gradient is 3e-3": ("2**24", "2**25"),  # wrong: 2^25 x 3e-3 = 100,663 overflows
         "does fp16 lose \"more\" or \"fewer\"": ('"more"', '"fewer"'),
         "What does it do with that step": ('"skip"', '"clip"'),
+        "Why does multiplying the loss by S": ('"b"', '"a"'),  # wrong: thinking larger values are more precise
     },
     "03_autocast": {
         "torch.softmax(lin(x), dim=-1)": ('"fp16"', '"fp32"'),  # wrong: what CUDA autocast gives

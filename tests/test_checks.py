@@ -60,7 +60,7 @@ def test_later_question_checkers():
     assert not yes_no("yes") and not yes_no(True) and not yes_no(0)
 
 
-@pytest.mark.parametrize("name", [n for n in ALL_NAMES if n.startswith("check_")])
+@pytest.mark.parametrize("name", [n for n in ALL_NAMES if n.startswith("check_") and n != "check_choice"])
 def test_every_checker_answers_none_with_not_answered(name):
     """Each checker takes ``answer`` first and says "not answered yet" to None, whatever it needs."""
     extra = {"check_safe_scale": (np.ones(3, np.float32),), "check_cast": (1.0,), "check_log_verdict": ([1.0] * 4,)}
@@ -136,3 +136,85 @@ def test_one_number_reader_for_every_checker():
         assert _number_text(text) == value, text
     for text in ("1/0", "2**", "max", "2**99999"):
         assert _number_text(text) == text
+
+
+# ----- questions that ask why -----
+def _choice(name="demo_why", **kw):
+    fields = dict(question="Why?", options={"a": "because of x", "b": "because of y.", "c": "because of z"},
+                  right="b", why_not={"a": "x is not it", "c": "z is not it"})
+    fields.update(kw)
+    return checks.Choice(name, **fields)
+
+
+def test_a_choice_reads_letters_and_option_texts():
+    q = _choice()
+    for right in ("b", "B", "(b)", "b)", " b. ", "'b'", "Because of Y", "because of y."):
+        assert checks.check_choice(right, q).status == "right", right
+    assert str(checks.check_choice("a", q)) == "✗ not quite: (a) x is not it"
+    assert str(checks.check_choice("c)", q)) == "✗ not quite: (c) z is not it"
+    for unreadable in ("d", "ab", "", 2, True, 1.5, ["b"], object(), "because"):
+        assert str(checks.check_choice(unreadable, q)) == "✗ not quite: answer with one letter, a, b or c"
+    assert checks.check_choice(None, q).status == "unanswered"
+    assert checks.check_choice(..., q).status == "unanswered"
+    assert q.letters == "a, b or c" and checks.CHOICES["demo_why"] is q
+
+
+def test_a_wrong_choice_is_refused_when_made():
+    with pytest.raises(ValueError, match="lettered a, b, c"):
+        _choice("bad1", options={"a": "x", "c": "y"}, why_not={"c": "no"}, right="a")
+    with pytest.raises(ValueError, match="lettered a, b, c"):
+        _choice("bad2", options={"a": "x"}, why_not={}, right="a")
+    with pytest.raises(ValueError, match="is not an option"):
+        _choice("bad3", right="d")
+    with pytest.raises(ValueError, match="one non-empty reason for each wrong letter"):
+        _choice("bad4", why_not={"a": "x is not it"})
+    with pytest.raises(ValueError, match="one non-empty reason for each wrong letter"):
+        _choice("bad5", why_not={"a": "x is not it", "c": ""})
+    _choice("twice")
+    _choice("twice")  # the same question made again (a module reloaded) is the same question
+    with pytest.raises(ValueError, match="already named 'twice'"):
+        _choice("twice", question="Why not?")
+
+
+def _all_choices():
+    """Every Choice the package makes (its lesson modules imported)."""
+    import importlib
+    import pkgutil
+
+    import ampviz
+    for info in pkgutil.walk_packages(ampviz.__path__, "ampviz."):
+        importlib.import_module(info.name)
+    return [q for name, q in checks.CHOICES.items() if not name.startswith(("demo_", "bad", "twice"))]
+
+
+def test_every_why_question_of_the_package_is_well_made_and_has_its_checker():
+    """Each has a checker ``check_<name>`` in the module that made it, which answers its right letter
+    right and each wrong letter with that letter's own reason; no hint names the right letter."""
+    import sys
+
+    choices = _all_choices()
+    assert choices, "the lessons ask why"
+    for q in choices:
+        owners = [m for m in list(sys.modules.values())
+                  if getattr(m, "__name__", "").startswith("ampviz") and getattr(m, f"check_{q.name}", None)]
+        assert owners, f"no check_{q.name} for the question {q.question!r}"
+        checker = getattr(owners[0], f"check_{q.name}")
+        assert checker(q.right).status == "right" and checker(None).status == "unanswered"
+        for letter, reason in q.why_not.items():
+            assert str(checker(letter)) == f"✗ not quite: ({letter}) {reason}"
+            assert f"({q.right})" not in reason
+        assert len(set(q.options.values())) == len(q.options), f"{q.name}: two options read the same"
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.none(), st.text(max_size=30), st.integers(), st.floats(allow_nan=True), st.booleans(),
+                 st.lists(st.text(max_size=3), max_size=3), st.sampled_from(["a", "(c)", "B)", "because of z"])))
+def test_a_choice_answers_anything_in_one_line(answer):
+    q = _choice()
+    verdict = checks.check_choice(answer, q)
+    assert verdict.status in ("right", "wrong", "unanswered")
+    assert "\n" not in str(verdict)
+    assert (verdict.status == "right") == (q.read(answer) == "b")

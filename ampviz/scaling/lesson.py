@@ -9,12 +9,12 @@ import math
 
 import numpy as np
 
-from ampviz.checks import Check, _text_is, check
+from ampviz.checks import Check, Choice, _text_is, check, check_choice
 from ampviz.formats import get_format
 from ampviz.formats.census import census
 from ampviz.text import Table, number
 
-__all__ = ['largest_safe_scale', 'census_table', 'layer_table', 'trace_table', 'check_safe_scale', 'check_overflow_action', 'check_batch_effect', 'check_scale_direction', 'check_hysteresis_skips', 'check_steady_interval', 'check_log_verdict']
+__all__ = ['largest_safe_scale', 'census_table', 'layer_table', 'trace_table', 'check_safe_scale', 'check_overflow_action', 'check_batch_effect', 'check_scale_direction', 'check_hysteresis_skips', 'check_steady_interval', 'check_log_verdict', 'check_why_scaling_works']
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,3 +187,28 @@ def check_log_verdict(answer, scales) -> Check:
                  hint="compare the first and the last quarter of the messages")
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# Questions that ask why
+# --------------------------------------------------------------------------------------------
+
+WHY_SCALING_WORKS = Choice(
+    "why_scaling_works",
+    "Why does multiplying the loss by S keep small gradients from becoming 0 in fp16?",
+    {"a": "fp16 keeps more significant bits for larger values",
+     "b": "the backward pass is linear in the loss, so every gradient is S times larger and lands "
+          "above fp16's smallest subnormal; dividing by S in fp32 undoes it",
+     "c": "the loss itself underflows in fp16, and scaling keeps it nonzero",
+     "d": "the scaler rounds gradients below 2^-24 up to 2^-24"},
+    "b",
+    {"a": "every fp16 binade has the same 10 fraction bits: a larger value is no more precise, relative to itself",
+     "c": "the beam model's loss is far above fp16's smallest value; section 1 counted the zeros among the gradients",
+     "d": "nothing rounds up: the census before and after scaling counts the same cast, with every value S times larger"},
+)
+
+
+def check_why_scaling_works(answer) -> Check:
+    """Q: why does scaling the loss keep small gradients alive? (b): the chain rule multiplies every
+    gradient by S."""
+    return check_choice(answer, WHY_SCALING_WORKS)

@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
-LESSONS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+LESSONS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]*_*.ipynb"))
 UNANSWERED = "answer = None"
 EXPECTED = {"unanswered": "not answered yet", "wrong": "✗ not quite", "right": "✓ correct"}
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
@@ -265,3 +265,52 @@ def test_the_teachers_guide_covers_every_notebook(path):
     answers = section.split("### Open exercises: answers")[1].split("\n### ")[0]
     answered = len(re.findall(r"^\d+\. ", answers, flags=re.M))
     assert answered == asked, f"{asked} open exercises, {answered} answered in the guide"
+
+
+# ----- every lesson asks why at least twice, and shows the options its checker reads -----
+def _choices():
+    import importlib
+    import pkgutil
+
+    import ampviz
+    from ampviz.checks import CHOICES
+    for info in pkgutil.walk_packages(ampviz.__path__, "ampviz."):
+        importlib.import_module(info.name)
+    return CHOICES
+
+
+def _comment_text(cell_text: str) -> str:
+    """A code cell's comments, joined into one line with runs of spaces folded."""
+    comments = [line.strip()[1:] for line in cell_text.splitlines() if line.strip().startswith("#")]
+    return " ".join(" ".join(comments).split())
+
+
+def asked_choices(cells) -> list[tuple[int, str]]:
+    """(cell index, Choice name) for each exercise cell whose checker asks a Choice."""
+    choices, asked = _choices(), []
+    for i in exercise_cells(cells):
+        called = re.search(r"^check_(\w+)\(answer\b", cells[i][1], flags=re.M)
+        if called and called[1] in choices:
+            asked.append((i, called[1]))
+    return asked
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_each_lesson_asks_why_at_least_twice_with_the_options_its_checker_reads(path):
+    cells, choices = lesson_cells(path), _choices()
+    asked = asked_choices(cells)
+    assert len(asked) >= 2, f"{path.stem} asks {len(asked)} questions that test an explanation, at least 2 wanted"
+    for i, name in asked:
+        shown = _comment_text(cells[i][1])
+        question = choices[name]
+        missing = [f"{letter}) {text}" for letter, text in question.options.items()
+                   if f"{letter}) {' '.join(text.split())}" not in shown]
+        assert missing == [], f"{path.stem} cell {i} does not show the options check_{name} reads: {missing}"
+        assert question.letters.split(" or ")[-1] in shown or "letter" in shown
+
+
+def test_every_why_question_is_asked_in_exactly_one_lesson():
+    asked = [name for path in LESSONS for _, name in asked_choices(lesson_cells(path))]
+    made = [name for name in _choices() if not name.startswith(("demo_", "bad", "twice"))]
+    assert sorted(asked) == sorted(set(asked)), "a question asked twice"
+    assert sorted(set(made) - set(asked)) == [], "questions the package makes but no lesson asks"
