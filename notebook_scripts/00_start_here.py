@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from ampviz import env
-from ampviz.formats.lesson import cast_table, check_cast
+from ampviz.formats.lesson import (cast_table, check_cast, check_why_1000_1_rounds_to_1000,
+                                   check_why_fp16_stalls)
 from ampviz.plots import plot_format_ranges
 from ampviz.text import measured
 from ampviz.training.live.short import short_runs
@@ -74,7 +75,8 @@ assert all(runs.end("fp16") > 5 * runs.end(m) for m in learners)  # fp16 alone e
 # | 00 · Start here (this page) | the map, how to use the widgets, your environment |
 # | [01 · The fp16 range: bits, subnormals, rounding](01_fp16_range.ipynb) | the bits of fp16, bf16 and fp8: ranges, subnormals, rounding, and why a weight stops learning in fp16 |
 # | [02 · Loss scaling: keeping small gradients alive in fp16](02_loss_scaling.ipynb) | real gradients that fp16 flushes to zero, and how a static loss scale shifts them back into range |
-# | [03 · Autocast, measured: what runs in which dtype, and bf16 in practice](03_autocast.ipynb) | which dtype each op really runs in under CPU autocast (measured, fp16 and bf16) beside CUDA's lists, why the loss comes out fp32 and what that does to the first step, the weight cache and its stale copy, `torch.compile`; then bf16 without a loss scaler, a model that overflows in fp16 only, lost updates in bf16 weights with three fixes, and stochastic rounding tested |
+# | [03a · Autocast, measured: what runs in which dtype](03a_autocast.ipynb) | which dtype each op really runs in under CPU autocast (measured, fp16 and bf16) beside CUDA's lists, why the loss comes out fp32 and what that does to the first step, the weight cache and its stale copy, `torch.compile` |
+# | [03b · bf16 in practice: no loss scaler, and the updates bf16 weights lose](03b_bf16_in_practice.ipynb) | bf16 without a loss scaler, a model that overflows in fp16 only, lost updates in bf16 weights with three fixes, and stochastic rounding written and tested |
 # | [04 · GradScaler internals: the real scaler, call by call](04_gradscaler_internals.ipynb) | the real `torch.amp.GradScaler` call by call: its float32 scale, `unscale_`, skipped steps, backoff and growth, every error message, clipping and skipped-step checks, and a bit-exact simulator |
 # | [05 · GradScaler in a real loop: accumulation, several optimizers, checkpoints](05_gradscaler_in_a_real_loop.ipynb) | the real `torch.amp.GradScaler` in the loops people write, each mistake run with its exact error or silent symptom: gradient accumulation, two losses and two optimizers, clipping, a gradient penalty, checkpoint and resume (the burst of skipped steps without the scaler's state), skipped-step detection and the scheduler, and a checker for your own training step |
 # | [06 · The scaling lab: dynamic loss scalers under pressure](06_scaling_lab.ipynb) | the sawtooth, the ratchet and the collapse: the loss scalers of torch, DeepSpeed, Megatron, NeMo, Keras and JAX (and four legacy ones) side by side on the same gradient streams, with a live lab |
@@ -82,14 +84,15 @@ assert all(runs.end("fp16") > 5 * runs.end(m) for m in learners)  # fp16 alone e
 # | [08 · Lightning manual optimization: `loss.backward()` vs `self.manual_backward(loss)`](08_lightning_manual_backward.ipynb) | the wrong backward call under fp16 AMP: the `_scale is None` error, its silent variant, and why `precision="16-mixed"` on a CPU hides it (it silently becomes `bf16-mixed`, with no scaler); several optimizers, where one overflow makes the next optimizer apply 2× its gradient; where clipping goes |
 # | [09 · Lightning pitfall: a `no_grad` pass inside autocast, then a pass with grad](09_lightning_autocast_cache.ipynb) | cached casts without gradients on older versions and what fixed them; the cached weight copy that still goes stale after an in-place update inside one autocast block, in PyTorch and Fabric, and its fixes |
 # | [10 · Lightning pitfall: a TransformerEncoder that trains in bf16 and crashes in validation](10_lightning_transformer_eval.ipynb) | `nn.TransformerEncoder` under `bf16-mixed`: the exact conditions of the crash (the fast path with a padding mask), the old and new messages, and fixes checked against fp32 |
-# | [11 · Loss scaling across ranks](11_loss_scaling_across_ranks.ipynb) | real `torch.distributed` ranks (gloo, forked from a cell) with a `GradScaler` each: one rank's overflow under DDP, three ways to make ranks disagree (a scaler per rank on local gradients, `unscale_` before a manual all-reduce, FSDP1 with a plain scaler) and their fixes (`ShardedGradScaler`, FSDP2, Megatron, DeepSpeed); fp32, fp16 and bf16 all-reduce error as the world grows, gloo's summation order, the fp16 compress hook's extra skips; Lightning's `"16-mixed"` on CPU ranks, each real run held to a simulator |
+# | [11a · Loss scaling across ranks: when the scalers agree](11a_loss_scaling_across_ranks.ipynb) | real `torch.distributed` ranks (gloo, forked from a cell) with a `GradScaler` each: one rank's overflow under DDP, three ways to make ranks disagree (a scaler per rank on local gradients, `unscale_` before a manual all-reduce, FSDP1 with a plain scaler) and their fixes (`ShardedGradScaler`, FSDP2, Megatron, DeepSpeed), each real run held to a simulator |
+# | [11b · Ranks in practice: all-reduce precision, compress hooks and Lightning](11b_allreduce_numerics.ipynb) | fp32, fp16 and bf16 all-reduce error as the world grows, gloo's summation order, the fp16 compress hook's extra skips under a scaler, and Lightning's `"16-mixed"` on CPU ranks |
 # | [12 · FP8 per-tensor scaling](12_fp8_scaling.ipynb) | a stream of 2,000 tensors with spikes cast to FP8, value by value: why each tensor needs its own scale, current scaling (torchao) against delayed scaling (Transformer Engine) with `"max"` over a history or `"most_recent"`, what a spike, an inf amax and a margin do to the shares saturated and underflowed, and why HYBRID casts gradients to E5M2; `Fp8ScalingLab` to move every setting |
 # | [13 · MX and NVFP4 block scaling](13_mx_and_nvfp4.ipynb) | one scale per block of 16 or 32 values, exact against torchao's rules: what a 2^10 outlier costs its block and a per-tensor scale, the fp8, fp6 and fp4 element formats under E8M0 scales, floor against round-up scales, NVFP4's E4M3 block scales and fp32 tensor scale, stochastic rounding and the random Hadamard transform, and the error of every format on a real layer's weights and gradient at equal bits; `BlockExplorer` to pick a block and see its values before and after |
 #
 # Work through 01 and 02 in order: 02 uses the vocabulary of 01 (subnormal, underflow, overflow).
 # Some exercises sit in the middle of a lesson: a cell marked **Predict** asks for your answer
 # before the next cell shows it (answer first, then run on). The rest are at its end: **Check
-# yourself** (questions a cell checks for you; in 03, a stochastic rounding you write; in 04 and 05, a
+# yourself** (questions a cell checks for you; in 03b, a stochastic rounding you write; in 04 and 05, a
 # training step you write), then the summary and **open exercises** to explore on your own.
 # Six explorers (formats, ranges, the scaling lab, FP8 scaling, block scaling, the live trainer) also
 # share one page: the explorer app (`explorer.ipynb`; `make explorer` serves it as a page with Voila).
@@ -159,11 +162,35 @@ plot_format_ranges()
 #
 # Every lesson ends with questions like this one. Set `answer` and run the cell: it answers with
 # one line, ✓ or ✗ with a hint (or "not answered yet"), and never shows the expected value.
+# Some questions ask why: answer with the letter of the reason you pick (`answer = "a"`); a wrong
+# one tells you what is wrong with that reason.
 
 # %%
 # Type 65519 into the explorer above: what does fp16 store for it? (a number)
 answer = None
 check_cast(answer, 65519, "fp16")
+
+# %%
+# In "Why this course", fp16 without a scaler stalls, while bf16, also 16 bits and also without a
+# scaler, learns. Why? (a letter)
+#   a) fp16 keeps too few significant bits for this model's weights, so they are rounded too
+#      coarsely to learn
+#   b) most of this model's gradients are so small that fp16 rounds them to 0 (its smallest positive
+#      number is 2^-24); bf16 has fp32's range and keeps them
+#   c) the fp16 loss overflows to inf, and a loss of inf stops the run
+#   d) fp16 is slower than fp32 on a CPU, so in the same time it trains fewer steps
+answer = None
+check_why_fp16_stalls(answer)
+
+# %%
+# The cast table stores 1000.1 as 1000 in fp16. Why? (a letter)
+#   a) fp16 keeps about 3 decimal digits, so it rounds to its leading decimal digits
+#   b) fp16 drops the fractional part of a number, as an integer type does
+#   c) 1000.1 needs more precision than a normal number has, so fp16 stores it as a subnormal
+#   d) fp16 keeps 11 significant bits: from 512 to 1024 that leaves one bit after the binary point,
+#      so its numbers there are 0.5 apart, and 1000 is the nearest to 1000.1
+answer = None
+check_why_1000_1_rounds_to_1000(answer)
 
 # %% [markdown]
 # ## Summary

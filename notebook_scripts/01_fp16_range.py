@@ -32,7 +32,8 @@ import torch
 
 from ampviz import FP16, FP8_E4M3, FP8_E5M2
 from ampviz.formats import lesson
-from ampviz.formats.lesson import bits_table, cast_rules_table, cast_table, format_table, stall_table, update_table
+from ampviz.formats.lesson import (bits_table, cast_rules_table, cast_table, check_why_bf16_range,
+                                   check_why_master_weights, format_table, stall_table, update_table)
 from ampviz.plots import plot_census, plot_format_ranges, plot_lost_band
 from ampviz.training import torch_accumulate, torch_add, torch_cast
 from ampviz.widgets import FormatExplorer, RangeExplorer
@@ -284,6 +285,29 @@ lesson.check_update_lost(answer, w=256.0, u=1.0, fmt="bf16")
 # Is the update lost? "yes" or "no"
 answer = None
 lesson.check_update_lost(answer, w=1.5, u=1.5 / 3000)
+
+# %%
+# Why does mixed-precision training keep an fp32 master copy of the weights? (a letter)
+#   a) a weight kept in fp16 would overflow: past 65504 it becomes inf, and an inf weight ruins
+#      every later step
+#   b) the gradients of fp16 weights underflow to 0
+#   c) an update at most half the gap between a weight and its neighbour rounds back to the same
+#      weight: in fp16 a small update to a large weight is lost every time, while fp32's gaps are
+#      2^13 times smaller and the updates add up
+#   d) the forward pass must run in fp32 to be accurate, so it needs the weights in fp32
+answer = None
+check_why_master_weights(answer)
+
+# %%
+# bf16 has fp32's range, yet a bf16 weight of 1 loses updates that an fp16 weight of 1 keeps. Why?
+# (a letter)
+#   a) of its 16 bits bf16 gives 8 to the exponent, as fp32 does, and only 7 to the mantissa:
+#      exponent bits set the range, mantissa bits the precision
+#   b) bf16 saturates at its largest number instead of going to inf
+#   c) bf16's exponent bias is larger (127 against fp16's 15), and a larger bias reaches larger
+#      numbers
+answer = None
+check_why_bf16_range(answer)
 
 # %% [markdown]
 # ## Summary

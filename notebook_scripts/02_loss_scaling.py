@@ -33,7 +33,7 @@ import torch
 from ampviz.training.beam import gradients
 from ampviz.formats.census import census
 from ampviz.scaling.lesson import (census_table, check_batch_effect, check_overflow_action, check_safe_scale,
-                                   check_why_scaling_works,
+                                   check_why_real_pass_loses_more, check_why_scaling_works,
                                    largest_safe_scale, layer_table)
 from ampviz.plots import plot_census
 from ampviz.text import number
@@ -299,6 +299,17 @@ check_overflow_action(answer)
 answer = None
 check_why_scaling_works(answer)
 
+# %%
+# Section 2: cast to fp16, a tenth of fp32's weight gradients become 0; after a real fp16 backward
+# pass almost half of them are 0. Why more? (a letter)
+#   a) autocast computes the loss in fp16, and the loss itself underflows
+#   b) the real pass runs another batch, with smaller gradients
+#   c) the weights' gradients are sums over the batch, and in fp16 those sums overflow
+#   d) each weight's gradient is computed from the gradient of its layer's output, and the fp16 pass
+#      has already rounded most of those to 0 on the way down
+answer = None
+check_why_real_pass_loses_more(answer)
+
 # %% [markdown]
 # ## Summary
 #
@@ -311,7 +322,7 @@ check_why_scaling_works(answer)
 # - A static S must satisfy S × max|g| < 65504; here S = 2^33 loses nothing. One step further,
 #   24 gradients become inf, in the cast and in a real fp16 pass alike, and the step must be skipped.
 #
-# **Next:** [03 · Autocast, measured: what runs in which dtype, and bf16 in practice](03_autocast.ipynb)
+# **Next:** [03a · Autocast, measured: what runs in which dtype](03a_autocast.ipynb)
 # shows which ops autocast runs in fp16 (the fp16 pass above was one), and when bf16 needs no S at
 # all; then 04 takes `torch.amp.GradScaler` apart: how it finds S on its own.
 #

@@ -33,10 +33,11 @@ import numpy as np
 import torch
 
 from ampviz.training.gradscaler import (check_amp_loop, check_backoffs_to_zero, check_clip_before_unscale,
-                                        check_scale_after_pattern, check_skip_test, clipping_norms,
-                                        clipping_table, constructor_warnings, error_cases, found_inf_from,
-                                        run_real_scaler, same_run, scheduler_report, skip_detection_table,
-                                        step_table, unscale_overflow_table, walk_iteration)
+                                        check_scale_after_pattern, check_skip_test, check_why_check_before_step,
+                                        check_why_clip_after_unscale, check_why_scale_reaches_zero,
+                                        clipping_norms, clipping_table, constructor_warnings, error_cases,
+                                        found_inf_from, run_real_scaler, same_run, scheduler_report,
+                                        skip_detection_table, step_table, unscale_overflow_table, walk_iteration)
 from ampviz.training.gradscaler.writeups import gradscaler_claims, update_report
 from ampviz.plots import plot_scale_trace
 from ampviz.scaling import TorchGradScaler, simulate
@@ -325,6 +326,25 @@ answer = None
 check_scale_after_pattern(answer, "..x....", growth_interval=3)
 
 # %%
+# Why does the scaler look for inf and NaN before it calls optimizer.step(), rather than after?
+# (a letter)
+#   a) optimizer.step() raises an error on an inf gradient, and the check avoids that error
+#   b) a step taken with an inf or NaN gradient makes the weights inf or NaN; found before, the step
+#      is simply not taken and the weights stay as they were
+#   c) so that update() can lower the scale and the same step can be redone at the new scale
+answer = None
+check_why_check_before_step(answer)
+
+# %%
+# Why is the scale exactly 0 after 166 overflows in a row from 2^16? (a letter)
+#   a) update() sets the scale to 0 after too many overflows in a row, to stop training
+#   b) float32 flushes subnormal numbers to 0, so the scale is 0 once it falls below 2^-126
+#   c) each overflow halves it and there is no floor: 165 halvings reach 2^-149, float32's smallest
+#      subnormal, and half of that is a tie that rounds to the even neighbour, 0
+answer = None
+check_why_scale_reaches_zero(answer)
+
+# %%
 # Which test tells you that the last step was skipped? Answer "a" or "b".
 # (a) if not scaler.step(optimizer): ...
 # (b) scale_before = scaler.get_scale(); scaler.step(optimizer); scaler.update()
@@ -337,6 +357,15 @@ check_skip_test(answer)
 # what gradient norm does the optimizer apply? (a number)
 answer = None
 check_clip_before_unscale(answer, max_norm=5.0, init_scale=2.0**10)
+
+# %%
+# Why must scaler.unscale_(optimizer) come before clip_grad_norm_? (a letter)
+#   a) clip_grad_norm_ needs float32 gradients, and until unscale_ they are fp16
+#   b) until unscale_ the gradients are S·g: clipping compares a norm S times too large with max_norm
+#      and cuts them, and step() then divides them by S
+#   c) scaler.step() raises an error when the gradients were clipped before unscale_
+answer = None
+check_why_clip_after_unscale(answer)
 
 
 # %% [markdown]

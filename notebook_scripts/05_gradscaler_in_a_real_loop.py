@@ -36,6 +36,8 @@ import torch
 from ampviz.training.loopcheck import (MISTAKES, SCENARIOS, accumulation_report, check_accumulation_scale,
                                        check_loop, check_order_of_updates, check_resume_burst,
                                        check_scale_test_with_two_optimizers, check_train_loop,
+                                       check_why_one_update, check_why_save_scaler_state,
+                                       check_why_whole_step_skipped,
                                        checkpoint_report, clipping_report, load_checkpoint, mistaken_loop,
                                        optimizers_report, penalty_report, reference_step, save_checkpoint,
                                        skipped_step_report)
@@ -275,16 +277,47 @@ answer = None
 check_accumulation_scale(answer)
 
 # %%
+# With gradient accumulation, why does one overflowing micro-batch skip the whole step, the clean
+# micro-batches' gradients too? (a letter)
+#   a) scaler.scale() checks each micro-batch's loss, and the spike's loss is too large
+#   b) every micro-batch's backward adds into the same .grad, and unscale_ checks that sum once per step:
+#      an inf in one micro-batch's gradients makes the sum inf
+#   c) update() runs after each micro-batch and halves the scale, so the earlier micro-batches'
+#      gradients no longer match it
+answer = None
+check_why_whole_step_skipped(answer)
+
+# %%
 # Two optimizers with update() after each optimizer's step (section 2's mistake), and this time
 # only part b's gradients overflow. Optimizer a applies its right gradient times what factor?
 answer = None
 check_order_of_updates(answer)
 
 # %%
+# Two optimizers share one scaler. Why must update() run once per iteration, after every
+# optimizer's scaler.step, and not after each of them? (a letter)
+#   a) a second update() in one iteration raises an error
+#   b) the scaler keeps a scale per optimizer, and one update() must see them all to combine them
+#   c) there is one scale for all the optimizers: an update() between two steps changes it before the
+#      next optimizer's gradients, scaled by the old one, are unscaled
+#   d) with an update() per optimizer, one optimizer's overflow skips every optimizer's step
+answer = None
+check_why_one_update(answer)
+
+# %%
 # Two optimizers, one scaler; only part a's gradients overflow, and b steps. Does the scale test
 # (get_scale() lower after update() than before) call this iteration skipped? "yes" or "no"
 answer = None
 check_scale_test_with_two_optimizers(answer)
+
+# %%
+# Why must a checkpoint hold scaler.state_dict() as well as the model's and the optimizer's? (a letter)
+#   a) the scaler's state holds the last step's scaled gradients, which the next step needs
+#   b) resuming without it raises an error at the first scaler.step()
+#   c) a fresh scaler starts again at 2^16 and skips steps while it backs off to the scale the run had
+#      settled at; restored, the run goes on as if it had never stopped
+answer = None
+check_why_save_scaler_state(answer)
 
 # %% [markdown]
 # Now write the loop yourself: `train_step(model, optimizers, scaler, batches, max_norm)` does one

@@ -32,7 +32,8 @@ import numpy as np
 
 from ampviz.scaling import synth
 from ampviz.scaling.lesson import (check_hysteresis_skips, check_log_verdict, check_scale_direction,
-                                   check_steady_interval, trace_table)
+                                   check_steady_interval, check_why_one_skip_per_interval,
+                                   check_why_sawtooth_is_harmless, trace_table)
 from ampviz.plots import plot_scale_trace
 from ampviz.scaling.scalelog import diagnose, read_log, scale_lines, write_log
 from ampviz.scaling import LEGACY, PRESETS, ApexHysteresisScaler, DeepSpeedZeroScaler, TorchGradScaler, simulate
@@ -325,6 +326,31 @@ NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0
 """
 answer = None
 check_log_verdict(answer, read_log(fairseq_log))
+
+# %%
+# Why is section 1's sawtooth harmless, while section 2's ratchet takes torch's scale down to 2^-4?
+# (a letter)
+#   a) the ratchet skips far more steps than the sawtooth, and skipped steps are what harm training
+#   b) the sawtooth's overflows come from large gradients, which fit again once the scale backs off,
+#      so it grows back to the same level; the ratchet's happen at every scale and more often than
+#      once per growth_interval, so no halving is ever undone
+#   c) each of the ratchet's overflows halves the scale more than one of the sawtooth's does
+#   d) the ratchet is the scaler finding a lower scale that keeps larger gradients in fp16's range
+answer = None
+check_why_sawtooth_is_harmless(answer)
+
+# %%
+# Section 1's gradients are steady, with no spikes, yet once its scale has settled torch skips about
+# one step per growth_interval. Why? (a letter)
+#   a) the steady stream still holds an inf or NaN every 2,000 steps or so
+#   b) torch halves the scale on a timer, every growth_interval steps, whether a step overflows or
+#      not
+#   c) the scaler learns that a scale is too high only from an overflow: after growth_interval clean
+#      steps it doubles to 2^19, where the largest gradients soon reach 65520, and that step is
+#      skipped and the scale halved
+#   d) the loss is computed in fp16, where a scale of 2^19 is already inf
+answer = None
+check_why_one_skip_per_interval(answer)
 
 # %% [markdown]
 # ## Summary

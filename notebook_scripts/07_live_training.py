@@ -34,7 +34,8 @@ from ampviz.formats.census import census
 from ampviz.training.doctor import (examine, lost_shares, lost_table, moved_share, moved_table, speed_table,
                                     train_modes)
 from ampviz.formats.lesson import check_cast
-from ampviz.training.lesson import check_mode_without_loss, check_range_shift
+from ampviz.training.lesson import (check_mode_without_loss, check_range_shift, check_why_backward_loses_more,
+                                    check_why_first_layers_freeze, check_why_half_diverges)
 from ampviz.training.live import TrainConfig, build_task, describe_device, run_training
 from ampviz.plots import plot_live
 from ampviz.widgets import LiveTrainer
@@ -278,10 +279,42 @@ plot_live({m: runs[m] for m in ("fp16", "fp16+scaler", "bf16")}, heat_mode="fp16
 # ## Check yourself
 
 # %%
+# At step 0, fp16 autocast's backward pass loses far more of each layer's weight gradients than a cast of
+# fp32's gradients to fp16 would. Why? (a letter)
+#   a) the fp16 run has learned less than the fp32 run, so its gradients are smaller
+#   b) the backward pass runs in fp16 layer by layer: a layer output's gradient that underflows is 0
+#      there, and every gradient computed from it, the weights' below included, is lost with it
+#   c) the loss underflows in fp16, so the backward pass starts from 0
+#   d) autocast keeps the fp16 run's weights in fp16
+answer = None
+check_why_backward_loses_more(answer)
+
+# %%
 # Pure fp16 (the "half" mode) keeps Adam's state in fp16 too. Adam's eps is 1e-8:
 # what does 1e-8 become in fp16?
 answer = None
 check_cast(answer, 1e-8, "fp16")
+
+# %%
+# The beam model with pure fp16 weights and Adam (the half mode) diverges at step 1. Why? (a letter)
+#   a) its gradients overflow fp16 in the first backward pass
+#   b) Adam divides each update by the square root of its running mean of squared gradients plus eps,
+#      and in fp16 eps is 0 and so are the squares of gradients this small: the first update divides by 0
+#   c) the learning rate, 10^-3, rounds to 0 in fp16
+#   d) its loss overflows fp16 at step 0
+answer = None
+check_why_half_diverges(answer)
+
+# %%
+# In section 5's MLP with pure fp16 weights, fc1 hardly moves in 100 steps while fc12 moves about as much
+# as with fp32 master weights. Why? (a letter)
+#   a) the learning rate rounds to 0 in fp16
+#   b) SGD's own small numbers are 0 in fp16, as Adam's eps was
+#   c) fc1's updates, the learning rate times gradients around 10^-6, are below half the gap between
+#      each weight and its fp16 neighbour, so the weight rounds back to itself; the last layers'
+#      gradients are larger
+answer = None
+check_why_first_layers_freeze(answer)
 
 # %%
 # Predict, then check with examine on task = build_task("beam", batch_size=1024): with a batch of

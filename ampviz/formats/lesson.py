@@ -19,11 +19,11 @@ import math
 
 import numpy as np
 
-from ampviz.checks import Check, _number_text, _yes_no, check
+from ampviz.checks import Check, Choice, _number_text, _yes_no, check, check_choice
 from ampviz.formats import FP32, get_format
 from ampviz.text import Table, number
 
-__all__ = ['format_table', 'cast_table', 'cast_rules_table', 'bits_table', 'add', 'update_lost', 'lost_band', 'largest_lost_update', 'update_table', 'accumulate', 'stall_table', 'check_cast', 'check_fnuz_smallest', 'check_update_lost']
+__all__ = ['format_table', 'cast_table', 'cast_rules_table', 'bits_table', 'add', 'update_lost', 'lost_band', 'largest_lost_update', 'update_table', 'accumulate', 'stall_table', 'check_cast', 'check_fnuz_smallest', 'check_update_lost', 'check_why_fp16_stalls', 'check_why_1000_1_rounds_to_1000', 'check_why_master_weights', 'check_why_bf16_range']
 
 
 # --------------------------------------------------------------------------------------------
@@ -382,3 +382,100 @@ def check_update_lost(answer, w=1.0, u=-(2.0**-11), fmt="fp16") -> Check:
                       "(below a power of two the gap is half as wide)")
 
 
+
+# --------------------------------------------------------------------------------------------
+# Questions that ask why
+# --------------------------------------------------------------------------------------------
+
+# ----- 00: start here -----
+WHY_FP16_STALLS = Choice(
+    "why_fp16_stalls",
+    "In \"Why this course\", fp16 without a scaler stalls, while bf16, also 16 bits and also without a "
+    "scaler, learns. Why?",
+    {"a": "fp16 keeps too few significant bits for this model's weights, so they are rounded too coarsely "
+          "to learn",
+     "b": "most of this model's gradients are so small that fp16 rounds them to 0 (its smallest positive "
+          "number is 2^-24); bf16 has fp32's range and keeps them",
+     "c": "the fp16 loss overflows to inf, and a loss of inf stops the run",
+     "d": "fp16 is slower than fp32 on a CPU, so in the same time it trains fewer steps"},
+    "b",
+    {"a": "bf16 keeps even fewer significant bits than fp16 (switch the explorer to bf16) and learns in the "
+          "same runs",
+     "c": "that section prints a finite fp16 loss at the start and at the end: the run went through all "
+          "its steps and did not learn",
+     "d": "every mode ran the same 100 steps: a slower step changes how long they take, not what they learn"},
+)
+
+
+def check_why_fp16_stalls(answer) -> Check:
+    """Q: why does the beam model stall in fp16 without a scaler and learn in bf16? (b): its gradients
+    underflow in fp16, not in bf16 (tests/training/test_beam.py counts the zeros)."""
+    return check_choice(answer, WHY_FP16_STALLS)
+
+
+WHY_1000_1_ROUNDS_TO_1000 = Choice(
+    "why_1000_1_rounds_to_1000",
+    "The cast table stores 1000.1 as 1000 in fp16. Why?",
+    {"a": "fp16 keeps about 3 decimal digits, so it rounds to its leading decimal digits",
+     "b": "fp16 drops the fractional part of a number, as an integer type does",
+     "c": "1000.1 needs more precision than a normal number has, so fp16 stores it as a subnormal",
+     "d": "fp16 keeps 11 significant bits: from 512 to 1024 that leaves one bit after the binary point, so "
+          "its numbers there are 0.5 apart, and 1000 is the nearest to 1000.1"},
+    "d",
+    {"a": "fp16 rounds in binary, not in decimal: the same table stores 0.1 as 0.099975586, not as 0.1",
+     "b": "the same table stores 0.1 and 1/3 with their fractions",
+     "c": "the table's category column calls it normal: subnormals are fp16's tiniest numbers, next to 0"},
+)
+
+
+def check_why_1000_1_rounds_to_1000(answer) -> Check:
+    """Q: why does fp16 store 1000.1 as 1000? (d): 11 significant bits make fp16's numbers in
+    [512, 1024) 0.5 apart."""
+    return check_choice(answer, WHY_1000_1_ROUNDS_TO_1000)
+
+
+# ----- 01: the fp16 range -----
+WHY_MASTER_WEIGHTS = Choice(
+    "why_master_weights",
+    "Why does mixed-precision training keep an fp32 master copy of the weights?",
+    {"a": "a weight kept in fp16 would overflow: past 65504 it becomes inf, and an inf weight ruins every "
+          "later step",
+     "b": "the gradients of fp16 weights underflow to 0",
+     "c": "an update at most half the gap between a weight and its neighbour rounds back to the same "
+          "weight: in fp16 a small update to a large weight is lost every time, while fp32's gaps are 2^13 "
+          "times smaller and the updates add up",
+     "d": "the forward pass must run in fp32 to be accurate, so it needs the weights in fp32"},
+    "c",
+    {"a": "section 5's weight is 1, far below 65504, and kept in fp16 it still never moves",
+     "b": "section 5's updates are 1e-4, a normal fp16 number: the update survives, and it is the sum w + u "
+          "that rounds back to w",
+     "d": "the recipe casts the fp32 master to fp16 for the forward pass (the stall table's fourth row): "
+          "the fp32 copy is there for the updates"},
+)
+
+
+def check_why_master_weights(answer) -> Check:
+    """Q: why fp32 master weights? (c): small updates are lost in an fp16 weight (the ½-ulp rule) and
+    add up in fp32 (``stall_table``)."""
+    return check_choice(answer, WHY_MASTER_WEIGHTS)
+
+
+WHY_BF16_RANGE = Choice(
+    "why_bf16_range",
+    "bf16 has fp32's range, yet a bf16 weight of 1 loses updates that an fp16 weight of 1 keeps. Why?",
+    {"a": "of its 16 bits bf16 gives 8 to the exponent, as fp32 does, and only 7 to the mantissa: exponent "
+          "bits set the range, mantissa bits the precision",
+     "b": "bf16 saturates at its largest number instead of going to inf",
+     "c": "bf16's exponent bias is larger (127 against fp16's 15), and a larger bias reaches larger numbers"},
+    "a",
+    {"b": "the format table's overflow column says inf for bf16, as for fp16: saturating would not move where "
+          "its numbers end",
+     "c": "with the same exponent bits a larger bias only moves the range down, toward smaller numbers; how "
+          "many binades a format spans comes from its exp bits (the format table)"},
+)
+
+
+def check_why_bf16_range(answer) -> Check:
+    """Q: why does bf16 have fp32's range but less precision than fp16? (a): 8 exponent bits, 7
+    mantissa bits (``format_table``)."""
+    return check_choice(answer, WHY_BF16_RANGE)

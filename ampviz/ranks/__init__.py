@@ -39,7 +39,7 @@ bit for bit, and a multi-rank loss-scaler simulator held to real runs.
 * ``run_lightning_ranks``: ``lightning.Trainer(accelerator="cpu")`` with DDP on the same forked
   ranks, with ``precision="16-mixed"`` (which Lightning turns into bf16 on the CPU) or the
   explicit fp16 plugin with a GradScaler.
-* ``check_*``: notebook 11's exercise checkers.
+* ``check_*``: notebooks 11a's and 11b's exercise checkers.
 
 Real runs are the reference: the tests hold ``allreduce`` to gloo and ``simulate_ranks`` to
 ``run_scaler_ranks`` step for step, and show that the plausible wrong models fail.
@@ -54,7 +54,7 @@ This module only gathers the names; the code lives in one module per concept:
 * ``real``: the same scenarios run for real (``RanksRun``, ``run_scaler_ranks``).
 * ``reduce_precision``: ``reduce_errors`` and the compress hooks (``run_compress_hook``,
   ``simulate_compress_hook``).
-* ``lesson``: notebook 11's exercise checkers.
+* ``lesson``: notebooks 11a's and 11b's exercise checkers.
 * ``lightning``: Lightning on CPU ranks (``LightningRun``, ``run_lightning_ranks``).
 """
 
@@ -67,7 +67,8 @@ from ampviz.ranks.simulator import MODES, RanksTrace, _step_loop, same_trace, si
 from ampviz.ranks.real import RanksRun, run_scaler_ranks
 from ampviz.ranks.reduce_precision import (COMPRESS_HOOKS, CompressTrace, ReduceErrors, _compress_grads,
     reduce_errors, run_compress_hook, simulate_compress_hook)
-from ampviz.ranks.lesson import check_compress_share, check_ddp_skips, check_found_inf_op, check_local_scales
+from ampviz.ranks.lesson import (check_compress_share, check_ddp_skips, check_found_inf_op, check_local_scales,
+    check_why_compress_skips, check_why_ddp_agree, check_why_fsdp1_half_step, check_why_ring_order)
 from ampviz.ranks.lightning import LightningRun, run_lightning_ranks
 
 __all__ = [
@@ -97,6 +98,10 @@ __all__ = [
     "check_local_scales",
     "check_found_inf_op",
     "check_compress_share",
+    "check_why_ddp_agree",
+    "check_why_fsdp1_half_step",
+    "check_why_ring_order",
+    "check_why_compress_skips",
 ]
 
 

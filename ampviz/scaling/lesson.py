@@ -14,7 +14,7 @@ from ampviz.formats import get_format
 from ampviz.formats.census import census
 from ampviz.text import Table, number
 
-__all__ = ['largest_safe_scale', 'census_table', 'layer_table', 'trace_table', 'check_safe_scale', 'check_overflow_action', 'check_batch_effect', 'check_scale_direction', 'check_hysteresis_skips', 'check_steady_interval', 'check_log_verdict', 'check_why_scaling_works']
+__all__ = ['largest_safe_scale', 'census_table', 'layer_table', 'trace_table', 'check_safe_scale', 'check_overflow_action', 'check_batch_effect', 'check_scale_direction', 'check_hysteresis_skips', 'check_steady_interval', 'check_log_verdict', 'check_why_scaling_works', 'check_why_real_pass_loses_more', 'check_why_sawtooth_is_harmless', 'check_why_one_skip_per_interval']
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,7 +202,8 @@ WHY_SCALING_WORKS = Choice(
      "c": "the loss itself underflows in fp16, and scaling keeps it nonzero",
      "d": "the scaler rounds gradients below 2^-24 up to 2^-24"},
     "b",
-    {"a": "every fp16 binade has the same 10 fraction bits: a larger value is no more precise, relative to itself",
+    {"a": "a gradient becomes 0 because it lies below fp16's range, not for lack of bits: every normal fp16 "
+          "binade keeps the same 10 fraction bits, and 2^-25 becomes 0 whatever bits larger values keep",
      "c": "the beam model's loss is far above fp16's smallest value; section 1 counted the zeros among the gradients",
      "d": "nothing rounds up: the census before and after scaling counts the same cast, with every value S times larger"},
 )
@@ -212,3 +213,79 @@ def check_why_scaling_works(answer) -> Check:
     """Q: why does scaling the loss keep small gradients alive? (b): the chain rule multiplies every
     gradient by S."""
     return check_choice(answer, WHY_SCALING_WORKS)
+
+
+WHY_REAL_PASS_LOSES_MORE = Choice(
+    "why_real_pass_loses_more",
+    "Section 2: cast to fp16, a tenth of fp32's weight gradients become 0; after a real fp16 backward pass "
+    "almost half of them are 0. Why more?",
+    {"a": "autocast computes the loss in fp16, and the loss itself underflows",
+     "b": "the real pass runs another batch, with smaller gradients",
+     "c": "the weights' gradients are sums over the batch, and in fp16 those sums overflow",
+     "d": "each weight's gradient is computed from the gradient of its layer's output, and the fp16 pass "
+          "has already rounded most of those to 0 on the way down"},
+    "d",
+    {"a": "autocast computes this mean squared error in fp32 (section 5 says so): the loss never passes "
+          "through fp16",
+     "b": "gradients(seed=0, autocast=\"float16\") runs the same model on the same first batch: only the "
+          "precision of the pass changes",
+     "c": "an overflow gives inf, not 0: section 6 needed a scale of 2^34 before any weight's gradient "
+          "overflowed"},
+)
+
+
+def check_why_real_pass_loses_more(answer) -> Check:
+    """Q: why does a real fp16 backward pass leave more weight gradients at 0 than the cast of fp32's?
+    (d): the layer outputs' gradients it carries in fp16 are lost first (98% of them)."""
+    return check_choice(answer, WHY_REAL_PASS_LOSES_MORE)
+
+
+# ----- 06: the scaling lab -----
+WHY_SAWTOOTH_IS_HARMLESS = Choice(
+    "why_sawtooth_is_harmless",
+    "Why is section 1's sawtooth harmless, while section 2's ratchet takes torch's scale down to 2^-4?",
+    {"a": "the ratchet skips far more steps than the sawtooth, and skipped steps are what harm training",
+     "b": "the sawtooth's overflows come from large gradients, which fit again once the scale backs off, "
+          "so it grows back to the same level; the ratchet's happen at every scale and more often than once "
+          "per growth_interval, so no halving is ever undone",
+     "c": "each of the ratchet's overflows halves the scale more than one of the sawtooth's does",
+     "d": "the ratchet is the scaler finding a lower scale that keeps larger gradients in fp16's range"},
+    "b",
+    {"a": "NeMo's scaler skips the same 20 steps in section 3 and keeps its scale at 65536: the harm is "
+          "where torch's scale ends, below 1, where it makes underflow worse",
+     "c": "every overflow halves torch's scale once (backoff_factor 0.5): 20 spikes took 2^16 to 2^-4, "
+          "20 halvings (section 2)",
+     "d": "section 2's spikes are inf or NaN from the forward pass, which no scale keeps in range; its "
+          "large but finite spikes settle between 2^13 and 2^14 instead"},
+)
+
+
+def check_why_sawtooth_is_harmless(answer) -> Check:
+    """Q: why is the sawtooth harmless and the ratchet not? (b): backing off removes the sawtooth's
+    overflows, never the ratchet's (``simulate``, notebook 06 sections 1 and 2)."""
+    return check_choice(answer, WHY_SAWTOOTH_IS_HARMLESS)
+
+
+WHY_ONE_SKIP_PER_INTERVAL = Choice(
+    "why_one_skip_per_interval",
+    "Section 1's gradients are steady, with no spikes, yet once its scale has settled torch skips about one "
+    "step per growth_interval. Why?",
+    {"a": "the steady stream still holds an inf or NaN every 2,000 steps or so",
+     "b": "torch halves the scale on a timer, every growth_interval steps, whether a step overflows or not",
+     "c": "the scaler learns that a scale is too high only from an overflow: after growth_interval clean "
+          "steps it doubles to 2^19, where the largest gradients soon reach 65520, and that step is "
+          "skipped and the scale halved",
+     "d": "the loss is computed in fp16, where a scale of 2^19 is already inf"},
+    "c",
+    {"a": "section 1's gradients are all finite, around 2^-4: its overflows stop at 2^18, which an inf's "
+          "or a NaN's would not",
+     "b": "torch halves only at an overflow: section 1's scale first grows for 6,000 steps without one skip",
+     "d": "section 1's first run computes the loss in float32 (the default); with an fp16 loss the run "
+          "below it overflows at 65536 already, far below 2^19"},
+)
+
+
+def check_why_one_skip_per_interval(answer) -> Check:
+    """Q: why does a steady stream skip about one step per growth interval? (c): each growth is a test
+    of a higher scale, and the one that overflows is skipped (notebook 06, section 1)."""
+    return check_choice(answer, WHY_ONE_SKIP_PER_INTERVAL)

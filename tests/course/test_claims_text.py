@@ -30,8 +30,8 @@ WRONG = [
     ("02_loss_scaling.py", "entirely and multiplies the scale by `backoff_factor`"),
     # the paper's 67% are zeros of its fp32 histogram, not fp16 underflow (notebook 02 section 3, text)
     ("02_loss_scaling.py", "67% of the activation gradients of a Multibox SSD detector were zero"),
-    # notebook 01 section 5 defines ulp, binade and the ½-ulp rule; 03 points to that section
-    ("03_autocast.py", "(the ½-ulp rule of notebook 01)"),
+    # notebook 01 section 5 defines ulp, binade and the ½-ulp rule; 03b points to that section
+    ("03b_bf16_in_practice.py", "(the ½-ulp rule of notebook 01)"),
     # update() after unscale_ alone works: tests/training/test_gradscaler.py::test_every_error_case_has_its_exact_message
     ("04_gradscaler_internals.py", "`update()` needs a `step()` to count"),
     # get_scale() is _scale.item(): a blocking device-to-host sync on a GPU (notebook 04 section 7, text)
@@ -46,12 +46,12 @@ WRONG = [
     # the stale weight copy is real on torch 2.13: tests/pitfalls/test_pitfall_autocast_cache.py
     ("09_lightning_autocast_cache.py", "Two independent changes made this safe:"),
     # FSDP1 with a plain GradScaler: the scales meet again at step 5; the half-model steps stay
-    # (notebook 11 section 2c's checked cell: weights moved per step, steps with equal scales)
-    ("11_loss_scaling_across_ranks.py", "the scales part for good"),
-    ("11_loss_scaling_across_ranks.py", "They meet again at 2048 after step 5"),
+    # (notebook 11a section 2c's checked cell: weights moved per step, steps with equal scales)
+    ("11a_loss_scaling_across_ranks.py", "the scales part for good"),
+    ("11a_loss_scaling_across_ranks.py", "They meet again at 2048 after step 5"),
     # DDP's bf16_compress_hook check is on the torch build (CUDA + NCCL 2.10+, or XPU + XCCL), not the
-    # backend: notebook 11 section 3's checked error message
-    ("11_loss_scaling_across_ranks.py", "since DDP refuses torch's own `bf16_compress_hook` there"),
+    # backend: notebook 11b section 2's checked error message
+    ("11b_allreduce_numerics.py", "since DDP refuses torch's own `bf16_compress_hook` there"),
     # only torchao's fallback (eager, CPU, GPUs before SM100) takes a float32 log2; compiled on SM100+
     # _to_mx_rceil uses cvt.rp.satfinite.ue8m0x2.f32 (notebook 13 section 4, text)
     ("13_mx_and_nvfp4.py", "torchao 0.18 computes rceil as `ceil(log2(amax / max))` in float32"),
@@ -93,7 +93,7 @@ def test_a_sentence_is_found_on_either_side_across_line_breaks(tmp_path):
 
 
 def test_notebook_01_defines_the_words_later_notebooks_use():
-    """03 cites "the ½-ulp rule of notebook 01, section 5": 01 defines ulp and binade there, before
+    """03b cites "the ½-ulp rule of notebook 01, section 5": 01 defines ulp and binade there, before
     it first uses them."""
     cells = [c.source for c in jupytext.read(NOTEBOOKS / "01_fp16_range.ipynb").cells if c.cell_type == "markdown"]
     text = _words("\n".join(cells))
@@ -102,4 +102,4 @@ def test_notebook_01_defines_the_words_later_notebooks_use():
     assert text.index("A *binade* is") > section5 and "the *½-ulp rule*" in text[section5:]
     assert "ulp" not in text[:section5] and "binade" not in text[:section5]
     assert "(the ½-ulp rule of notebook 01, section 5)" in _words(
-        "\n".join(c.source for c in jupytext.read(NOTEBOOKS / "03_autocast.ipynb").cells))
+        "\n".join(c.source for c in jupytext.read(NOTEBOOKS / "03b_bf16_in_practice.ipynb").cells))

@@ -32,7 +32,7 @@ import pytest
 from checked_outputs import VARIANTS, differences, has_avx2, variant_env
 
 ROOT = Path(__file__).resolve().parents[2]
-LESSONS = sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+LESSONS = sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 PROBE = ("import torch; torch.set_num_threads(1); "
          "print(torch.get_num_threads(), torch.backends.cpu.get_cpu_capability())")
 
@@ -83,9 +83,9 @@ EXACT = {
                       "1.1001100110": "a significand's bits", "1.1111111111": "a significand's bits",
                       "1.1000166": "1,000 float32 additions, one IEEE rounding at a time",
                       "0.10001659": "the same sum less 1"},
-    "03_autocast": {"1.0000001": "1 + 2^-23, a value passed in", "9.9999461e-41": "a float32 subnormal passed in",
-                    "0.74895": "a count of 20,000 seeded draws, over 20,000",
-                    "0.75355": "a count of 20,000 seeded draws, over 20,000"},
+    "03b_bf16_in_practice": {"1.0000001": "1 + 2^-23, a value passed in", "9.9999461e-41": "a float32 subnormal passed in",
+                             "0.74895": "a count of 20,000 seeded draws, over 20,000",
+                             "0.75355": "a count of 20,000 seeded draws, over 20,000"},
     "13_mx_and_nvfp4": {"3.50000024": "the float32 after 3.5", "0.00781250093": "one IEEE float32 division"},
 }
 

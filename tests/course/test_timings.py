@@ -3,7 +3,7 @@ self-study and a class column per lesson. README's course table states the self-
 each lesson's section of TEACHING.md the class minutes (its slot, its per-section table and its
 "In class" row), and both files state totals in prose ("In all: N minutes of self-study, M minutes
 of class."). These tests hold every one of those numbers to the source, every lesson to one
-sitting (bar the double lessons named below), and the workshop and class plans to their 90
+sitting, and the workshop and class plans to their 90
 minutes."""
 
 import re
@@ -14,13 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 GUIDE = ROOT / "TEACHING.md"
-LESSONS = sorted(p.stem[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+LESSONS = sorted(p.stem.split("_")[0] for p in (ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 
-#: Lessons whose self-study minutes may exceed one sitting, and why. Nothing else may.
-DOUBLE_LESSONS = {
-    "03": "a double lesson (autocast, then bf16 in practice), to be split into two",
-    "11": "a double lesson (DDP and FSDP, then all-reduce precision and Lightning), to be split into two",
-}
 
 
 def _section(text: str, heading: str) -> str:
@@ -63,7 +58,7 @@ def source() -> dict[str, tuple[int, int]]:
     table = next(t for t in _tables(section) if any("(#nb" in row[0] for row in t))
     minutes = {}
     for row in table:
-        nn = re.search(r"\(#nb(\d\d)\)", row[0]).group(1)
+        nn = re.search(r"\(#nb(\d\d[ab]?)\)", row[0]).group(1)
         assert nn not in minutes, f"lesson {nn} appears twice in TEACHING.md's Minutes per lesson"
         minutes[nn] = (_number(row[-2]), _number(row[-1]))
     return minutes
@@ -78,7 +73,7 @@ def sitting() -> tuple[int, int]:
 
 
 def _guide_sections() -> dict[str, str]:
-    parts = re.split(r'<a id="nb(\d\d)"></a>', GUIDE.read_text(encoding="utf-8"))
+    parts = re.split(r'<a id="nb(\d\d[ab]?)"></a>', GUIDE.read_text(encoding="utf-8"))
     return dict(zip(parts[1::2], parts[2::2]))
 
 
@@ -94,7 +89,7 @@ def test_readme_minutes_are_the_self_study_minutes():
     readme = README.read_text(encoding="utf-8")
     header = next(line for line in readme.splitlines() if line.startswith("| number | title |"))
     assert header.rstrip(" |").endswith("minutes")
-    stated = {m[1]: int(m[2]) for m in re.finditer(r"^\| (\d\d) \|.*\| (\d+) \|$", readme, flags=re.M)}
+    stated = {m[1]: int(m[2]) for m in re.finditer(r"^\| (\d\d[ab]?) \|.*\| (\d+) \|$", readme, flags=re.M)}
     expected = {nn: alone for nn, (alone, _) in source().items()}
     assert stated == expected, f"README minutes {stated}, TEACHING.md self-study minutes {expected}"
 
@@ -130,20 +125,15 @@ def test_totals_stated_in_prose_are_the_sums(path):
         assert ("class", sums["class"]) in stated
 
 
-def test_every_lesson_fits_one_sitting_but_the_named_double_lessons():
+def test_every_lesson_fits_one_sitting():
+    """No lesson is a double one: each fits one sitting alone and one class (03 and 11 were double
+    lessons until each was split in two, 03a/03b and 11a/11b)."""
     alone_limit, class_limit = sitting()
     minutes = source()
-    too_long = {nn for nn, (alone, _) in minutes.items() if alone > alone_limit}
-    assert too_long == set(DOUBLE_LESSONS), \
-        f"over {alone_limit} minutes of self-study: {sorted(too_long)}; allowed: {DOUBLE_LESSONS}"
-    assert [nn for nn in DOUBLE_LESSONS if minutes[nn][0] > 2 * alone_limit] == [], "a double lesson fits two sittings"
+    assert [nn for nn, (alone, _) in minutes.items() if alone > alone_limit] == [], \
+        f"over {alone_limit} minutes of self-study"
     assert [nn for nn, (_, in_class) in minutes.items() if in_class > class_limit] == [], \
         f"every lesson fits one {class_limit}-minute class"
-    guide = GUIDE.read_text(encoding="utf-8")
-    readme = README.read_text(encoding="utf-8")
-    named = " and ".join(sorted(DOUBLE_LESSONS))
-    assert named in _section(guide, "## Minutes per lesson") and named in readme, \
-        f"README and TEACHING.md name the double lessons ({named})"
 
 
 def test_the_workshop_and_the_three_classes_add_up_to_90_minutes():
@@ -156,15 +146,15 @@ def test_the_workshop_and_the_three_classes_add_up_to_90_minutes():
         total = [_number(row[0]) for row in table if "total" in row[1].lower()]
         assert total == [90], table
         assert sum(_number(row[0]) for row in rows) == 90, table
-        named = {nn for row in rows for nn in re.findall(r"\b(\d\d)\b", row[1] + " " + row[2])}
+        named = {nn for row in rows for nn in re.findall(r"(?<![-^.])\b(\d\d[ab]?)\b", row[1] + " " + row[2])}
         assert named <= set(LESSONS), named - set(LESSONS)
 
 
 def test_the_course_map_places_every_lesson_in_both_files():
     guide_map = _section(GUIDE.read_text(encoding="utf-8"), "## The course map")
-    in_guide = {nn for row in _tables(guide_map)[0] for nn in re.findall(r"\b(\d\d)\b", row[1])}
+    in_guide = {nn for row in _tables(guide_map)[0] for nn in re.findall(r"\b(\d\d[ab]?)\b", row[1])}
     assert in_guide == set(LESSONS)
     readme = README.read_text(encoding="utf-8")
     mermaid = re.search(r"```mermaid\n(.*?)```", readme, flags=re.S)
     assert mermaid, "README draws the course map as a Mermaid diagram"
-    assert set(re.findall(r"\bn(\d\d)\b", mermaid[1])) == set(LESSONS)
+    assert set(re.findall(r"\bn(\d\d[ab]?)\b", mermaid[1])) == set(LESSONS)

@@ -201,3 +201,40 @@ def test_cast_rules_table_compares_the_three_casts():
         FL.cast_rules_table([np.inf], "fp8_e4m3")
     row = [r for r in FL.format_table().rows if r[0] == "fp8_e4m3"][0]
     assert "saturates" not in row[-1]  # saturation is the cast's, not the format's
+
+
+# ----- the reasons lessons 00 and 01's questions that ask why accept -----
+def test_1000_1_is_stored_as_1000_because_fp16s_numbers_there_are_half_apart():
+    """00: 1000.1 is a normal number rounded onto its binade's grid (0.5 apart from 512 to 1024), not
+    to decimal digits or to an integer (``WHY_1000_1_ROUNDS_TO_1000``)."""
+    assert FP16.quantize(1000.1) == 1000.0 and FP16.classify(1000.1) == "normal"
+    assert FP16.neighbours(1000.0) == (999.5, 1000.5) and FP16.ulp(512.0) == FP16.ulp(1023.0) == 0.5
+    assert FP16.quantize(0.1) != 0.1 and FP16.quantize(1 / 3) % 1 != 0  # binary, and fractions kept
+    assert FL.check_why_1000_1_rounds_to_1000("d") and FL.check_why_1000_1_rounds_to_1000("a").status == "wrong"
+
+
+def test_small_updates_are_lost_on_an_fp16_weight_and_add_up_on_an_fp32_master():
+    """01: 1e-4 is a normal fp16 number (the update survives) and yet every one of 1000 such updates
+    is lost on a weight of 1 kept in fp16; fp32's gaps are 2^13 times smaller (``WHY_MASTER_WEIGHTS``)."""
+    from ampviz.formats import FP32
+
+    assert FP16.classify(1e-4) == "normal" and FL.update_lost(1.0, 1e-4, "fp16")
+    assert (FL.accumulate(1.0, 1e-4, 1000, "fp16") == 1.0).all()
+    assert FP16.eps / FP32.eps == 2.0**13 and abs(FL.accumulate(1.0, 1e-4, 1000, "fp32")[-1] - 1.1) < 1e-4
+    assert FL.check_why_master_weights("c") and FL.check_why_master_weights("b").status == "wrong"
+
+
+def test_exponent_bits_not_the_bias_give_bf16_fp32s_range():
+    """01: bf16 has fp32's 8 exponent bits and only 7 mantissa bits, and goes to inf past its max like
+    fp16; fp16's 5 exponent bits with bf16's bias would only move fp16's range down (``WHY_BF16_RANGE``)."""
+    from ampviz.formats import BF16, FP32
+    from ampviz.formats.spec import FloatFormat
+
+    assert (BF16.exponent_bits, BF16.bias, BF16.mantissa_bits) == (FP32.exponent_bits, FP32.bias, 7)
+    assert BF16.smallest_normal == FP32.smallest_normal and BF16.eps == 2.0**-7 > FP16.eps
+    assert FL.update_lost(1.0, 2.0**-9, "bf16") and not FL.update_lost(1.0, 2.0**-9, "fp16")
+    assert BF16.quantize(1e39) == np.inf  # not saturated
+    shifted = FloatFormat("fp16 with bias 127", 5, 10, 127)
+    assert shifted.max < FP16.max and shifted.smallest_normal < FP16.smallest_normal
+    assert shifted.max / shifted.smallest_normal == FP16.max / FP16.smallest_normal  # as many binades
+    assert FL.check_why_bf16_range("a") and FL.check_why_bf16_range("c").status == "wrong"

@@ -892,7 +892,7 @@ def test_run_scaler_ranks_and_same_trace_refuse_bad_arguments():
         trace, R.simulate_ranks(DynamicScaler(init_scale=2.0), found_inf=[[True]]))
 
 
-# ----- reduce precision, the compress hooks, Lightning and the checkers (notebook 11) -----
+# ----- reduce precision, the compress hooks, Lightning and the checkers (notebook 11b) -----
 
 
 def test_reduce_errors_grow_with_the_world_and_real_gloo_gives_the_models_bits():

@@ -137,3 +137,46 @@ def test_the_fairseq_log_of_notebook_04_is_a_sawtooth():
     log = "\n".join(line.format(s) for s in (64.0, 64.0, 32.0, 64.0, 64.0, 64.0))
     assert read_log(log).tolist() == [64.0, 64.0, 32.0, 64.0, 64.0, 64.0] and diagnose(read_log(log)).verdict == "sawtooth"
     assert SL.check_log_verdict("sawtooth", read_log(log)) and not SL.check_log_verdict("ratchet", read_log(log))
+
+
+# ----- the reasons lessons 02 and 06's questions that ask why accept -----
+def test_a_real_fp16_pass_zeroes_the_weight_gradients_of_units_whose_output_gradients_it_lost():
+    """02: each Linear weight's gradient is computed from its layer's output gradients; where the fp16
+    pass lost a unit's output gradient for every example, that unit's row of weight gradients is 0
+    (``WHY_REAL_PASS_LOSES_MORE``)."""
+    from ampviz.training.beam import gradients
+
+    fp32, real = gradients(seed=0), gradients(seed=0, autocast="float16")
+    dead_rows = 0
+    for name, out in real.outputs.items():
+        units = out.size // 256
+        weight = real.params[f"{name}.weight"].reshape(units, -1)
+        dead = (out.reshape(256, units) == 0).all(axis=0)
+        assert (weight[dead] == 0).all(), name
+        dead_rows += int(dead.sum())
+    assert dead_rows > 50 and np.mean(real.layer_outputs == 0) > 0.95
+    assert np.mean(real.weights == 0) > 3 * census(fp32.weights, "fp16").fractions["underflow"]
+    assert SL.check_why_real_pass_loses_more("d") and SL.check_why_real_pass_loses_more("a").status == "wrong"
+
+
+def test_the_sawtooth_backs_off_below_its_overflows_and_the_ratchet_never_does():
+    """06: the steady stream overflows only at 2^19, soon after each growth, and never at 2^18; the
+    spikes that overflow at every scale take torch to 2^-4 with one skip each, while NeMo skips the
+    same steps at 65536 (``WHY_SAWTOOTH_IS_HARMLESS``, ``WHY_ONE_SKIP_PER_INTERVAL``)."""
+    from ampviz.scaling import ApexHysteresisScaler, TorchGradScaler, simulate, synth
+
+    steady = synth.steady(20_000, level=2.0**-4, jitter=0.5, rng=np.random.default_rng(0))
+    sawtooth = simulate(TorchGradScaler(), grad_max=steady)
+    skips = np.flatnonzero(sawtooth.skipped)
+    grows = np.flatnonzero(sawtooth.scale[1:] > sawtooth.scale[:-1]) + 1
+    assert len(skips) == 7 and set(sawtooth.scale[skips].tolist()) == {2.0**19} and skips[0] > 6000
+    assert all(0 <= s - grows[grows <= s].max() < 100 for s in skips)  # soon after a growth to 2^19
+    assert 2.0**18 * steady.max() < 65520 and simulate(TorchGradScaler(), grad_max=steady,
+                                                       loss_dtype="float16").skipped[0]
+    spikes = synth.found_inf_every(10_000, 500, offset=250)
+    ratchet = simulate(TorchGradScaler(), found_inf=spikes)
+    nemo = simulate(ApexHysteresisScaler(init_scale=2.0**16), found_inf=spikes)
+    assert ratchet.skipped_count == nemo.skipped_count == 20
+    assert ratchet.final.scale == 2.0**-4 and set(nemo.scale.tolist()) == {65536.0}
+    assert SL.check_why_sawtooth_is_harmless("b") and SL.check_why_sawtooth_is_harmless("d").status == "wrong"
+    assert SL.check_why_one_skip_per_interval("c") and SL.check_why_one_skip_per_interval("b").status == "wrong"

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampviz.training import autocast as A
+from ampviz.training.bf16 import checkers as B16C
 from ampviz.pitfalls import autocast_cache
 
 SHORT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -578,7 +579,7 @@ ANSWERS = [  # checker, right answers, wrong answers
      ["fp32", torch.float32, "bf16", 16, None.__class__]),
     (A.check_sum_loss_step, ["skipped", "Skipped.", "skip"], ["runs", "run", "no", 1]),
     (A.check_casts_inside_outer, [1, "1", 1.0, "one"], [2, 0, "2", True, "1.5"]),
-    (A.check_round_up_share, [0.64, "0.64", 0.6399994, 0.642], [0.5, 0.36, 0.65, "64%"]),
+    (B16C.check_round_up_share, [0.64, "0.64", 0.6399994, 0.642], [0.5, 0.36, 0.65, "64%"]),
 ]
 
 
@@ -604,7 +605,7 @@ def test_the_checkers_expected_answers_are_measured():
         assert A.weight_casts("separate_blocks").weight_casts == 1
     v = float(np.float32(3.01))
     assert abs((v - 3.0) / 2.0**-6 - 0.64) < 1e-6  # bf16 neighbours 3 and 3 + 2^-6
-    assert A.check_round_up_share(0.5, value=1 + 2.0**-8).status == "right"
+    assert B16C.check_round_up_share(0.5, value=1 + 2.0**-8).status == "right"
 
 
 def _direct_step_other(reduction):
@@ -630,7 +631,7 @@ def test_the_stochastic_rounding_checker():
         out = ((x.contiguous().view(torch.int32) + noise) & -65536).view(torch.float32).to(torch.bfloat16)
         return torch.where(torch.isnan(x), x.to(torch.bfloat16), out)
 
-    check = A.check_stochastic_rounding
+    check = B16C.check_stochastic_rounding
     assert check(None).status == "unanswered"
     assert str(check(B.stochastic_round_bf16)) == str(check(written_here)) == "✓ correct"
     hints = {name: str(check(fn)) for name, fn in B.ROUNDINGS.items() if name != "stochastic"}
@@ -779,7 +780,7 @@ def test_under_autocast_answers_or_refuses(fn, args, dtype):
                         st.just(torch.tensor(1.0)), st.just(float("inf")), st.just(2**2000)))
 def test_every_checker_answers_anything_in_one_line(answer):
     for checker in (A.check_softmax_dtype, A.check_sum_loss_step, A.check_casts_inside_outer,
-                    A.check_round_up_share, A.check_stochastic_rounding):
+                    B16C.check_round_up_share, B16C.check_stochastic_rounding):
         c = checker(answer)
         assert c.status in ("right", "wrong", "unanswered") and "\n" not in str(c)
         assert str(c).startswith(("✓ correct", "✗ not quite", "not answered yet"))

@@ -201,7 +201,7 @@ def test_clipping_report():
     assert r.norm > 1.0 >= r.applied_right * (1 - 1e-6)  # clipping was active
     assert r.applied_wrong == pytest.approx(1.0 / 1024, rel=1e-5)
     assert "1024 × too large" in str(r)
-    # the same ratio on notebook 03's one-weight problem (gradscaler.clipping_norms)
+    # the same ratio on notebook 04's one-weight problem (gradscaler.clipping_norms)
     seen = G.clipping_norms(unscale_first=False, init_scale=1024.0)["clipped"]
     assert seen / G.clipping_norms(init_scale=1024.0)["clipped"] == 1024.0
 

@@ -26,7 +26,7 @@ from a list of what torch is supposed to do, except the one column that says so 
   block with the other dtype); ``cache_table`` puts next to each count whether a weight changed in
   place between the forwards is seen (``ampviz.pitfalls.autocast_cache.in_place_update``).
 * ``compile_report``, ``compile_table``: the same in-place update with a ``torch.compile``-d forward.
-* ``check_*``: the exercise checkers of lesson 03; each expected answer comes from a real run.
+* ``check_*``: the exercise checkers of lesson 03a; each expected answer comes from a real run.
 
 The CPU autocast lists of torch 2.13 (``aten/src/ATen/autocast_mode.cpp``, the
 ``TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)`` block; the CUDA lists are the ``AT_FORALL_*`` macros of
@@ -73,8 +73,8 @@ from ampviz.training.autocast.loss import LOSSES, OTHER_LOSSES, LossReport, loss
 from ampviz.training.autocast.weight_cache import (_STALE_CASE, CACHE_CASES, CacheReport, _autocast_depth,
     cache_table, weight_casts)
 from ampviz.training.autocast.compile import BACKENDS, CompileReport, compile_report, compile_table
-from ampviz.training.autocast.checkers import (check_casts_inside_outer, check_round_up_share,
-    check_softmax_dtype, check_stochastic_rounding, check_sum_loss_step)
+from ampviz.training.autocast.checkers import (check_casts_inside_outer, check_softmax_dtype,
+    check_sum_loss_step, check_why_softmax_dtype, check_why_stale_copy)
 
 __all__ = [
     "CUDA_DOCS_FP16",
@@ -105,6 +105,6 @@ __all__ = [
     "check_softmax_dtype",
     "check_sum_loss_step",
     "check_casts_inside_outer",
-    "check_round_up_share",
-    "check_stochastic_rounding",
+    "check_why_softmax_dtype",
+    "check_why_stale_copy",
 ]

@@ -1,8 +1,7 @@
-"""The exercise checkers of lesson 03 (autocast); each expected answer comes from a real run.
+"""The exercise checkers of lesson 03a (autocast); each expected answer comes from a real run.
 
-``check_softmax_dtype``, ``check_sum_loss_step``, ``check_casts_inside_outer``,
-``check_round_up_share`` and ``check_stochastic_rounding`` (the last two measure with
-``ampviz.training.bf16.rounding_statistics``).
+``check_softmax_dtype``, ``check_sum_loss_step``, ``check_casts_inside_outer``, and the questions
+that ask why. Lesson 03b's (bf16) are in ``ampviz.training.bf16.checkers``.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from ampviz.checks import Check, _number_text, _said, check
+from ampviz.checks import Check, Choice, _number_text, _said, check, check_choice
 from ampviz.pitfalls import autocast_cache
 from ampviz.training.autocast.dispatch import SHORT
 from ampviz.training.autocast.loss import loss_report
@@ -90,72 +89,47 @@ def _whole_answer(answer):
     return int(value) if math.isfinite(value) and value == int(value) else None
 
 
-def check_round_up_share(answer, value: float = 3.01) -> Check:
-    """Q: stochastic rounding sends ``value`` (as float32) to one of its two bf16 neighbours: with
-    what probability to the upper one? (within 0.005; the neighbours from torch's bf16 cast and
-    ``nextafter``, as ``ampviz.training.bf16.rounding_statistics`` finds them)."""
-    from ampviz.training.bf16 import rounding_statistics
+# --------------------------------------------------------------------------------------------
+# Questions that ask why (each right reason is measured in lesson 03a)
+# --------------------------------------------------------------------------------------------
 
-    expected = rounding_statistics([value], draws=1).checks[0].expected
-    return check(answer, expected, tol=0.005,
-                 hint="bf16 keeps 8 significant bits, so between 2 and 4 its numbers are 2^-6 apart; the chance "
-                      "of the upper neighbour is the distance from the lower one divided by that gap")
+WHY_SOFTMAX_DTYPE = Choice(
+    "why_softmax_dtype",
+    "After a Linear layer, softmax runs in fp16 under CPU autocast and in fp32 under CUDA autocast. Why?",
+    {"a": "the CPU has no fp32 softmax kernel",
+     "b": "CPU and CUDA autocast keep separate lists: softmax is on CUDA's fp32 list and on no CPU list, "
+          "so on the CPU it runs in the dtype it is given, the Linear's fp16",
+     "c": "autocast casts every op's output to the autocast dtype, and CUDA casts it back for softmax"},
+    "b",
+    {"a": "section 2's table runs softmax on fp32 inputs on the CPU: it comes out fp32, as its input",
+     "c": "autocast casts inputs, not outputs: the losses come out fp32 on both devices (section 2's table)"},
+)
+
+WHY_STALE_COPY = Choice(
+    "why_stale_copy",
+    "Inside one fp16 autocast block: y1 = lin(x), then lin.weight.add_(1) under torch.no_grad(), then "
+    "y2 = lin(x). y2 is computed with the old weight. Why?",
+    {"a": "an update made under no_grad only takes effect when the block exits",
+     "b": "autocast keeps the fp16 copy of the weight made by the first forward and hands it out again "
+          "until the outermost block exits; nothing compares it with the weight",
+     "c": "adding 1 is less than half an fp16 step of the weight, so the update rounds away",
+     "d": "autograd keeps the old weight for the backward pass, and the forward reads it from there"},
+    "b",
+    {"a": "the fp32 weight changes at once: with cache_enabled=False the same update is seen (section 4's table)",
+     "c": "the same update is seen in a fresh block, with cache_enabled=False or after clear_autocast_cache() "
+          "(section 4's table): it is not lost to rounding",
+     "d": "a frozen weight (requires_grad_(False)) is not cached, and its second forward sees the update "
+          "(section 4's table)"},
+)
 
 
-#: Bit patterns ``check_stochastic_rounding`` also rounds: NaNs with payloads (the quiet NaN torch
-#: makes, a signalling one, the largest negative one), +inf, -inf, +0 and -0.
-_SPECIAL_BITS = (0x7FC00000, 0x7F800001, 0x7FBFFFFF, 0xFFFFFFFF, 0x7F800000, 0xFF800000, 0x00000000, 0x80000000)
+def check_why_softmax_dtype(answer) -> Check:
+    """Q: why softmax after a Linear runs in fp16 under CPU autocast and in fp32 under CUDA's: (b), the
+    lists differ by device (``op_table``'s softmax row)."""
+    return check_choice(answer, WHY_SOFTMAX_DTYPE)
 
 
-def _special_values_kept(fn):
-    """True if ``fn`` keeps every NaN NaN and returns ±inf and ±0 unchanged (200 draws each), else a hint."""
-    bits = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in _SPECIAL_BITS], dtype=torch.int32)
-    x = bits.view(torch.float32).repeat(200)
-    try:
-        out = fn(x, torch.Generator().manual_seed(1))
-        nan = torch.isnan(x)
-        kept = bool(torch.isnan(out[nan]).all()) and bool(
-            torch.equal(out[~nan].view(torch.int16).to(torch.int32) & 0xFFFF,
-                        (x[~nan].view(torch.int32) >> 16) & 0xFFFF))
-    except Exception as exc:  # noqa: BLE001 - the learner's function on NaN and inf
-        return f"your function raised {type(exc).__name__} on NaN or inf: {' '.join(str(exc).split())[:80]}"
-    return True if kept else ("NaN must stay NaN and ±inf, ±0 unchanged: the bit trick can carry a NaN's bits into "
-                              "inf or a number (torch.where(torch.isnan(x), ...))")
-
-
-def check_stochastic_rounding(answer) -> Check:
-    """Q: write ``f(x, generator)``: a float32 tensor rounded stochastically to bfloat16, drawing
-    its random numbers from ``generator``. The answer is the function; the checker runs the
-    statistical test of ``ampviz.training.bf16.rounding_statistics`` on it (eleven values, 20,000 draws
-    each: only the two neighbours, unbiased within 5 sigmas, exact values unchanged), then rounds
-    NaNs (with payloads, whose bit patterns the trick can carry into inf or a number), ±inf and
-    ±0 200 times each, with a hint for the way it fails."""
-    from ampviz.training.bf16 import rounding_statistics
-
-    if answer is None or answer is Ellipsis:
-        return check(answer, None)
-    if not callable(answer) or isinstance(answer, type):
-        return Check("wrong", "✗ not quite: set answer = your function itself (no call, no quotes)")
-    try:
-        stats = rounding_statistics(rounding=answer)
-    except Exception as exc:  # noqa: BLE001 - whatever the learner's function does is an answer
-        first = " ".join(str(exc).split("\n")[0].split())[:120]
-        if first.startswith("rounding must return a bfloat16 tensor"):
-            return Check("wrong", "✗ not quite: return a bfloat16 tensor of x's shape "
-                                  "(.to(torch.bfloat16) at the end)")
-        return Check("wrong", f"✗ not quite: your function raised {type(exc).__name__}: {first}")
-    if stats.passed:
-        special = _special_values_kept(answer)
-        if special is True:
-            return Check("right", "✓ correct")
-        return Check("wrong", f"✗ not quite: {special}")
-    if not all(c.neighbours_only for c in stats.checks):
-        return Check("wrong", "✗ not quite: some results are not one of the value's two bf16 neighbours (or an "
-                              "exact bf16 value moved): the random number must stay below 2^16")
-    negative = [c.passed for c in stats.checks if c.value < 0]
-    positive = [c.passed for c in stats.checks if c.value >= 0]
-    if all(positive) and not all(negative):
-        return Check("wrong", "✗ not quite: right for positive values, biased for negative ones: a float32's bits "
-                              "hold the magnitude apart from the sign")
-    return Check("wrong", "✗ not quite: biased: the mean result is not the value; round up with probability "
-                          "(distance to the lower neighbour) / (gap), e.g. 16 random bits added to the low 16 bits")
+def check_why_stale_copy(answer) -> Check:
+    """Q: why a second forward in the same autocast block misses an in-place update: (b), the weight
+    cache (``cache_table``)."""
+    return check_choice(answer, WHY_STALE_COPY)

@@ -46,7 +46,7 @@ working): ``arguments`` (``BF16_MAX`` and the shared argument checks), ``roundin
 (``stochastic_round_bf16`` and the wrong roundings of ``ROUNDINGS``), ``rounding_stats``
 (``rounding_statistics``, ``rounding_table``, ``variant_table``), ``scaler`` (``scaler_need``),
 ``overflow`` (``overflow_model``, ``fp16_overflow``), ``kahan`` (``kahan_add_``) and
-``updates`` (``lost_update_runs`` and its tables).
+``updates`` (``lost_update_runs`` and its tables), ``checkers`` (lesson 03b's exercises).
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ from ampviz.training.bf16.overflow import OverflowReport, fp16_overflow, overflo
 from ampviz.training.bf16.kahan import kahan_add_
 from ampviz.training.bf16.updates import (METHODS, LostUpdateRuns, UpdateRun, lost_update_runs,
     lost_update_steps_table, lost_update_table)
+from ampviz.training.bf16.checkers import (check_round_up_share, check_stochastic_rounding, check_why_bf16_no_scaler,
+    check_why_bf16_stalls)
 
 __all__ = [
     # stochastic rounding
@@ -93,4 +95,9 @@ __all__ = [
     "lost_update_runs",
     "lost_update_table",
     "lost_update_steps_table",
+    # lesson 03b's exercises
+    "check_round_up_share",
+    "check_stochastic_rounding",
+    "check_why_bf16_no_scaler",
+    "check_why_bf16_stalls",
 ]

@@ -21,7 +21,8 @@ tests (and the lesson's checked outputs) would show the change.
 * ``constructor_warnings``, ``scheduler_report``: the deprecation warning of ``torch.cuda.amp``,
   the scaler that disables itself without CUDA, and the ``lr_scheduler.step()`` order warning
   after a skipped first step, each captured (nothing reaches stderr).
-* ``check_*``: the lesson's exercise checkers (``ampviz.checks.check``).
+* ``check_*``: the lesson's exercise checkers (``ampviz.checks.check``), and its questions that ask
+  why (``ampviz.checks.check_choice``).
 
 Reading the scaler's state uses its private attributes (``_scale``, ``_growth_tracker``,
 ``_per_optimizer_states``): that state is the subject of the lesson.
@@ -51,7 +52,8 @@ from ampviz.training.gradscaler.errors import ErrorCase, _CASES, error_cases
 from ampviz.training.gradscaler.warning_reports import (Caught, ConstructorReport, SchedulerReport, _capture,
     constructor_warnings, scheduler_report)
 from ampviz.training.gradscaler.checks import (_SpyScaler, _check, amp_step_reference, check_amp_loop,
-    check_backoffs_to_zero, check_clip_before_unscale, check_scale_after_pattern, check_skip_test)
+    check_backoffs_to_zero, check_clip_before_unscale, check_scale_after_pattern, check_skip_test,
+    check_why_check_before_step, check_why_clip_after_unscale, check_why_scale_reaches_zero)
 
 __all__ = [
     "Tiny",
@@ -79,6 +81,9 @@ __all__ = [
     "check_skip_test",
     "check_clip_before_unscale",
     "check_scale_after_pattern",
+    "check_why_clip_after_unscale",
+    "check_why_check_before_step",
+    "check_why_scale_reaches_zero",
     "amp_step_reference",
     "check_amp_loop",
 ]

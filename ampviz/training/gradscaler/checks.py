@@ -2,6 +2,8 @@
 
 * ``check_backoffs_to_zero``, ``check_skip_test``, ``check_clip_before_unscale``,
   ``check_scale_after_pattern``: one question each, the expected answer measured or simulated.
+* ``check_why_clip_after_unscale``, ``check_why_check_before_step``, ``check_why_scale_reaches_zero``:
+  questions that ask why (``ampviz.checks.Choice``), each right reason measured by a report here.
 * ``amp_step_reference``: one correct fp16 AMP training step; ``check_amp_loop`` runs the learner's
   own step beside it (through ``_SpyScaler``, a GradScaler that counts its calls) and names what
   is missing.
@@ -14,7 +16,7 @@ import warnings
 import numpy as np
 import torch
 
-from ampviz.checks import Check, check
+from ampviz.checks import Check, Choice, check, check_choice
 from ampviz.scaling import TorchGradScaler, simulate
 from ampviz.training.gradscaler.runs import found_inf_from
 from ampviz.training.gradscaler.unscale import clipping_norms
@@ -88,6 +90,69 @@ def check_scale_after_pattern(answer, pattern: str = "..x....", growth_interval:
     return _check(answer, trace.final.scale,
                  hint="walk the steps: an overflow halves S and sets the tracker to 0; a clean step adds 1, "
                       "and the scale doubles when the tracker reaches growth_interval (then it is 0 again)")
+
+
+# --------------------------------------------------------------------------------------------
+# Questions that ask why (each right reason is a checked output of lesson 04)
+# --------------------------------------------------------------------------------------------
+
+WHY_CLIP_AFTER_UNSCALE = Choice(
+    "why_clip_after_unscale",
+    "Why must scaler.unscale_(optimizer) come before clip_grad_norm_?",
+    {"a": "clip_grad_norm_ needs float32 gradients, and until unscale_ they are fp16",
+     "b": "until unscale_ the gradients are S·g: clipping compares a norm S times too large with max_norm "
+          "and cuts them, and step() then divides them by S",
+     "c": "scaler.step() raises an error when the gradients were clipped before unscale_"},
+    "b",
+    {"a": "the gradients are float32 all along: section 1's, before unscale_, are [196608, -262144], far "
+          "beyond fp16's largest value",
+     "c": "section 6's wrong order raised nothing and warned nothing: it ran, and applied a gradient of norm 2^-16"},
+)
+
+WHY_CHECK_BEFORE_STEP = Choice(
+    "why_check_before_step",
+    "Why does the scaler look for inf and NaN before it calls optimizer.step(), rather than after?",
+    {"a": "optimizer.step() raises an error on an inf gradient, and the check avoids that error",
+     "b": "a step taken with an inf or NaN gradient makes the weights inf or NaN; found before, the step "
+          "is simply not taken and the weights stay as they were",
+     "c": "so that update() can lower the scale and the same step can be redone at the new scale"},
+    "b",
+    {"a": "section 3's optimizer stepped on an inf gradient with no error: the weight became -inf",
+     "c": "nothing is redone: section 2's iteration ends with w still [3, -4] and only the scale halved; "
+          "the next iteration brings new gradients"},
+)
+
+WHY_SCALE_REACHES_ZERO = Choice(
+    "why_scale_reaches_zero",
+    "Why is the scale exactly 0 after 166 overflows in a row from 2^16?",
+    {"a": "update() sets the scale to 0 after too many overflows in a row, to stop training",
+     "b": "float32 flushes subnormal numbers to 0, so the scale is 0 once it falls below 2^-126",
+     "c": "each overflow halves it and there is no floor: 165 halvings reach 2^-149, float32's smallest "
+          "subnormal, and half of that is a tie that rounds to the even neighbour, 0"},
+    "c",
+    {"a": "update() only multiplies by backoff_factor: section 4's table halves the scale at every step, "
+          "2^-147, 2^-148, 2^-149, then 0",
+     "b": "section 4's table shows subnormal scales, 2^-146 to 2^-149, which float32 keeps: the scale is 0 "
+          "only one halving after 2^-149"},
+)
+
+
+def check_why_clip_after_unscale(answer) -> Check:
+    """Q: why clipping goes after ``unscale_``: (b), the scaled norm is S times too large
+    (``clipping_table``)."""
+    return check_choice(answer, WHY_CLIP_AFTER_UNSCALE)
+
+
+def check_why_check_before_step(answer) -> Check:
+    """Q: why the inf check comes before ``optimizer.step()``: (b), a step on an inf gradient ruins the
+    weights (``unscale_overflow_table``), a skipped one leaves them (``walk_iteration(overflow=True)``)."""
+    return check_choice(answer, WHY_CHECK_BEFORE_STEP)
+
+
+def check_why_scale_reaches_zero(answer) -> Check:
+    """Q: why 166 overflows take 2^16 to exactly 0: (c), halving with no floor through float32's
+    subnormals, and 2^-150 ties to 0 (``run_real_scaler``)."""
+    return check_choice(answer, WHY_SCALE_REACHES_ZERO)
 
 
 # --------------------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ mistake (``MISTAKES``) to run through the checker.
 
 Part 3, the questions of notebook 05 (``check_accumulation_scale``, ``check_order_of_updates``,
 ``check_scale_test_with_two_optimizers``, ``check_resume_burst``): each expected answer comes from
-a real run.
+a real run; and its questions that ask why (``check_why_one_update``, ``check_why_save_scaler_state``,
+``check_why_whole_step_skipped``), each right reason measured by a report of part 1.
 
 Every result is computed by a real run. The runs use a handful of 4×2 float16 matrix products,
 so they give the same bits on one or two torch threads (the tests check it), and the reports print
@@ -65,7 +66,7 @@ from typing import NamedTuple
 import torch
 
 from ampviz.training.gradscaler import _capture, _check, _SpyScaler
-from ampviz.checks import Check, _yes_no, check
+from ampviz.checks import Check, Choice, _yes_no, check, check_choice
 from ampviz.text import Table, number
 from ampviz.training.loopcheck.checker import (MAX_SCENARIOS, MISTAKES, MORE_SCENARIOS, ROUNDING, SCENARIOS,
                                                CheckReport, Scenario, ScenarioResult, check_loop,
@@ -108,6 +109,9 @@ __all__ = [
     "check_order_of_updates",
     "check_scale_test_with_two_optimizers",
     "check_resume_burst",
+    "check_why_one_update",
+    "check_why_save_scaler_state",
+    "check_why_whole_step_skipped",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -709,3 +713,67 @@ def check_resume_burst(answer) -> Check:
     return _check(answer, checkpoint_report().skipped_without_state,
                   hint="a fresh GradScaler starts at 2^16 again, and halves once per skipped step: how many "
                        "halvings from there down to the scale the run had settled at?")
+
+
+WHY_WHOLE_STEP_SKIPPED = Choice(
+    "why_whole_step_skipped",
+    "With gradient accumulation, why does one overflowing micro-batch skip the whole step, the clean "
+    "micro-batches' gradients too?",
+    {"a": "scaler.scale() checks each micro-batch's loss, and the spike's loss is too large",
+     "b": "every micro-batch's backward adds into the same .grad, and unscale_ checks that sum once per step: "
+          "an inf in one micro-batch's gradients makes the sum inf",
+     "c": "update() runs after each micro-batch and halves the scale, so the earlier micro-batches' "
+          "gradients no longer match it"},
+    "b",
+    {"a": "scale() only multiplies (notebook 04, section 1): the spike's inf appears in its scaled fp16 "
+          "backward pass, and unscale_ finds it among the gradients",
+     "c": "the right loop calls update() once per step (section 1's table: 1 call, 1024 → 512), and update() "
+          "after every micro-batch raises"},
+)
+
+WHY_ONE_UPDATE = Choice(
+    "why_one_update",
+    "Two optimizers share one scaler. Why must update() run once per iteration, after every "
+    "optimizer's scaler.step, and not after each of them?",
+    {"a": "a second update() in one iteration raises an error",
+     "b": "the scaler keeps a scale per optimizer, and one update() must see them all to combine them",
+     "c": "there is one scale for all the optimizers: an update() between two steps changes it before the "
+          "next optimizer's gradients, scaled by the old one, are unscaled",
+     "d": "with an update() per optimizer, one optimizer's overflow skips every optimizer's step"},
+    "c",
+    {"a": "section 2's loop with update() after each optimizer's step raised nothing: the mistake is silent",
+     "b": "section 2's one scale halved once (1024 → 512) when only a's gradients overflowed: there is no "
+          "scale per optimizer",
+     "d": "section 2's table shows b stepping in that loop (a: skipped, b: ran): what goes wrong is the "
+          "size of b's gradient, 2× the right one"},
+)
+
+WHY_SAVE_SCALER_STATE = Choice(
+    "why_save_scaler_state",
+    "Why must a checkpoint hold scaler.state_dict() as well as the model's and the optimizer's?",
+    {"a": "the scaler's state holds the last step's scaled gradients, which the next step needs",
+     "b": "resuming without it raises an error at the first scaler.step()",
+     "c": "a fresh scaler starts again at 2^16 and skips steps while it backs off to the scale the run had "
+          "settled at; restored, the run goes on as if it had never stopped"},
+    "c",
+    {"a": "section 5's state dict is five numbers, the scale, three settings and the growth tracker: no gradients",
+     "b": "section 5's run resumed without it raised nothing: it ran its 12 iterations and skipped 8 of them"},
+)
+
+
+def check_why_whole_step_skipped(answer) -> Check:
+    """Q: why one overflowing micro-batch skips the whole step: (b), ``unscale_`` checks the
+    accumulated gradients once (``accumulation_report``)."""
+    return check_choice(answer, WHY_WHOLE_STEP_SKIPPED)
+
+
+def check_why_one_update(answer) -> Check:
+    """Q: why one ``update()`` per iteration with several optimizers: (c), one scale for all of them
+    (``optimizers_report``: an update per optimizer gives b 2× or ½× its gradient)."""
+    return check_choice(answer, WHY_ONE_UPDATE)
+
+
+def check_why_save_scaler_state(answer) -> Check:
+    """Q: why a checkpoint holds the scaler's state: (c), a fresh scaler skips steps on its way down
+    again (``checkpoint_report``)."""
+    return check_choice(answer, WHY_SAVE_SCALER_STATE)

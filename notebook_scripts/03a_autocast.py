@@ -13,19 +13,18 @@
 # ---
 
 # %% [markdown]
-# # 03 · Autocast, measured: what runs in which dtype, and bf16 in practice
+# # 03a · Autocast, measured: what runs in which dtype
 #
-# What `torch.autocast` does to each op, to the loss and to the weights, measured on this machine;
-# then when bf16 can do without fp16's loss scaler, and what its 8 bits of precision cost the weights.
+# What `torch.autocast` does to each op, to the loss and to the weights, measured on this machine.
+# Its second half, [03b · bf16 in practice: no loss scaler, and the updates bf16 weights lose](03b_bf16_in_practice.ipynb),
+# takes the same autocast into bf16 training.
 #
 # You will be able to:
 # - predict the dtype an op runs in under CPU or CUDA autocast, and say why the loss comes out fp32
 #   and what that does (and does not do) for the first step,
-# - tell when autocast reuses a cached low-precision copy of a weight, and when that copy is stale,
-# - decide when bf16 needs no loss scaler, recognise a model that overflows in fp16 but not in bf16,
-#   and keep bf16 weights learning with fp32 master weights, Kahan summation or stochastic rounding.
+# - tell when autocast reuses a cached low-precision copy of a weight, and when that copy is stale.
 #
-# Teaching this lesson? The [teacher's guide](../TEACHING.md#nb03) has its timings, the answers to
+# Teaching this lesson? The [teacher's guide](../TEACHING.md#nb03a) has its timings, the answers to
 # its exercises and what to demo live.
 # Its words in English and Chinese (中文), each with a one-line definition: the [glossary](../GLOSSARY.md).
 
@@ -33,18 +32,15 @@
 import numpy as np
 import torch
 
-from ampviz.training.autocast import (cache_table, check_casts_inside_outer, check_round_up_share,
-                                      check_softmax_dtype, check_stochastic_rounding, check_sum_loss_step,
-                                      compile_table, layer_walk, loss_report, loss_table, op_table,
-                                      under_autocast, weight_casts)
-from ampviz.training.bf16 import (fp16_overflow, lost_update_runs, lost_update_steps_table, lost_update_table,
-                                  overflow_table, rounding_statistics, rounding_table, scaler_need,
-                                  scaler_need_table, variant_table)
-from ampviz.formats.lesson import lost_band
+from ampviz.training.autocast import (cache_table, check_casts_inside_outer, check_softmax_dtype,
+                                      check_sum_loss_step, check_why_softmax_dtype,
+                                      check_why_stale_copy, compile_table, layer_walk, loss_report, loss_table,
+                                      op_table, under_autocast, weight_casts)
 
 rng = np.random.default_rng(0)
 _ = torch.manual_seed(0)
 torch.set_num_threads(1)
+
 
 # %% [markdown]
 # ## 1. What autocast does to one layer
@@ -218,141 +214,11 @@ compile_table(backend="aot_eager", dtype="bfloat16")
 # can give a stale result in eager mode and a fresh one compiled.
 
 # %% [markdown]
-# ## 6. bf16 in practice
-#
-# ### 6.1 When bf16 needs no loss scaler
-#
-# bf16 has fp32's 8 exponent bits: its smallest normal number is 2^-126, fp16's 2^-14. Notebook
-# 02's beam model again: its gradients cast from fp32 at scale 1 (and to fp16 at GradScaler's
-# 2^16), and the gradients of real fp16 and bf16 autocast backward passes of the same batch:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-need = scaler_need()
-scaler_need_table(need)
-
-# %% [markdown]
-# Notice: fp16 flushes 96.92% of the layer outputs' gradients to 0 at scale 1, and a real fp16
-# backward pass 97.87% (its smallest nonzero gradient is fp16's smallest, 2^-24); a scale of 2^16
-# brings the cast's loss down to 0.08%. bf16 loses none in the cast. The 12 zeros of the bf16 pass
-# are not underflow: its smallest nonzero gradient, 3.2·10⁻¹⁶, is far above bf16's smallest
-# subnormal (2^-133). Section 3's first step under bf16 autocast, where fp16 overflowed:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-for loss in ("output.sum()", "output.float().sum()"):
-    b = loss_report(loss, "bfloat16")
-    print(f"bf16 autocast, {loss}: gradient at the output {b.output_grad_max:g} ({b.output_grad_dtype}), "
-          f"step 1 {'skipped' if b.step_skipped else 'runs'}")
-
-# %% [markdown]
-# 65536 is an ordinary bf16 number. bf16 autocast trains without a `GradScaler` (notebook 07
-# trains this model that way).
-#
-# ### 6.2 A model that overflows in fp16 and not in bf16
-#
-# fp16's largest number is 65504; bf16's is about 3.4·10³⁸. No loss scale helps when the forward
-# pass itself overflows. `fp16_overflow()` evaluates a seeded ReLU network without normalisation,
-# whose ten `Linear(64, 64)` layers each make their input about three times larger, in fp32, in bf16
-# and in fp16:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-overflow = fp16_overflow()
-overflow_table(overflow)
-
-# %% [markdown]
-# Notice: fc9's outputs pass 65504 (7.7·10⁴): 8 of them are inf in fp16. fc10 adds inf and -inf and
-# gives NaN (76 of 4,096), and of the head's 64 outputs 15 are inf and 37 NaN. bf16 stays within
-# 1% of fp32 in every layer. A model trained in bf16 can break when it is run in fp16, and a
-# `GradScaler` cannot help: the overflow is in the forward pass.
-#
-# ### 6.3 Updates lost in bf16 weights, and three fixes
-#
-# bf16 pays for its range with precision: 8 significant bits. An update smaller than half the gap
-# between a weight and its bf16 neighbour is lost (the ½-ulp rule of notebook 01, section 5). At
-# w = 1 the gap above is 2^-7, so updates up to 2^-8 of the weight are lost (2^-8 itself is a tie,
-# which rounds to the even neighbour, 1); just below 2, up to about 2^-9 of it. Four fp32 updates
-# of bf16 weights at 1.0:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-u = torch.tensor([2**-9, 2**-8, 1.01 * 2**-8, 2**-7])  # fp32 updates
-w = torch.ones(4, dtype=torch.bfloat16).add_(u)  # bf16 weights at 1.0, updated in place
-for label, wi in zip(["2^-9", "2^-8", "1.01 × 2^-8", "2^-7"], w.tolist()):
-    print(f"1.0 + {label:11} = {wi:.7f} in bf16 ({'lost' if wi == 1.0 else 'kept'})")
-
-# %% [markdown]
-# In training, lost updates stop the weights. `lost_update_runs()` runs 400 steps of gradient
-# descent (learning rate 0.05) on a seeded linear regression with 16 weights, with the same data
-# and gradients, keeping the weights in five ways: fp32; bf16, each update rounded to nearest into
-# the weight (`w.add_(u)`); and three fixes, all with bf16 weights in the forward pass:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-runs = lost_update_runs()
-lost_update_table(runs)
-
-# %% [markdown]
-# - **fp32 master weights**: the update goes into an fp32 copy of the weights; the forward pass
-#   uses its bf16 cast (what AMP does, at 4 more bytes per weight).
-# - **Kahan compensation**: a second bf16 tensor keeps what the rounding of the weight dropped and
-#   adds it back at the next step (`kahan_add_`, 2 more bytes per weight).
-# - **Stochastic rounding**: `w.float() + u` rounded up or down at random, in proportion to the
-#   distance (section 6.4; no extra memory).
-#
-# The loss along the way:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-lost_update_steps_table(runs)
-
-# %% [markdown]
-# Notice:
-# - About 85% of all the updates are below half a bf16 step of their weight, in every run: losing
-#   them is the common case, not a corner case.
-# - bf16 stalls at step 71: from there every update is lost and the loss stays at 0.032. The fp32
-#   run goes on to 1.2·10⁻¹¹; its final weights rounded to bf16 give 3.05·10⁻⁵, the best bf16 weights
-#   can do there.
-# - The three fixes all end within three times that floor (6.45·10⁻⁵, 6.83·10⁻⁵, 5.41·10⁻⁵),
-#   over 400 times below the bf16 run. Stochastic rounding leaves the weights unchanged after 82% of
-#   the updates, and gets there anyway: the draws that go up make up for the ones that go down.
-#
-# ### 6.4 Stochastic rounding, tested
-#
-# Stochastic rounding sends a value to one of its two bf16 neighbours, to the upper one with
-# probability (distance from the lower one) / (gap), so on average it returns the value.
-# `stochastic_round_bf16(x, generator)` does it with bits: a bf16 number is a float32 whose low 16
-# bits are 0; add a random integer from 0 to 65535 to the float32's bit pattern and clear the low
-# 16 bits. A test rounds each of 11 values 20,000 times and checks the mean within 5 standard deviations:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-rounding_table(rounding_statistics())
-
-# %% [markdown]
-# Notice: all 11 pass: negative values; 1 + 2^-8, the tie that round to nearest always sends to 1,
-# goes up half the time; a value just below 2, whose upper neighbour is in the next binade; a
-# subnormal; a value near bf16's largest; and 3, already bf16, which never moves. The same test
-# on four plausible wrong versions (15 or 17 random bits instead of 16, round to nearest, and one
-# written with floating-point arithmetic that takes the gap as positive for negative values too):
-
-# %%
-# NBVAL_CHECK_OUTPUT
-variant_table()
-
-# %% [markdown]
-# Notice: each wrong version fails in its own way. Round to nearest and 15 random bits are biased;
-# 17 random bits gives values that are not neighbours and moves exact values; the sign-blind one
-# is right on every positive value and biased on the negative ones. A test on positive values only
-# would pass it.
-
-# %% [markdown]
 # ## Try it
 #
 # Write any code of `x` and see which dtype each op runs in under CPU autocast, and which casts
 # autocast makes: a layer, a loss, a reduction, an fp16 or bf16 input (`x.half()`), `torch.cat`
-# of mixed inputs. Then change the lost-update run's learning rate, seed or size.
+# of mixed inputs.
 
 # %%
 x = torch.randn(4, 8)  # try x.half(), x.bfloat16(), torch.randint(0, 5, (4, 8))
@@ -364,11 +230,6 @@ def code(x):  # any code of x
 
 
 under_autocast(code, x, dtype=dtype)
-
-# %%
-my_runs = lost_update_runs(seed=0, steps=400, lr=0.05, features=16)  # try lr=0.01 or 0.2, seed=1
-print(lost_update_table(my_runs))
-print(lost_update_steps_table(my_runs))
 
 # %% [markdown]
 # ## Check yourself
@@ -387,26 +248,25 @@ answer = None
 check_casts_inside_outer(answer)
 
 # %%
-# Stochastic rounding sends 3.01 (a float32) to one of its two bf16 neighbours.
-# With what probability to the upper one? (a number)
+# After a Linear layer, softmax runs in fp16 under CPU autocast and in fp32 under CUDA autocast. Why?
+# (a letter)
+#   a) the CPU has no fp32 softmax kernel
+#   b) CPU and CUDA autocast keep separate lists: softmax is on CUDA's fp32 list and on no CPU
+#      list, so on the CPU it runs in the dtype it is given, the Linear's fp16
+#   c) autocast casts every op's output to the autocast dtype, and CUDA casts it back for softmax
 answer = None
-check_round_up_share(answer)
-
-# %% [markdown]
-# Now write stochastic rounding yourself. `stochastic_round(x, generator)` gets a float32 tensor
-# and a `torch.Generator`, and returns `x` rounded to bf16 stochastically, its random numbers
-# drawn from `generator` (`torch.randint(..., generator=generator)`). Section 6.4 describes the bit
-# trick; `x.view(torch.int32)` reads the bit patterns. NaN must stay NaN, ±inf and ±0 unchanged.
-# The checker runs section 6.4's statistical test on your function, then rounds NaN, inf and 0.
+check_why_softmax_dtype(answer)
 
 # %%
-def stochastic_round(x, generator):
-    ...  # your code here
-
-# When stochastic_round is written, set answer = stochastic_round (the function itself) and run the cell
+# Inside one fp16 autocast block: y1 = lin(x), then lin.weight.add_(1) under torch.no_grad(),
+# then y2 = lin(x). y2 is computed with the old weight. Why? (a letter)
+#   a) an update made under no_grad only takes effect when the block exits
+#   b) autocast keeps the fp16 copy of the weight made by the first forward and hands it out again
+#      until the outermost block exits; nothing compares it with the weight
+#   c) adding 1 is less than half an fp16 step of the weight, so the update rounds away
+#   d) autograd keeps the old weight for the backward pass, and the forward reads it from there
 answer = None
-check_stochastic_rounding(answer)
-
+check_why_stale_copy(answer)
 
 # %% [markdown]
 # ## Summary
@@ -423,13 +283,9 @@ check_stochastic_rounding(answer)
 # - The weight cache reuses one cast per parameter until the outermost autocast block exits (not
 #   an inner one, not `no_grad`); an in-place update inside the block is not seen. A compiled
 #   forward casts on every call and sees it.
-# - bf16 needs no loss scaler (fp32's exponent range) and holds activations that overflow fp16, but
-#   loses updates below half a bf16 step (2^-8 of the weight at a power of two): bf16 weights stall.
-#   fp32 master weights, Kahan compensation and stochastic rounding each bring them back near the
-#   best bf16 can do.
 #
-# **Next:** [04 · GradScaler internals: the real scaler, call by call](04_gradscaler_internals.ipynb)
-# takes apart the scaler that skipped section 3's first step.
+# **Next:** [03b · bf16 in practice: no loss scaler, and the updates bf16 weights lose](03b_bf16_in_practice.ipynb)
+# runs section 3's step in bf16, where nothing overflows, and finds what bf16 costs the weights instead.
 #
 # **Open exercises**
 # 1. With `under_autocast`, run a `torch.nn.LayerNorm(4)` on the output of an `nn.Linear(8, 4)`
@@ -437,9 +293,7 @@ check_stochastic_rounding(answer)
 #    fp32 weight and bias? What would CUDA autocast give (section 2's table)?
 # 2. Predict which rows of section 4's table change when the two forwards run in bf16, then run
 #    `cache_table(dtype="bfloat16")`. Why does the dtype not matter to the cache?
-# 3. Run `lost_update_runs(lr=...)` for lr 0.01, 0.02, 0.1 and 0.2. When does the bf16 run stall,
-#    and at what loss? Why does a smaller learning rate stall later, and worse?
-# 4. Run `compile_table(backend="inductor")` (its first compile takes longer). Does the default
+# 3. Run `compile_table(backend="inductor")` (its first compile takes longer). Does the default
 #    backend agree with `aot_eager`? Which forward would you trust inside a loop that steps the
 #    optimizer within one autocast block, and what would you change instead?
 
@@ -487,42 +341,5 @@ assert casts == {"nested_blocks": 1, "separate_blocks": 2, "cache_disabled": 2, 
 assert cache_table().column("sees an in-place update")[:3] == ("no: stale copy", "no: stale copy", "yes")
 assert weight_casts("other_dtype_inside").error.endswith("but got BFloat16 and Half")
 assert compile_table().rows[1][2:] == ("yes", "yes") and compile_table().rows[0][2] == "no: stale copy"
-assert 0.96 < need.share("layer outputs", "float16") < 0.975 and 0.97 < need.zeros("layer outputs", "float16") < 0.985
-assert need.share("layer outputs", "float16", need.scale) < 0.001 and need.share("layer outputs", "bfloat16") == 0
-smallest = {(z.gradients, z.autocast): z.smallest for z in need.runs}
-assert smallest[("layer outputs", "float16")] == 2.0**-24 and 1e-16 < smallest[("layer outputs", "bfloat16")] < 1e-15
-assert sum(z.zeros for z in need.runs if z.autocast == "bfloat16" and z.gradients == "layer outputs") == 12
-assert all(not loss_report(n, "bfloat16").step_skipped for n in ("output.sum()", "output.float().sum()"))
-assert (overflow.first_inf, overflow.first_nan) == ("fc9", "fc10") and overflow.bf16_finite
-assert 7e4 < overflow.fp32_max[8] < 8e4 and overflow.fp16_inf[8] == 8 and overflow.fp16_nan[9] == 76
-assert (overflow.fp16_inf[-1], overflow.fp16_nan[-1]) == (15, 37) and overflow.layers[:10][-1] == "fc10"
-assert 2.5 < (overflow.fp32_max[9] / overflow.fp32_max[0]) ** (1 / 9) < 3.5  # about three times per layer
-assert 3.3e38 < torch.finfo(torch.bfloat16).max < 3.4e38 and torch.finfo(torch.float16).max == 65504
-assert all(abs(b / f - 1) < 0.01 for b, f in zip(overflow.bf16_max, overflow.fp32_max))
-assert w.tolist() == [1.0, 1.0, 1.0078125, 1.0078125]
-assert abs(lost_band(1.0, "bf16", via="fp32")[1] / 2**-8 - 1) < 1e-4  # 2^-8 of w at w = 1 ...
-assert abs(lost_band(1.9921875, "bf16", via="fp32")[1] / 1.9921875 / 2**-9 - 1) < 0.01  # ... about 2^-9 below 2
-bf = runs.runs["bf16"]
-assert runs.stalled_at == 71 and bf.final_loss == bf.loss[71] and 0.03 < bf.final_loss < 0.034
-assert all(0.84 < run.lost.mean() < 0.86 for run in runs.runs.values())
-assert runs.runs["fp32"].final_loss < 1e-10 and 2.9e-5 < runs.floor_loss < 3.2e-5
-for key in ("master", "kahan", "stochastic"):
-    assert runs.runs[key].final_loss < 3 * runs.floor_loss and bf.final_loss > 400 * runs.runs[key].final_loss, key
-assert 0.8 < runs.runs["stochastic"].unchanged.mean() < 0.84
-assert torch.float32.itemsize - torch.bfloat16.itemsize == 2 and torch.float32.itemsize == 4  # bytes per weight
-stats = rounding_statistics()
-assert (len(stats.checks), stats.draws, stats.sigmas) == (11, 20_000, 5.0)
-tie = next(c for c in stats.checks if c.value == 1 + 2**-8)
-assert abs(tie.share_up - 0.5) < 0.01 and torch.tensor(1 + 2**-8).to(torch.bfloat16).item() == 1.0
-assert next(c for c in stats.checks if c.value == 3.0).share_up == 0 and any(c.value < 0 for c in stats.checks)
-blind = rounding_statistics(rounding="sign-blind")
-assert [c.passed for c in blind.checks] == [c.value >= 0 for c in blind.checks]  # right on positive values only
-assert variant_table().column("only the two neighbours") == ("yes", "yes", "yes", "no", "yes")
-assert torch.finfo(torch.bfloat16).eps == 2.0**-7  # 8 significant bits
-assert stats.passed and variant_table().column("verdict") == ("passes",) + ("fails",) * 4
-assert torch.finfo(torch.bfloat16).smallest_normal == 2.0**-126
-assert torch.finfo(torch.float16).smallest_normal == 2.0**-14
-assert torch.tensor(2.0**-133, dtype=torch.bfloat16).item() == 2.0**-133  # bf16's smallest subnormal ...
-assert torch.tensor(2.0**-134, dtype=torch.bfloat16).item() == 0.0  # ... below it, 0
 assert weight_casts("no_grad_then_grad").grad_fn is True  # the copy made under no_grad carries grad
 print("all claims hold")
