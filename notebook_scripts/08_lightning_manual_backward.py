@@ -34,6 +34,8 @@ import torch
 
 from ampviz.pitfalls import versions
 from ampviz.pitfalls.writeups import manual_claims
+from ampviz.pitfalls.questions import (check_why_clip_in_the_hook, check_why_unscale_without_scale,
+                                       check_why_update_once)
 from ampviz.pitfalls.manual_backward import (CLIPS, applied_factor, check_clip_before_step_norm,
                                              check_cpu_precision, check_partial_overflow_factor,
                                              check_third_optimizer_factor, check_unscale_wrapper_raises,
@@ -347,8 +349,8 @@ print(trace_table(mine) if mine.failed else steps_table(mine))
 # %% [markdown]
 # ## Check yourself
 #
-# Two cases the lesson did not run. Work them out on paper first; `run_manual` can check you
-# afterwards.
+# Two cases the lesson did not run (work them out on paper first; `run_manual` can check you
+# afterwards), then three questions that ask why.
 
 # %%
 # Three optimizers (one per layer), one self.manual_backward(loss) per iteration, Lightning's fp16
@@ -371,6 +373,44 @@ check_third_optimizer_factor(answer)
 # norm of the gradient the optimizer applies? (a number)
 answer = None
 check_clip_before_step_norm(answer)
+
+# %%
+# Under real fp16 AMP in manual optimization, a bare loss.backward() makes the first opt.step()
+# raise 'Attempted unscale_ but _scale is None'. Why? (a letter)
+#   a) the precision plugin has no scaler, as with precision="16-mixed" on the CPU
+#   b) the first iteration's fp16 gradients overflowed, and the scaler dropped its scale
+#   c) the scaler makes its _scale at its first scaler.scale(loss), and only
+#      self.manual_backward(loss) calls that (in the plugin's pre_backward); loss.backward() goes
+#      around it, and opt.step() unscales all the same
+#   d) the scaler cannot tell several optimizers (or a ReduceLROnPlateau scheduler) apart, and
+#      unscales the wrong one
+answer = None
+check_why_unscale_without_scale(answer)
+
+# %%
+# One self.manual_backward(loss) feeds two optimizers under Lightning's fp16 plugin, and only
+# optimizer 1's gradients overflow. Why does optimizer 2 apply twice its true gradient, while
+# PyTorch's recipe (one scaler.update() after every optimizer has stepped) applies it exactly?
+# (a letter)
+#   a) an overflow halves the scale once for every optimizer, so the scale falls twice as fast
+#   b) Lightning runs update() inside each opt.step(): optimizer 1's update() halved the scale
+#      before optimizer 2 unscaled, so gradients multiplied by 65536 were divided by 32768
+#   c) growth_interval counts optimizer steps, not iterations, so with two optimizers the scale
+#      grows twice as often
+answer = None
+check_why_update_once(answer)
+
+# %%
+# Under fp16 AMP in manual optimization, why must self.clip_gradients run in
+# on_before_optimizer_step, and not right before opt.step()? (a letter)
+#   a) right before opt.step() the gradients are still multiplied by the scale: clipping cuts that
+#      scaled norm to the clip value, and the plugin's unscale_ then divides it by the scale; the
+#      hook runs after that unscale_
+#   b) clipping right before opt.step() raises 'unscale_() has already been called on this
+#      optimizer'
+#   c) Lightning clips for you inside opt.step(), so a clip of your own before it clips twice
+answer = None
+check_why_clip_in_the_hook(answer)
 
 # %% [markdown]
 # ## Summary

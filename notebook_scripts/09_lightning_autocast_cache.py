@@ -36,7 +36,8 @@ import torch
 from ampviz.pitfalls.writeups import cache_claims
 from ampviz.pitfalls.autocast_cache import (LOOP_CASES, SimulatedLegacyAutocastCache, autocast_source,
                                             check_fabric_loop_loss_changes, check_loop_fixes,
-                                            check_no_grad_sees_update, check_params_without_grad, fix_table,
+                                            check_no_grad_sees_update, check_params_without_grad,
+                                            check_why_legacy_no_grad_pass, check_why_trainer_cache_off, fix_table,
                                             loop_table, make_model, real_lightning, real_plain,
                                             simulated_lightning, simulated_plain, stale_table, summary,
                                             training_loop, which_world, world)
@@ -100,7 +101,8 @@ print(lit.details["seen in training_step"])
 # Either change alone prevents this failure. Older stacks had neither: Lightning issues #17949
 # (closed as won't fix), #19517, #19810, #20251; torch issues #65766, #105211, #112583.
 #
-# Neither change removed the cache itself. Section 5 shows what it still does on torch 2.13.
+# Neither change removed the cache itself. Section 5 says what it still does on torch 2.13, and
+# where Lightning turns it on.
 
 # %% [markdown]
 # ## 3. A simulation of the legacy rule
@@ -171,30 +173,12 @@ print(fix_table("layernorm"))
 # %% [markdown]
 # ## 5. Still real: a weight changed in place inside one autocast block
 #
-# The cache of the installed torch, as its rule reads today: the low-precision copy of an argument
-# is kept when the target is the autocast dtype (bf16 or fp16 on the CPU), the source is an fp32
-# leaf that requires grad and is not a view, the cache is enabled, and inference mode is off. The
-# entry is dropped when the **outermost** autocast exits, or by `torch.clear_autocast_cache()`.
-# Nothing compares the copy with the weight: change the weight in place (an `opt.step()`, a
-# `p.data.copy_(...)`) and the next forward in the same block reads the old copy.
-#
-# A `Linear(8, 4)`: `y1 = lin(x)`, then `lin.weight.add_(1)` under `no_grad`, then `y2 = lin(x)`.
-# Every output must grow by the sum of its input row (up to 7.8 here):
-
-# %%
-# NBVAL_CHECK_OUTPUT
-print(stale_table())
-
-# %% [markdown]
-# Notice:
-# - In one block, with the cache on, `y2` is computed from the **old** weight, in bf16 and in fp16.
-#   Nothing is raised, and nothing is wrong with the gradient's path: only the values are old.
-# - An inner `torch.autocast` does not help: the cache lives until the outermost block exits.
-# - The fixes: `cache_enabled=False` on the outermost autocast, `torch.clear_autocast_cache()`
-#   after the update, or leave the autocast block before changing weights (autocast around the
-#   forward and the loss only, as the torch AMP recipe does).
-#
-# Where Lightning enters autocast, read from the installed source with `inspect.getsource`:
+# The cache itself is taught in
+# [03a · Autocast, measured: what runs in which dtype](03a_autocast.ipynb), section 4: its rules,
+# and how a copy kept until the **outermost** autocast block exits goes stale when the weight
+# changes in place inside the block (an `opt.step()`, a `p.data.copy_(...)`). Section 1's
+# `which_world()` found the same on this machine. What is Lightning's own is where it enters
+# autocast, read here from the installed source with `inspect.getsource`:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -206,7 +190,8 @@ print("lightning.pytorch  MixedPrecision.autocast_context_manager:", *autocast_s
 # cached and nothing can go stale. Fabric's does not pass it: the cache is on. Every forward of a
 # model returned by `fabric.setup` runs inside this context; on its own that forward is the
 # outermost autocast, and its exit empties the cache. `fabric.autocast()` enters the same context,
-# for code outside the model's forward.
+# for code outside the model's forward: put it around the forward and the loss only, and leave it
+# before `opt.step()` (Check yourself runs a loop that does not).
 
 # %% [markdown]
 # ## 6. What the write-up says, measured
@@ -257,7 +242,8 @@ print("y2 differs from y1:", not torch.equal(y1, y2))
 # %% [markdown]
 # ## Check yourself
 #
-# Answer each question before you run the cell that follows it.
+# The first four questions ask you to predict a run: answer each before you run the cell that
+# follows it. The last two ask why.
 
 # %%
 # Predict: under the simulated legacy rule, a Linear -> LayerNorm -> Linear model ("sandwich"),
@@ -315,6 +301,32 @@ check_loop_fixes(answer)
 # NBVAL_CHECK_OUTPUT
 print(loop_table(["outer_no_grad_step", "outer_cache_disabled", "outer_zero_grad_keep",
                   "outer_clear_after_step"]))
+
+# %%
+# Under the simulated legacy rule, the Linear -> LayerNorm model runs a no_grad pass, then a grad
+# pass, inside one autocast block, and backward() leaves its Linear layer with .grad = None. Why?
+# (a letter)
+#   a) torch.no_grad() switches requires_grad off on the parameters until the autocast block exits
+#   b) the no_grad pass cached the bf16 casts of the Linear weights, made without a grad_fn, and
+#      the grad pass was handed the same casts: the cache is emptied only when the outermost
+#      autocast exits
+#   c) a bf16 cast made under autocast never carries a gradient back to its fp32 weight
+#   d) the optimizer skips the Linear layers, whose bf16 gradients are too small
+answer = None
+check_why_legacy_no_grad_pass(answer)
+
+# %%
+# Inside a Trainer(precision="bf16-mixed") training_step, a weight changed in place is never
+# served stale, yet a training loop inside one `with fabric.autocast():` computes the same loss at
+# every step. Why the difference? (a letter)
+#   a) the Trainer clears the autocast cache after every optimizer step
+#   b) the Trainer's precision plugin enters autocast with cache_enabled=False, so nothing is
+#      cached; Fabric's enters it without that argument, with the cache on
+#   c) training_step runs outside autocast: the Trainer casts the model to bf16 itself
+#   d) Fabric's bf16-mixed keeps the weights themselves in bf16, so opt.step()'s small updates are
+#      rounded away
+answer = None
+check_why_trainer_cache_off(answer)
 
 # %% [markdown]
 # ## Summary

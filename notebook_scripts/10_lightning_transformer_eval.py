@@ -33,8 +33,10 @@ import torch
 from ampviz.pitfalls import versions
 from ampviz.pitfalls.writeups import encoder_claims
 from ampviz.pitfalls.transformer_eval import (check_all_false_mask, check_fp32_fast_path, check_frozen_encoder,
-                                              check_furthest_fix, check_sanity_steps, condition_table, crash,
-                                              encoder_call, fix_runs, fix_table, lightning_run, old_message)
+                                              check_furthest_fix, check_sanity_steps,
+                                              check_why_not_under_cuda_autocast, check_why_only_validation,
+                                              condition_table, crash, encoder_call, fix_runs, fix_table,
+                                              lightning_run, old_message)
 
 _ = torch.manual_seed(0)
 torch.set_num_threads(1)
@@ -220,7 +222,8 @@ print(encoder_call(autocast=torch.float16, layers=1))
 # %% [markdown]
 # ## Check yourself
 #
-# The first two questions ask you to predict a run before the cell after them shows it.
+# The first two questions ask you to predict a run before the cell after them shows it; the last
+# two ask why.
 
 # %%
 # Predict: `crash()` switched Lightning's sanity check off. A default Trainer has num_sanity_val_steps=2.
@@ -258,6 +261,28 @@ for train in (False, True):
 answer = None
 check_frozen_encoder(answer)
 
+# %%
+# Why does the encoder train under precision="bf16-mixed" and crash only when Lightning validates?
+# (a letter)
+#   a) Lightning switches autocast off in validation, so bf16 weights meet fp32 activations
+#   b) Lightning validates under torch.inference_mode(), which autocast does not support
+#   c) only in eval mode with no gradient to record does the encoder pack the padded batch into a
+#      nested tensor and run its fused fast path, whose LayerNorm refuses bf16 activations with
+#      fp32 weights
+#   d) validation batches are padded and training batches are not
+answer = None
+check_why_only_validation(answer)
+
+# %%
+# On a GPU, under CUDA autocast, the same encoder validates without a crash. Why? (a letter)
+#   a) the bug is fixed in newer torch, and GPU builds are newer
+#   b) the encoder asks torch.is_autocast_enabled(), which reports CUDA's autocast only: under
+#      CUDA autocast it sees autocast and runs its layers as Python modules, under CPU autocast it
+#      does not and takes the fast path
+#   c) the GPU's fused kernel accepts bf16 activations with fp32 weights
+answer = None
+check_why_not_under_cuda_autocast(answer)
+
 # %% [markdown]
 # ## Summary
 #
@@ -273,9 +298,9 @@ check_frozen_encoder(answer)
 #   an fp32 island also work but change more. Expect a validation loss close to fp32's, not equal.
 # - The nested-tensor path leaves exact zeros at padded positions, in fp32 too: pool with the mask.
 #
-# **Next:** [11 · Loss scaling across ranks](11_loss_scaling_across_ranks.ipynb) runs real
+# **Next:** [11a · Loss scaling across ranks: when the scalers agree](11a_loss_scaling_across_ranks.ipynb) runs real
 # `torch.distributed` ranks from a cell, one `GradScaler` each, and shows when their skip decisions
-# agree, how they come apart, and what a low-precision gradient all-reduce costs.
+# agree and how they come apart.
 #
 # **Open exercises**
 # 1. Pool over all positions instead of the real ones: `fix_table(fix_runs(pool="all"))`. Which

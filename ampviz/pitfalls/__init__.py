@@ -8,6 +8,7 @@ progress bar, tips or summaries and writes nothing into the working directory).
 - ``ampviz.pitfalls.manual_backward``: ``loss.backward()`` instead of ``self.manual_backward(loss)``;
 - ``ampviz.pitfalls.autocast_cache``: the autocast weight cache and ``torch.no_grad()``;
 - ``ampviz.pitfalls.transformer_eval``: ``nn.TransformerEncoder`` under ``bf16-mixed`` in validation.
+- ``ampviz.pitfalls.questions``: lesson 08's questions that ask why.
 
 Nothing here is imported by ``import ampviz``; lightning is imported inside the functions that need it.
 """

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ampviz.checks import Check, _same, _text_is, _yes_no, check
+from ampviz.checks import Check, Choice, _same, _text_is, _yes_no, check, check_choice
 from ampviz.text import Table
 from ampviz.pitfalls import Outcome, outcome_of, quiet_trainer, versions
 from ampviz._args import _shown
@@ -44,7 +44,7 @@ __all__ = ["DTYPE", "SIMULATED_FIXES", "STALE_CASES", "LOOP_CASES", "SimulatedLe
            "fix_table", "real_plain", "real_lightning", "simulated_plain", "simulated_lightning", "summary",
            "in_place_update", "stale_table", "training_loop", "loop_table", "autocast_source", "which_world", "world",
            "check_params_without_grad", "check_no_grad_sees_update", "check_fabric_loop_loss_changes",
-           "check_loop_fixes"]
+           "check_loop_fixes", "check_why_legacy_no_grad_pass", "check_why_trainer_cache_off"]
 
 DTYPE = torch.bfloat16  # the CPU autocast dtype the lessons use
 KINDS = ("linear", "layernorm", "sandwich")
@@ -616,7 +616,8 @@ def check_no_grad_sees_update(answer) -> Check:
     weight changed in place between them: does ``y2`` differ from ``y1``? ("no": no_grad does not
     stop the cache)."""
     return check(answer, "no", accept=_yes_no(False),
-                 hint="which conditions decide whether a cast is cached? Is the grad mode one of them today?")
+                 hint="which conditions decide whether a cast is cached (03a, section 4)? Is the grad mode "
+                      "one of them today?")
 
 
 _LETTERS = ("a", "b", "c", "d")
@@ -647,6 +648,56 @@ def check_loop_fixes(answer) -> Check:
     """Q: which of the changes (a)-(d) make the one-block loop train? ("b" and "d", in any form)."""
     return check(answer, "b, d", accept=lambda a: _letters(a) == {"b", "d"},
                  hint="a fix must either stop the caching or empty the cache after the weights change")
+
+
+WHY_LEGACY_NO_GRAD_PASS = Choice(
+    "why_legacy_no_grad_pass",
+    "Under the simulated legacy rule, the Linear -> LayerNorm model runs a no_grad pass, then a grad pass, "
+    "inside one autocast block, and backward() leaves its Linear layer with .grad = None. Why?",
+    {"a": "torch.no_grad() switches requires_grad off on the parameters until the autocast block exits",
+     "b": "the no_grad pass cached the bf16 casts of the Linear weights, made without a grad_fn, and the grad "
+          "pass was handed the same casts: the cache is emptied only when the outermost autocast exits",
+     "c": "a bf16 cast made under autocast never carries a gradient back to its fp32 weight",
+     "d": "the optimizer skips the Linear layers, whose bf16 gradients are too small"},
+    "b",
+    {"a": "the LayerNorm's parameters, which the loss reaches without a cast, get their gradient in the same "
+          "run (section 3's layernorm model)",
+     "c": "with the grad pass first, or with the cache off or cleared, every parameter gets its gradient "
+          "(section 4's tables)",
+     "d": ".grad is None right after backward(), before any optimizer runs (section 3)"},
+)
+
+
+WHY_TRAINER_CACHE_OFF = Choice(
+    "why_trainer_cache_off",
+    "Inside a Trainer(precision=\"bf16-mixed\") training_step, a weight changed in place is never served "
+    "stale, yet a training loop inside one `with fabric.autocast():` computes the same loss at every step. "
+    "Why the difference?",
+    {"a": "the Trainer clears the autocast cache after every optimizer step",
+     "b": "the Trainer's precision plugin enters autocast with cache_enabled=False, so nothing is cached; "
+          "Fabric's enters it without that argument, with the cache on",
+     "c": "training_step runs outside autocast: the Trainer casts the model to bf16 itself",
+     "d": "Fabric's bf16-mixed keeps the weights themselves in bf16, so opt.step()'s small updates are "
+          "rounded away"},
+    "b",
+    {"a": "there is nothing to clear: section 2 found the cache disabled inside training_step "
+          "('autocast cache enabled': False)",
+     "c": "section 2 found autocast enabled, in bf16, inside training_step",
+     "d": "the same Fabric loop without fabric.autocast() around it learns at every step (the Fabric rows "
+          "of the third question's table), with the same model and the same bf16-mixed"},
+)
+
+
+def check_why_legacy_no_grad_pass(answer) -> Check:
+    """Q: why, under the simulated legacy rule, do the Linear layers get no gradient after a no_grad
+    pass and a grad pass in one autocast? (b): the grad pass reuses the casts the no_grad pass cached."""
+    return check_choice(answer, WHY_LEGACY_NO_GRAD_PASS)
+
+
+def check_why_trainer_cache_off(answer) -> Check:
+    """Q: why can the Trainer's autocast not serve a stale copy, while ``fabric.autocast()`` can?
+    (b): the Trainer enters autocast with ``cache_enabled=False``; Fabric keeps the cache on."""
+    return check_choice(answer, WHY_TRAINER_CACHE_OFF)
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,7 +29,8 @@ What the scenarios show (torch 2.13, lightning 2.6, CPU):
   used to receive the mixed dtypes.
 - ``fix_runs()`` / ``fix_table()``: each fix run through the real Trainer, with its validation loss
   next to the fp32 (``"32-true"``) reference; ``fix_runs(pool="all")`` pools over every position.
-- ``check_sanity_steps``, ``check_fp32_fast_path``, ``check_frozen_encoder``: the lesson's exercises.
+- ``check_sanity_steps``, ``check_fp32_fast_path``, ``check_frozen_encoder``: the lesson's exercises;
+  ``check_why_only_validation``, ``check_why_not_under_cuda_autocast``: its questions that ask why.
 
 Lightning is imported inside the functions that need it; nothing here runs on import.
 """
@@ -44,7 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ampviz.checks import Check, _said, _yes_no, check
+from ampviz.checks import Check, Choice, _said, _yes_no, check, check_choice
 from ampviz.text import Table
 from ampviz.pitfalls import Outcome, outcome_of, quiet_trainer
 from ampviz._args import _shown
@@ -53,7 +54,7 @@ from ampviz._args import _flag, _real, _seed, _whole
 __all__ = ["EncoderClassifier", "make_data", "encoder_call", "condition_table", "CONDITIONS",
            "old_message", "lightning_run", "crash", "FIXES", "fix_runs", "fix_table", "fastpath_disabled",
            "check_all_false_mask", "check_furthest_fix", "check_fp32_fast_path", "check_sanity_steps",
-           "check_frozen_encoder"]
+           "check_frozen_encoder", "check_why_only_validation", "check_why_not_under_cuda_autocast"]
 
 VOCAB, MAX_LEN, D_MODEL, NHEAD, FFN, LAYERS, CLASSES = 10, 12, 16, 2, 32, 2, 9
 TRAIN_BATCHES, VAL_BATCHES, BATCH = 8, 2, 16
@@ -551,3 +552,49 @@ def check_frozen_encoder(answer) -> Check:
     return check(answer, "yes", accept=_yes_no(True, {"crash", "crashes", "it crashes", "raises"}),
                  hint="the encoder does not ask whether grad mode is on, but whether it would have to record "
                       "a gradient")
+
+
+WHY_ONLY_VALIDATION = Choice(
+    "why_only_validation",
+    "Why does the encoder train under precision=\"bf16-mixed\" and crash only when Lightning validates?",
+    {"a": "Lightning switches autocast off in validation, so bf16 weights meet fp32 activations",
+     "b": "Lightning validates under torch.inference_mode(), which autocast does not support",
+     "c": "only in eval mode with no gradient to record does the encoder pack the padded batch into a nested "
+          "tensor and run its fused fast path, whose LayerNorm refuses bf16 activations with fp32 weights",
+     "d": "validation batches are padded and training batches are not"},
+    "c",
+    {"a": "section 1 printed autocast on, in bf16, in validation as in training, and under bf16-mixed the "
+          "weights stay float32 (section 4's table)",
+     "b": "fit validates under no_grad (section 1: inference_mode False), and section 2's table crashes under "
+          "no_grad and under inference_mode alike",
+     "d": "training and validation batches are right-padded alike (section 1), and section 2's table runs the "
+          "same padded call in train mode or with grad enabled"},
+)
+
+
+WHY_NOT_UNDER_CUDA_AUTOCAST = Choice(
+    "why_not_under_cuda_autocast",
+    "On a GPU, under CUDA autocast, the same encoder validates without a crash. Why?",
+    {"a": "the bug is fixed in newer torch, and GPU builds are newer",
+     "b": "the encoder asks torch.is_autocast_enabled(), which reports CUDA's autocast only: under CUDA "
+          "autocast it sees autocast and runs its layers as Python modules, under CPU autocast it does not "
+          "and takes the fast path",
+     "c": "the GPU's fused kernel accepts bf16 activations with fp32 weights"},
+    "b",
+    {"a": "this torch crashes on the CPU today (section 1), and the same CPU call runs once CUDA's autocast "
+          "flag is switched on by hand (section 2)",
+     "c": "the fused kernel is not what decides: with CUDA's flag switched on by hand, the CPU call skips it "
+          "and runs (section 2)"},
+)
+
+
+def check_why_only_validation(answer) -> Check:
+    """Q: why does the encoder crash only in validation? (c): eval mode and no gradient to record are
+    what send it down the nested-tensor fast path."""
+    return check_choice(answer, WHY_ONLY_VALIDATION)
+
+
+def check_why_not_under_cuda_autocast(answer) -> Check:
+    """Q: why does the same call not crash under CUDA autocast? (b): the encoder's check reads CUDA's
+    autocast flag only."""
+    return check_choice(answer, WHY_NOT_UNDER_CUDA_AUTOCAST)
