@@ -15,8 +15,8 @@
 # %% [markdown]
 # # Start here: mixed-precision training, made visible
 #
-# A hands-on course on what fp16, bf16 and fp8 do to the numbers a network trains with, and how
-# loss scaling keeps small gradients alive.
+# A hands-on course on [mixed precision](../GLOSSARY.md#mixed-precision): what fp16, bf16 and fp8 do
+# to the numbers a network trains with, and how loss scaling keeps small gradients alive.
 #
 # In this notebook you will be able to:
 # - find your way around the course: what each notebook teaches, and where its exercises are,

@@ -15,12 +15,12 @@
 # %% [markdown]
 # # 01 · The fp16 range: bits, subnormals, rounding
 #
-# What fp16, bf16 and fp8 can store, where they round, and where values vanish or become inf.
+# What [fp16](../GLOSSARY.md#fp16), [bf16](../GLOSSARY.md#bf16) and [fp8](../GLOSSARY.md#fp8) can store, where they round, and where values vanish or become inf.
 #
 # You will be able to:
-# - read a format's limits (max, smallest normal and subnormal, eps) off its bit layout,
+# - read a format's limits (max, smallest normal and [subnormal](../GLOSSARY.md#subnormal), eps) off its bit layout,
 # - predict what a cast to fp16 does at both ends of its range (2^-25 becomes 0, 65520 becomes inf),
-# - explain why a weight stops learning when it is kept in fp16, and why AMP keeps fp32 master weights.
+# - explain why a weight stops learning when it is kept in fp16, and why [AMP](../GLOSSARY.md#amp) keeps [fp32](../GLOSSARY.md#fp32) [master weights](../GLOSSARY.md#master-weights).
 #
 # Teaching this lesson? The [teacher's guide](../TEACHING.md#nb01) has its timings, the answers to
 # its exercises and what to demo live.
@@ -45,8 +45,8 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## 1. A format is three numbers
 #
-# A float is stored as a sign bit, an exponent field and a mantissa field; a normal number's value
-# is ±1.mantissa × 2^(exponent − bias). The number of exponent bits sets the *range*, the number of
+# A float is stored as a [sign bit](../GLOSSARY.md#sign-bit), an [exponent](../GLOSSARY.md#exponent) field and a [mantissa](../GLOSSARY.md#mantissa) field; a [normal number](../GLOSSARY.md#normal-number)'s value
+# is ±1.mantissa × 2^(exponent − [bias](../GLOSSARY.md#bias)). The number of exponent bits sets the *range*, the number of
 # mantissa bits the *precision*: eps, the gap between 1 and the next value, is 2^-(mantissa bits).
 # fp16 and bf16 both use 16 bits, and split them very differently:
 
@@ -73,7 +73,7 @@ bits_table([1.0, 0.1, 65504, 2**-14, 2**-24], "fp16")
 # ## 2. The bottom of the range: subnormals and 2^-24
 #
 # Below the smallest normal number, 2^-14, fp16 continues in even steps of 2^-24: the smallest
-# positive fp16 number is 2^-24 ≈ 5.96e-8. A cast rounds to the nearest value, ties to even:
+# positive fp16 number is 2^-24 ≈ 5.96e-8. A cast [rounds to the nearest](../GLOSSARY.md#round-to-nearest) value, ties to even:
 # anything above 2^-25 rounds up to 2^-24, and 2^-25 itself, exactly halfway between 0 and 2^-24,
 # goes to the even neighbour, 0.
 
@@ -83,7 +83,7 @@ cast_table([2**-14, 1e-7, 2**-24, 1.5 * 2**-25, 2**-25, 2**-26], "fp16",
            labels=["2^-14", "1e-7", "2^-24", "1.5 × 2^-25", "2^-25", "2^-26"])
 
 # %% [markdown]
-# Notice: *underflow* means a nonzero value came out as 0. Subnormals survive but coarsely: 1e-7
+# Notice: *[underflow](../GLOSSARY.md#underflow)* means a nonzero value came out as 0. Subnormals survive but coarsely: 1e-7
 # is stored as 2^-23 ≈ 1.19e-7, 19% off. This is the line that small gradients cross in notebook 02.
 
 # %% [markdown]
@@ -98,7 +98,7 @@ cast_table([2**-14, 1e-7, 2**-24, 1.5 * 2**-25, 2**-25, 2**-26], "fp16",
 cast_table([65504, 65519, 65520, 70000], "fp16")
 
 # %% [markdown]
-# Notice: fp16 overflows at 65520, not just above 65504. Once a value is inf, every sum or product
+# Notice: fp16 [overflows](../GLOSSARY.md#overflow) at 65520, not just above 65504. Once a value is inf, every sum or product
 # it enters is inf or NaN.
 
 # %% [markdown]
@@ -119,16 +119,16 @@ print("ampviz, fp32: 1 + 2^-11 == 1 ->", lesson.add(1.0, 2**-11, "fp32") == 1.0)
 # ## 5. Why a weight stops learning in fp16
 #
 # An optimizer step adds a small update u to each weight w, and fp16 rounds w + u to the nearest
-# fp16 value. Two words for what follows. The *ulp* (unit in the last place) of a number is the
+# fp16 value. Two words for what follows. The *[ulp](../GLOSSARY.md#ulp)* (unit in the last place) of a number is the
 # gap between it and the next number of larger magnitude: the value of its last mantissa bit,
-# 2^-10 × 2^e for a normal fp16 number between 2^e and 2^(e+1). A *binade* is the set of numbers
+# 2^-10 × 2^e for a normal fp16 number between 2^e and 2^(e+1). A *[binade](../GLOSSARY.md#binade)* is the set of numbers
 # from one power of two up to the next, 2^e ≤ |x| < 2^(e+1): they share the exponent e, so the ulp
 # is the same across a binade and doubles in the next one.
 #
 # So the update is **lost** (w + u == w) exactly when |u| is at most **half the gap between w and
 # its neighbour on u's side**: the *½-ulp rule*. That gap is one ulp of w, except when w is a power
 # of two and u points toward 0: the neighbour then lies in the binade below, half as far. At
-# exactly half (a tie) the update is lost only if w's last mantissa bit is 0 (ties go to the even
+# exactly half (a tie) the [update is lost](../GLOSSARY.md#lost-update) only if w's last mantissa bit is 0 (ties go to the even
 # neighbour). So on w = 1 the direction matters.
 #
 # Predict before you run the table: the fp16 neighbours of 1.0 are 1 + 2^-10 above and 1 − 2^-11
@@ -210,7 +210,7 @@ print()
 print(cast_table([57344, 60000, 61439, 61440, 1e6], "fp8_e5m2"))
 
 # %% [markdown]
-# This course computes every cast as torch 2.13 does on the CPU, and torch's E4M3 cast saturates:
+# This course computes every cast as torch 2.13 does on the CPU, and torch's E4M3 cast [saturates](../GLOSSARY.md#saturation):
 # 500, 1e6 and even inf become 448 (since torch 2.12; before, a finite overflow gave NaN). Other
 # libraries decide differently. ml_dtypes (what JAX uses) gives NaN past 464; CUDA's fp8
 # conversions, which Transformer Engine's kernels use, saturate (`__NV_SATFINITE`), in E5M2 too,

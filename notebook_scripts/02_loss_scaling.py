@@ -130,7 +130,7 @@ print(f"layer outputs' gradients that are 0 after a real fp16 backward pass: {np
 # activation gradients taken during fp32 training, 67% of the values were zero. Those zeros were
 # fp32's own, not values fp16 had lost. What fp16 would lose lay among the rest: values down to
 # 2^-27, below fp16's smallest subnormal, had to be preserved; SSD diverged without scaling and
-# matched fp32 with a loss scale of 8. NVIDIA's *Mixed Precision
+# matched fp32 with a [loss scale](../GLOSSARY.md#loss-scale) of 8. NVIDIA's *Mixed Precision
 # Training* guide reports, for the same kind of network, that converting to fp16 made "31% of
 # these values become zeros, leaving only 5.3% as non-zeros". These are their reported numbers;
 # this notebook shows the mechanism on its own model, not theirs.
@@ -243,7 +243,7 @@ for call in ("backward", "unscale_", "step", "update"):
 # %% [markdown]
 # ## 7. What the write-up says, measured
 #
-# A widely read Chinese write-up on loss scaling, 《详解混合精度训练的梯度稳定性:从损失缩放原理到PyTorch/TensorFlow实战》
+# A widely read Chinese write-up on [loss scaling](../GLOSSARY.md#loss-scaling), 《详解混合精度训练的梯度稳定性:从损失缩放原理到PyTorch/TensorFlow实战》
 # (the index names no author), makes claims this lesson can run. Each row quotes one, puts it in
 # English, and gives what a run on this machine found: the real `torch.amp.GradScaler("cpu")` on
 # notebook 04's two-weight problem, and torch's own fp16 cast.

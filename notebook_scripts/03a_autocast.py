@@ -17,7 +17,7 @@
 #
 # What `torch.autocast` does to each op, to the loss and to the weights, measured on this machine.
 # Its second half, [03b · bf16 in practice: no loss scaler, and the updates bf16 weights lose](03b_bf16_in_practice.ipynb),
-# takes the same autocast into bf16 training.
+# takes the same [autocast](../GLOSSARY.md#autocast) into bf16 training.
 #
 # You will be able to:
 # - predict the dtype an op runs in under CPU or CUDA autocast, and say why the loss comes out fp32
@@ -150,8 +150,8 @@ loss_table()
 # %% [markdown]
 # ## 4. The weight cache
 #
-# Inside one autocast block, torch caches the cast copy of a weight: a second forward of the same
-# layer reuses it. `weight_casts(case)` runs two forwards of an `nn.Linear(8, 4)` on the same
+# Inside one autocast block, torch caches the cast copy of a weight (the
+# [weight cache](../GLOSSARY.md#weight-cache)): a second forward of the same layer reuses it. `weight_casts(case)` runs two forwards of an `nn.Linear(8, 4)` on the same
 # input and counts, at the dispatcher, every cast autocast makes:
 
 # %%

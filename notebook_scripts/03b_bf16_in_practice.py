@@ -23,7 +23,7 @@
 # You will be able to:
 # - decide when bf16 needs no loss scaler, and recognise a model that overflows in fp16 but not in bf16,
 # - predict which updates bf16 weights lose, and keep them learning with fp32 master weights, Kahan
-#   summation or stochastic rounding,
+#   summation or [stochastic rounding](../GLOSSARY.md#stochastic-rounding),
 # - write stochastic rounding to bf16 and test it.
 #
 # Teaching this lesson? The [teacher's guide](../TEACHING.md#nb03b) has its timings, the answers to

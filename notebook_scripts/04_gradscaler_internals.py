@@ -15,13 +15,13 @@
 # %% [markdown]
 # # 04 · GradScaler internals: the real scaler, call by call
 #
-# What `torch.amp.GradScaler` holds, checks and changes in each iteration, and the mistakes it
-# refuses (or silently lets through).
+# What `torch.amp.GradScaler`, PyTorch's [dynamic loss scaler](../GLOSSARY.md#dynamic-loss-scaling), holds,
+# checks and changes in each iteration, and the mistakes it refuses (or silently lets through).
 #
 # You will be able to:
 # - follow one iteration of `torch.amp.GradScaler` through `scale`, `backward`, `unscale_`, `step`
 #   and `update`, and predict its scale and growth tracker after any run of clean and overflowing steps,
-# - read each of its error messages, and put clipping, skipped-step checks and the scheduler in the right place,
+# - read each of its error messages, and put [clipping](../GLOSSARY.md#gradient-clipping), skipped-step checks and the scheduler in the right place,
 # - check a simulator of the scaler against the real one, step for step.
 #
 # Teaching this lesson? The [teacher's guide](../TEACHING.md#nb04) has its timings, the answers to
@@ -84,7 +84,7 @@ walk_iteration(overflow=True)
 # %% [markdown]
 # Notice: `unscale_` records `found_inf = 1`; `step` then never calls `optimizer.step()`, so w
 # stays [3, -4]; `update()` multiplies the scale by `backoff_factor` (0.5) and resets the growth
-# tracker to 0. A skipped step changes nothing but the scale.
+# tracker to 0. A [skipped step](../GLOSSARY.md#skipped-step) changes nothing but the scale.
 
 # %% [markdown]
 # ## 3. The check comes before the division
@@ -158,7 +158,7 @@ print(*error_cases(), sep="\n\n")
 # - The three `_scale is None` errors mean that no `scaler.scale(...)` ran yet, typically a
 #   `loss.backward()` where `scaler.scale(loss).backward()` belongs. To search for the message,
 #   mind the **two spaces** after `None.`
-# - GradScaler refuses fp16 *weights*: mixed precision keeps the weights and their gradients in
+# - [GradScaler](../GLOSSARY.md#gradscaler) refuses fp16 *weights*: mixed precision keeps the weights and their gradients in
 #   fp32 and runs fp16 only inside `torch.autocast`.
 # - A closure (as LBFGS uses) is refused.
 # - `update()` needs an inf check recorded in this iteration, and `unscale_` records one: after

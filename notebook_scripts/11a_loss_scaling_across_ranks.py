@@ -15,12 +15,12 @@
 # %% [markdown]
 # # 11a · Loss scaling across ranks: when the scalers agree
 #
-# Real `torch.distributed` ranks on the CPU (gloo, 2 to 4 processes started from a cell), each with its
+# Real `torch.distributed` [ranks](../GLOSSARY.md#rank) on the CPU (gloo, 2 to 4 processes started from a cell), each with its
 # own loss scaler: when they agree for free, and three ways to make them disagree. Its second half,
-# [11b · Ranks in practice: all-reduce precision, compress hooks and Lightning](11b_allreduce_numerics.ipynb), measures what the all-reduce itself does to the gradients.
+# [11b · Ranks in practice: all-reduce precision, compress hooks and Lightning](11b_allreduce_numerics.ipynb), measures what the [all-reduce](../GLOSSARY.md#all-reduce) itself does to the gradients.
 #
 # You will be able to:
-# - explain why DDP with one `GradScaler` per rank needs no extra synchronisation, and spot the loops
+# - explain why [DDP](../GLOSSARY.md#ddp) with one `GradScaler` per rank needs no extra synchronisation, and spot the loops
 #   and wrappers (local gradients, `unscale_` before the all-reduce, FSDP1) that do,
 # - fix them by all-reducing the found_inf flag, as `ShardedGradScaler`, Megatron and DeepSpeed do.
 #
@@ -150,7 +150,7 @@ print("simulator agrees:", same_trace(simulate_ranks(policy, found_inf=flags3, m
 # %% [markdown]
 # ### c. FSDP1 with a plain `GradScaler`
 #
-# FSDP shards the gradients: after the reduce-scatter each rank holds, and checks, only its own
+# [FSDP](../GLOSSARY.md#fsdp) shards the gradients: after the reduce-scatter each rank holds, and checks, only its own
 # shard. Here FSDP1 (`FullyShardedDataParallel`, `FULL_SHARD`) wraps a probe of 8 weights, 4 per
 # rank; an inf reaches rank 0's shard at step 2 and rank 1's at step 4. First with a plain
 # `GradScaler`, then with `ShardedGradScaler`:
@@ -203,7 +203,7 @@ print("simulator agrees (plain, sharded):", *agree)
 # %% [markdown]
 # ## Try it
 #
-# Change the world size, the overflow rate and the mode (`"ddp"`, `"synced"`, `"local"`,
+# Change the [world size](../GLOSSARY.md#world-size), the overflow rate and the mode (`"ddp"`, `"synced"`, `"local"`,
 # `"unscale_first"`), then run the cell. The simulator takes any number of ranks; the real run beside it
 # is capped at 4 ranks here (and 8 by `run_scaler_ranks`).
 

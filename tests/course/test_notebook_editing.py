@@ -25,7 +25,7 @@ from traitlets.config.loader import PyFileConfigLoader
 
 NOTEBOOK = "notebooks/01_fp16_range.ipynb"
 SCRIPT = "notebook_scripts/01_fp16_range.py"
-OLD, NEW = "A float is stored as a sign bit", "A floating-point number is stored as a sign bit"
+OLD, NEW = "A float is stored as a [sign bit]", "A floating-point number is stored as a [sign bit]"
 
 
 @pytest.fixture
