@@ -195,9 +195,9 @@ check_why_1000_1_rounds_to_1000(answer)
 # %% [markdown]
 # ## Summary
 #
-# - All fourteen notebooks, 00 to 13, follow the same layout: a setup cell, short steps, a *Try it*
-#   section (an explorer, or a cell to change and re-run), and at the end *Check yourself*,
-#   a summary and open exercises.
+# - Every lesson, 01 to 13 (03 and 11 in two parts each, a and b), has the same layout: a setup
+#   cell, short steps, a *Try it* section (an explorer, or a cell to change and re-run), and at the
+#   end *Check yourself*, a summary and open exercises.
 # - Explorers redraw on every change; if one shows an error instead of controls, re-run its cell.
 # - What fp16 and bf16 cost or save on your hardware is measured, not assumed.
 #

@@ -84,7 +84,7 @@ check_cpu_precision(answer)
 on_cpu = cpu_16_mixed()
 print(on_cpu)
 print(*on_cpu.details["warnings"], sep="\n")
-print(precision_table(on_cpu))
+precision_table(on_cpu)
 
 # %% [markdown]
 # Notice: Lightning replaced `16-mixed` by `bf16-mixed`, with `precision_plugin.scaler = None`.
@@ -109,7 +109,7 @@ print(precision_table(on_cpu))
 bug = fp16_loss_backward()
 print(f"{bug.error_type}: {bug.message}")
 print(*bug.details["error_chain"], sep="\n")
-print(precision_table(bug))
+precision_table(bug)
 
 # %% [markdown]
 # Notice: the error comes from `opt.step()`, not from the backward call. Lightning's precision
@@ -233,7 +233,7 @@ print(f"optimizer 2, iteration 1: applied gradient ÷ true gradient = {applied_f
 # %%
 # NBVAL_CHECK_OUTPUT
 recipe = torch_recipe(optimizers=2, overflow_in=(1,), spike_at=1, iterations=2)
-print(steps_table(recipe))
+steps_table(recipe)
 
 # %% [markdown]
 # Notice: both optimizers divide by the same 65536. Optimizer 1 is skipped, optimizer 2 applies
