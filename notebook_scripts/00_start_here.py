@@ -70,6 +70,18 @@ assert all(runs.end("fp16") > 5 * runs.end(m) for m in learners)  # fp16 alone e
 # %% [markdown]
 # ## The course map
 #
+# The core path, and three tracks that branch off it (the
+# [teacher's guide](../TEACHING.md#the-course-map) says what each track needs):
+#
+# ```mermaid
+# flowchart LR
+#     n00["00 start here"] --> n01["01 formats"] --> n02["02 loss scaling"] --> n03a["03a autocast"] --> n03b["03b bf16 in practice"] --> n04["04 GradScaler"] --> n05["05 real loops"] --> n07["07 live training"]
+#     n04 -.-> n06["06 scaling lab"]
+#     n04 --> n08["08 Lightning: manual_backward"] --> n09["09 Lightning: autocast cache"] --> n10["10 Lightning: TransformerEncoder"]
+#     n05 --> n11a["11a loss scaling across ranks"] --> n11b["11b all-reduce numerics"]
+#     n02 --> n12["12 FP8 scaling"] --> n13["13 MX and NVFP4"]
+# ```
+#
 # | notebook | what you will learn |
 # |---|---|
 # | 00 · Start here (this page) | the map, how to use the widgets, your environment |

@@ -150,7 +150,7 @@ def test_the_workshop_and_the_three_classes_add_up_to_90_minutes():
         assert named <= set(LESSONS), named - set(LESSONS)
 
 
-def test_the_course_map_places_every_lesson_in_both_files():
+def test_the_course_map_places_every_lesson_in_the_guide_the_readme_and_00():
     guide_map = _section(GUIDE.read_text(encoding="utf-8"), "## The course map")
     in_guide = {nn for row in _tables(guide_map)[0] for nn in re.findall(r"\b(\d\d[ab]?)\b", row[1])}
     assert in_guide == set(LESSONS)
@@ -158,3 +158,7 @@ def test_the_course_map_places_every_lesson_in_both_files():
     mermaid = re.search(r"```mermaid\n(.*?)```", readme, flags=re.S)
     assert mermaid, "README draws the course map as a Mermaid diagram"
     assert set(re.findall(r"\bn(\d\d[ab]?)\b", mermaid[1])) == set(LESSONS)
+    start = (ROOT / "notebook_scripts" / "00_start_here.py").read_text(encoding="utf-8")
+    in_00 = re.search(r"# ```mermaid\n(.*?)# ```", start, flags=re.S)
+    assert in_00, "00 draws the course map as a Mermaid diagram (JupyterLab renders it)"
+    assert re.sub(r"^# ", "", in_00[1], flags=re.M) == mermaid[1], "00 draws the same map as README"
