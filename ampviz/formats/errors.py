@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ampviz.checks import Check, check
+from ampviz.checks import Check, Choice, check, check_choice
 from ampviz.formats import get_format
 from ampviz.formats.lesson import _brief, _close
 from ampviz.text import Table
 
-__all__ = ['ERROR_SCHEMES', 'DEFAULT_ERROR_SCHEMES', 'FormatError', 'scheme_bits', 'relative_error', 'format_error', 'format_error_table', 'check_mx_floor_value', 'check_outlier_survivors', 'check_nvfp4_bits', 'check_single_level_value']
+__all__ = ['ERROR_SCHEMES', 'DEFAULT_ERROR_SCHEMES', 'DEFAULT_MX_ROUNDING', 'FormatError', 'scheme_bits', 'relative_error', 'format_error', 'format_error_table', 'check_mx_floor_value', 'check_outlier_survivors', 'check_nvfp4_bits', 'check_single_level_value', 'check_why_mx_block_survives_outlier', 'check_why_mx_nvfp4_tensor_scale', 'check_why_mx_floor_saturates']
 
 
 # --------------------------------------------------------------------------------------------
@@ -42,6 +42,11 @@ DEFAULT_ERROR_SCHEMES = ("fp8_e4m3", "fp8_e5m2", "mxfp8_e4m3", "mxfp6_e3m2", "mx
 _MX_ELEMENT = {"mxfp8_e4m3": "fp8_e4m3", "mxfp8_e5m2": "fp8_e5m2", "mxfp6_e3m2": "fp6_e3m2",
                "mxfp6_e2m3": "fp6_e2m3", "mxfp4": "fp4_e2m1"}
 MX_BLOCK, NVFP4_BLOCK = 32, 16
+#: How MX picks its block scales unless told otherwise: "rceil", as torchao's MXFP8 training config
+#: (``MXFP8TrainingOpConfig.scale_calculation_mode``) and MX inference config
+#: (``MXDynamicActivationMXWeightConfig.scaling_mode``) do by default. (torchao's lower-level
+#: ``to_mx`` and ``MXTensor.to_mx`` default to the OCP rule, "floor", as ``mx_quantize`` does.)
+DEFAULT_MX_ROUNDING = "rceil"
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,12 +156,14 @@ def _block_of(schemes) -> int:
     return NVFP4_BLOCK if "nvfp4" in schemes else 1
 
 
-def format_error(x, scheme, *, rounding="floor") -> FormatError:
+def format_error(x, scheme, *, rounding=DEFAULT_MX_ROUNDING) -> FormatError:
     """What ``scheme`` (one of ``ERROR_SCHEMES``) does to the tensor ``x`` (float32 first; blocks
     run along its last axis, which must be a multiple of 32 for MX and 16 for NVFP4).
-    ``rounding``: how MX picks a block's scale ("floor", the OCP rule, "ceil", "even" or
-    "rceil"; see ``ampviz.formats.blocks``). FP8 is scaled as torchao's tensorwise current scaling,
-    NVFP4 with its float32 tensor scale, as torchao; see ``FormatError`` for the numbers."""
+    ``rounding``: how MX picks a block's scale: "rceil" (NVIDIA's rule, the default of torchao's
+    MXFP8 training and MX inference configs), "floor" (the OCP MX rule, which can saturate a
+    block's largest value), "ceil" or "even"; see ``ampviz.formats.blocks``. FP8 is scaled as
+    torchao's tensorwise current scaling, NVFP4 with its float32 tensor scale, as torchao; see
+    ``FormatError`` for the numbers."""
     scheme = _scheme(scheme)
     rounding = _rounding(rounding)
     x32 = _tensor(x, "x", _block_of((scheme,)))
@@ -197,7 +204,7 @@ def _percent(share: float, digits: int = 2) -> str:
     return f"{100 * share:.{digits}f}%"
 
 
-def format_error_table(tensors, schemes=DEFAULT_ERROR_SCHEMES, *, rounding="floor") -> Table:
+def format_error_table(tensors, schemes=DEFAULT_ERROR_SCHEMES, *, rounding=DEFAULT_MX_ROUNDING) -> Table:
     """One row per tensor and scheme: bits per element (scales included), the relative error
     RMS(q - x) / RMS(x) of the dequantized values, and the shares flushed to zero and saturated
     (see ``format_error``). ``tensors``: a dict name -> array (a layer's weights, its gradient);
@@ -271,3 +278,77 @@ def check_single_level_value(answer) -> Check:
     expected = float(nvfp4_quantize(np.full(NVFP4_BLOCK, 1e-3, np.float32), per_tensor_scale=False).values[0])
     return check(answer, expected, hint="the block scale is amax / 6, held between E4M3's 2^-6 and 448; divide "
                                         "1e-3 by it and round to E2M1")
+
+
+# ----- 13: questions that ask why -----
+WHY_MX_BLOCK_SURVIVES_OUTLIER = Choice(
+    "why_mx_block_survives_outlier",
+    "Section 1: with a scale per 32 values, the 2^10 outlier flushes its own block only; with one scale for "
+    "all 128 values, it flushes all 127 others. Why?",
+    {"a": "each block's scale comes from its own largest value: only the outlier's block gets the scale 2^8, "
+          "whose smallest nonzero step is 128; the other blocks keep 2^-1",
+     "b": "smaller blocks spend more bits per element, so their values are rounded more finely",
+     "c": "the outlier is clamped to its block's largest value, so it no longer sets the scale",
+     "d": "a per-block scale can be any float, finer than a per-tensor scale's power of two"},
+    "a",
+    {"b": "both runs store E2M1 elements, the same 8 magnitudes (section 2): the block size changes how many "
+          "values share a scale, not the grid each value is rounded to",
+     "c": "block 1's scale is 2^8, set by the outlier itself (section 1's scale exponents): the outlier keeps "
+          "its size and sets its block's scale",
+     "d": "both runs store E8M0 scales, powers of two (section 1 prints their exponents): only how many values "
+          "share one changes"},
+)
+
+
+def check_why_mx_block_survives_outlier(answer) -> Check:
+    """Q: why does a scale per block survive an outlier that one scale per tensor does not? (a):
+    each block's scale comes from its own amax (notebook 13, section 1)."""
+    return check_choice(answer, WHY_MX_BLOCK_SURVIVES_OUTLIER)
+
+
+WHY_MX_NVFP4_TENSOR_SCALE = Choice(
+    "why_mx_nvfp4_tensor_scale",
+    "NVFP4 already gives every block of 16 values its own scale. Why does it also need a float32 scale per "
+    "tensor?",
+    {"a": "without it, a block's largest value cannot be stored in E2M1",
+     "b": "its block scales are E4M3 numbers, which reach only from 2^-9 to 448 (torchao holds them between "
+          "2^-6 and 448): a tensor far from size 1 needs block scales outside that range, and the tensor "
+          "scale brings them back inside",
+     "c": "the tensor scale turns the block scales into powers of two, as in MX"},
+    "b",
+    {"a": "at size 1 without the tensor scale, each block's scale is still its largest value over 6, and the "
+          "error is 10.18%, close to the 9.99% with it (section 5)",
+     "c": "NVFP4's block scales are E4M3 numbers with 3 mantissa bits: with the tensor scale they run from "
+          "176 to 448 (section 5), not powers of two"},
+)
+
+
+def check_why_mx_nvfp4_tensor_scale(answer) -> Check:
+    """Q: why does NVFP4 need a scale per tensor besides its block scales? (b): the E4M3 block scales'
+    own range (notebook 13, section 5)."""
+    return check_choice(answer, WHY_MX_NVFP4_TENSOR_SCALE)
+
+
+WHY_MX_FLOOR_SATURATES = Choice(
+    "why_mx_floor_saturates",
+    "In MXFP8 E4M3 the OCP floor rule can clamp a block's largest value to 448; the rceil rule never "
+    "clamps one (section 3). Why?",
+    {"a": "floor rounds each element down, toward zero, so the largest elements lose the most",
+     "b": "an E8M0 scale cannot exceed 1, so a block of large values always saturates",
+     "c": "floor aims the largest power of two in amax at E4M3's 2^8, but amax can be up to twice that power "
+          "while E4M3's largest value is 1.75 × 2^8 = 448: past 1.75 times its power of two, amax lands "
+          "beyond max and is clamped; rceil takes the least scale with amax / scale <= 448",
+     "d": "a block's largest value can lie beyond E4M3's range whatever the scale"},
+    "c",
+    {"a": "every rule rounds the elements to nearest even; floor and rceil name how the scale's exponent is "
+          "chosen (section 3)",
+     "b": "E8M0 reaches 2^127: for the block with 500, rceil picks the scale 2^1 (section 3)",
+     "d": "an E8M0 scale reaches 2^127, so some scale always holds a float32 amax: rceil stores 500 as 512 "
+          "with the scale 2^1 (section 3)"},
+)
+
+
+def check_why_mx_floor_saturates(answer) -> Check:
+    """Q: why can the OCP floor rule saturate a block's largest value, and rceil not? (c): floor
+    aims amax's power of two at 2^emax, and max is below 2^(emax + 1) (notebook 13, section 3)."""
+    return check_choice(answer, WHY_MX_FLOOR_SATURATES)

@@ -15,11 +15,14 @@ from ampviz.plots.style import CATEGORY_COLORS, _LINEAR, _WHITE, _WHITE_AXIS, _f
 from ampviz.plots.text import format_number
 
 
-#: Colours of ``plot_fp8_scaling``: the amax, the scale, the largest and smallest magnitudes the
-#: scale keeps, and the shares saturated, underflowed and subnormal (as the census bands).
-FP8_COLORS = {"amax": "#000000", "scale": "#009E73", "ceiling": CATEGORY_COLORS["overflow"],
-              "floor": CATEGORY_COLORS["underflow"], "saturated": CATEGORY_COLORS["overflow"],
-              "underflowed": CATEGORY_COLORS["underflow"], "subnormal": CATEGORY_COLORS["subnormal"],
+#: Colours of ``plot_fp8_scaling``, one per series and no two alike (all from ``ampviz.plots.style``'s
+#: palette): the amax (black), the scale (green), the largest magnitude the scale keeps (vermillion,
+#: overflow's colour), the underflow boundary below which values become 0 (grey, zero's colour), and
+#: the shares saturated (orange), underflowed (blue, underflow's colour, as in the census figures) and
+#: subnormal (Paul Tol's olive: not a second blue), and the inf or NaN amaxes (NaN's colour).
+FP8_COLORS = {"amax": "#000000", "scale": CATEGORY_COLORS["normal"], "ceiling": CATEGORY_COLORS["overflow"],
+              "floor": CATEGORY_COLORS["zero"], "saturated": "#E69F00",
+              "underflowed": CATEGORY_COLORS["underflow"], "subnormal": "#999933",
               "nonfinite": CATEGORY_COLORS["nan"]}
 
 
@@ -161,7 +164,10 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
                  "customdata": np.asarray(trace.scale, np.float32)[runs],
                  "hovertemplate": "step %{x:,} · scale %{customdata:.4~g}<extra></extra>",
                  "meta": {"kind": "scale"}})
-    share_range = [math.log10(50.0 / max(size, 1)), 2.05]
+    # down to a power of ten at least half a value below one value's share: every share, and a lone
+    # step's tick around it, lies above the lowest labelled tick (a tick below the lowest label read
+    # as drawn under the axis)
+    share_range = [math.floor(math.log10(50.0 / max(size, 1))) - 0.05, 2.05]
     # a lone step's tick: _LONE_TICK_PX above and below its share, in the share axis's units
     tick = _LONE_TICK_PX * (share_range[1] - share_range[0]) / (_FP8_SHARE_DOMAIN * _FP8_PANELS)
     for kind, counts, label in (("saturated", trace.saturated, "saturated (held at ±max)"),

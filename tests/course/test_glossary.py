@@ -110,8 +110,8 @@ FORMS = {
     "dynamic-loss-scaling": r"\bdynamic (?:loss )?scal(?:ing|ers?)\b", "gradscaler": r"\bGradScaler\b",
     "skipped-step": r"\bskip(?:ped|s)? (?:the |a |that |this |its )?(?:optimizer )?steps?\b",
     "gradient-clipping": r"\b(?:gradient )?clipping\b", "stochastic-rounding": r"\bstochastic rounding\b",
-    "per-tensor-scaling": r"\bper-tensor scal(?:ing|es?)\b", "delayed-scaling": r"\bdelayed scaling\b",
-    "amax": r"\bamax\b", "block-scaling": r"\bblock scal(?:ing|es?)\b", "hadamard": r"\bHadamard\b",
+    "per-tensor-scaling": r"\bper-tensor scal(?:ing|es?)\b|\bscale per tensor\b", "delayed-scaling": r"\bdelayed scaling\b",
+    "amax": r"\bamax\b", "block-scaling": r"\b(?:per-)?block scal(?:ing|es?)\b|\bscale per block\b", "hadamard": r"\bHadamard\b",
     "rank": r"\branks?\b", "world-size": r"\bworld size\b", "all-reduce": r"\ball-reduce\b",
     "ddp": r"\bDDP\b", "fsdp": r"\bFSDP\b",
 }

@@ -312,11 +312,11 @@ def test_an_unsynced_edit_is_found(tmp_path):
     shutil.copy(SCRIPT_DIR / script.name, script)
     assert pair_problems(notebook, script) == []
     original = script.read_text(encoding="utf-8")
-    script.write_text(original.replace("# What fp16, bf16 and fp8 can store", "# What fp16 and bf16 can store"),
+    script.write_text(original.replace("# What [fp16]", "# What fp16 [fp16]"),
                       encoding="utf-8")
     assert pair_problems(notebook, script) == [
         "cell 0 differs between 01_fp16_range.ipynb and 01_fp16_range.py "
-        "(markdown / markdown; 'What fp16, bf16 and fp8 can store, where they round, and whe')"]
+        "(markdown / markdown; 'What [fp16](../GLOSSARY.md#fp16), [bf16](../GLOSSARY.md#bf16')"]
     script.write_text(original, encoding="utf-8")
     nb = nbformat.read(notebook, as_version=4)
     nb.cells[1].source += "\nprint('only in the notebook')"

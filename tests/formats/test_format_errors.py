@@ -37,7 +37,7 @@ def ao(torchao_modules):
         "torchao.prototype.mx_formats.config", "torchao.prototype.mx_formats.kernels",
         "torchao.prototype.mx_formats.mx_tensor", "torchao.prototype.mx_formats.nvfp4_tensor")
 
-    def reference(x: np.ndarray, scheme: str, rounding: str = "floor"):
+    def reference(x: np.ndarray, scheme: str, rounding: str = "rceil"):
         """(dequantized values, bits stored per element, the magnitude past which each element is
         saturated), all from torchao's tensors."""
         t = torch.from_numpy(np.ascontiguousarray(x, F32))
@@ -75,7 +75,7 @@ def ao(torchao_modules):
     return reference
 
 
-def expected(reference, x: np.ndarray, scheme: str, rounding: str = "floor") -> tuple:
+def expected(reference, x: np.ndarray, scheme: str, rounding: str = "rceil") -> tuple:
     """(bits, relative error, flushed share, saturated share), each from ``reference``'s tensors."""
     values, bits, past = reference(x, scheme, rounding)
     x64, q64 = x.astype(np.float64), values.astype(np.float64)
@@ -119,6 +119,35 @@ def test_mx_scale_roundings_match_torchao(ao, rounding):
             bits, error, flushed, saturated = expected(ao, x, scheme, rounding)
             assert (r.bits, r.flushed, r.saturated) == (bits, flushed, saturated), (scheme, name)
             assert r.error == pytest.approx(error, rel=1e-12)
+
+
+def test_mx_scales_default_to_rceil_as_torchaos_configs_do(torchao_modules):
+    """torchao 0.18's MXFP8 training config and MX inference config choose rceil unless told
+    otherwise, and so does the comparison here; its lower-level ``to_mx`` and ``MXTensor.to_mx``
+    default to the OCP floor rule, as ``mx_quantize`` does. Lesson 13 says which path computes
+    rceil how: ``_to_mx_rceil`` converts with the PTX instruction only under torch.compile, on a CUDA
+    GPU of SM100 or later, with torch 2.12 or later, and otherwise takes a float32 log2."""
+    import inspect
+
+    from ampviz.formats.blocks import mx_quantize
+    from ampviz.formats.errors import DEFAULT_MX_ROUNDING
+
+    config, inference, training, mx_tensor = torchao_modules(
+        "torchao.prototype.mx_formats.config", "torchao.prototype.mx_formats.inference_workflow",
+        "torchao.prototype.moe_training.config", "torchao.prototype.mx_formats.mx_tensor")
+    mode = config.ScaleCalculationMode
+    assert training.MXFP8TrainingOpConfig().scale_calculation_mode is mode.RCEIL
+    assert inference.MXDynamicActivationMXWeightConfig().scaling_mode is mode.RCEIL
+    assert mode(DEFAULT_MX_ROUNDING) is mode.RCEIL
+    for f in (mx_tensor.to_mx, mx_tensor.MXTensor.to_mx):
+        assert inspect.signature(f).parameters["scaling_mode"].default is mode.FLOOR
+    assert inspect.signature(mx_quantize).parameters["rounding"].default == "floor"
+    assert inspect.signature(format_error).parameters["rounding"].default == "rceil"
+    assert inspect.signature(format_error_table).parameters["rounding"].default == "rceil"
+    source = "".join(inspect.getsource(mx_tensor._to_mx_rceil).split())
+    for needed in ("torch.compiler.is_compiling()", "is_sm_at_least_100()", 'torch_version_at_least("2.12.0.dev0")',
+                   "descale.is_cuda", "cvt.rp.satfinite.ue8m0x2.f32", "torch.ceil(torch.log2(descale))"):
+        assert needed in source, needed
 
 
 def test_the_table_prints_the_references_numbers(ao):
@@ -176,7 +205,7 @@ def test_floor_saturates_and_rceil_does_not():
     not counted as saturated."""
     row = np.zeros(32, F32)
     row[0] = 500.0
-    floor, rceil = format_error(row, "mxfp8_e4m3"), format_error(row, "mxfp8_e4m3", rounding="rceil")
+    floor, rceil = format_error(row, "mxfp8_e4m3", rounding="floor"), format_error(row, "mxfp8_e4m3")
     assert floor.values[0] == 448 and floor.saturated == 1 / 32 and floor.flushed == 0
     assert rceil.values[0] == 512 and rceil.saturated == 0
     assert floor.error == pytest.approx(52 / 500) and rceil.error == pytest.approx(12 / 500)

@@ -1,5 +1,8 @@
-"""FP8 per-tensor scaling, bit for bit: delayed scaling (Transformer Engine) and current scaling
-(torchao), as immutable state machines and fast simulators over a stream of amaxes.
+"""FP8 per-tensor scaling, bit for bit: current scaling (torchao's float8 training, and Transformer
+Engine's ``Float8CurrentScaling`` recipe with ``convention="te"``) and delayed scaling (Transformer
+Engine's ``DelayedScaling`` recipe), as immutable state machines and fast simulators over a stream
+of amaxes, and what each costs a stream of tensors (``rms_errors``, ``recipe_table``). Transformer
+Engine 2.x ships block scaling recipes too (MXFP8, NVFP4): ``ampviz.formats.blocks``.
 
 An FP8 tensor is stored as ``fp8(x * scale)``, and read back as ``data / scale``. The scale maps the
 tensor's largest magnitude, its *amax*, near the format's ``max`` (448 for E4M3, 57344 for E5M2):
@@ -60,8 +63,9 @@ from __future__ import annotations
 import numpy as np
 
 # The code lives in the modules below (each imports its siblings directly): current (current
-# scaling), delayed (delayed scaling), stream (a stream of tensors under either recipe) and
-# common (the checks and recipe_formats they share); the exercise checkers stay here.
+# scaling), delayed (delayed scaling), stream (a stream of tensors under either recipe), compare
+# (the RMS error of a run and recipes side by side) and common (the checks and recipe_formats they
+# share); the exercise checkers stay here.
 # The public API (``__all__``) and the private names other modules and tests use are re-exported.
 from ampviz.formats.catalog import FP8_E4M3, FP8_E5M2, get_format  # noqa: F401
 from ampviz.formats.fp8.common import _readonly, recipe_formats
@@ -69,8 +73,9 @@ from ampviz.formats.fp8.current import (CONVENTIONS, EPS, GRANULARITIES, Current
     _pow2_floor_torchao, current_quantize, current_scale)
 from ampviz.formats.fp8.delayed import (ALGOS, DELAYED_CONVENTIONS, DelayedScaler, DelayedState, DelayedTrace,
     simulate_delayed)
-from ampviz.formats.fp8.stream import (RECIPES, Fp8ScalingTrace, TensorStream, simulate_fp8_scaling,
+from ampviz.formats.fp8.stream import (BASES, RECIPES, Fp8ScalingTrace, TensorStream, simulate_fp8_scaling,
     tensor_stream)
+from ampviz.formats.fp8.compare import recipe_table, rms_errors
 from ampviz.formats.inputs import _TORCH_MAX_NAN, _describe, _real_array  # noqa: F401
 from ampviz.formats.spec import FloatFormat  # noqa: F401
 
@@ -89,7 +94,8 @@ __all__ = [
     "current_quantize",
     "simulate_delayed",
 ]
-__all__ += ["RECIPES", "TensorStream", "Fp8ScalingTrace", "tensor_stream", "simulate_fp8_scaling"]
+__all__ += ["RECIPES", "BASES", "TensorStream", "Fp8ScalingTrace", "tensor_stream", "simulate_fp8_scaling",
+            "rms_errors", "recipe_table"]
 
 
 # ------------------------------------------------------------------ exercise checkers
@@ -143,3 +149,83 @@ def check_margin_scale(answer):
 
 
 __all__ += ["check_spike_hold", "check_current_scale", "check_inf_current", "check_margin_scale"]
+
+
+# ------------------------------------------------------------------ questions that ask why
+from ampviz.checks import Check, Choice, check_choice  # noqa: E402  (numpy only, as this package)
+
+WHY_FP8_DELAYED_SATURATES = Choice(
+    "why_fp8_delayed_saturates",
+    "Section 3: under delayed scaling the spike step saturates 1,060 of its 4,096 values; current scaling "
+    "saturates no value at any step. Why?",
+    {"a": "delayed scaling's history is too short: a longer history would have remembered a spike that size",
+     "b": "delayed scaling casts each step with a scale computed from earlier steps' amaxes, 2^8 too high for "
+          "the spike; current scaling computes the scale from the spike's own amax before the cast",
+     "c": "current scaling does not clamp: its largest values become inf instead of being held at ±448",
+     "d": "the spike widens the tensor's span past what E4M3 keeps, and only current scaling can cover it"},
+    "b",
+    {"a": "with a history of 1,024 steps the first spike saturates too (section 2): no history holds an amax "
+          "that has not happened yet",
+     "c": "current scaling maps the tensor's own amax onto 448, so nothing is left to clamp or to become inf "
+          "(section 2: 0 steps saturate)",
+     "d": "a spike multiplies the whole tensor by 2^8, which moves its values without widening their span; "
+          "current scaling fits the spike steps as it fits every other (section 2)"},
+)
+
+
+def check_why_fp8_delayed_saturates(answer) -> Check:
+    """Q: why does delayed scaling saturate at a spike that current scaling fits? (b): its scale
+    comes from earlier amaxes (notebook 12, sections 2 and 3)."""
+    return check_choice(answer, WHY_FP8_DELAYED_SATURATES)
+
+
+WHY_FP8_HYBRID_FORMATS = Choice(
+    "why_fp8_hybrid_formats",
+    "HYBRID casts activations and weights to E4M3 and gradients to E5M2. Why this split?",
+    {"a": "gradients need E5M2's inf to detect an overflow and skip the step, as a loss scaler does",
+     "b": "gradients are smaller numbers than activations, and E5M2 reaches smaller numbers",
+     "c": "E5M2 keeps 14 more binades, room for the gradients' wider and spikier range; E4M3 keeps one more "
+          "mantissa bit, a finer step, for the forward tensors",
+     "d": "E5M2 rounds more finely than E4M3, and gradients need the precision"},
+    "c",
+    {"a": "the cast clamps to ±max before it rounds (section 2 counts saturated values, held at ±max): a "
+          "gradient past the range becomes ±57344, not inf",
+     "b": "the scale moves any tensor's values into the window: section 1's gradients (× 2^-20) land as the "
+          "activations do once scaled; what matters is how many binades a tensor spans, not how small it is",
+     "d": "E5M2 has 2 mantissa bits to E4M3's 3: its step is twice as coarse, and its RMS error about twice "
+          "E4M3's (section 6)"},
+)
+
+
+def check_why_fp8_hybrid_formats(answer) -> Check:
+    """Q: why E4M3 forward and E5M2 for gradients? (c): range for the gradients, precision for the
+    forward tensors (notebook 12, section 6)."""
+    return check_choice(answer, WHY_FP8_HYBRID_FORMATS)
+
+
+WHY_FP8_MARGIN_TRADES = Choice(
+    "why_fp8_margin_trades",
+    "Section 5, synthetic stream: margin 1 removes the saturations that drift causes, and doubles the share "
+    "of values underflowed. Why both?",
+    {"a": "margin widens E4M3's window by a binade at the top",
+     "b": "margin smooths the amax history, so the scale reacts to the drift more slowly",
+     "c": "margin divides the scale by 2^margin: the window slides down a binade, which leaves a binade of "
+          "headroom above the amax and drops the binade at its bottom below the smallest subnormal",
+     "d": "margin rounds the scale down to a power of two"},
+    "c",
+    {"a": "the window is E4M3's 17.8 binades at every margin (section 1): margin moves where it sits, not how "
+          "wide it is",
+     "b": "margin changes no amax and no history: the scale is still max / amax of the same window, divided "
+          "by 2^margin (section 2's formula)",
+     "d": "that is round_to_power_of_2, an option of current scaling (open exercise 2); margin divides the "
+          "scale by exactly 2^margin, whatever it is"},
+)
+
+
+def check_why_fp8_margin_trades(answer) -> Check:
+    """Q: why does a margin remove saturation and add underflow? (c): it slides the window down by
+    2^margin (notebook 12, section 5)."""
+    return check_choice(answer, WHY_FP8_MARGIN_TRADES)
+
+
+__all__ += ["check_why_fp8_delayed_saturates", "check_why_fp8_hybrid_formats", "check_why_fp8_margin_trades"]

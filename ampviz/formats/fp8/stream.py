@@ -1,5 +1,6 @@
 """A stream of tensors under an FP8 scaling recipe: ``tensor_stream`` makes a seeded
-``TensorStream`` (a slow drift in magnitude, spikes of 2**k, optional inf and NaN steps), and
+``TensorStream`` (one tensor, log-normal, Gaussian or given, times a slow drift in magnitude,
+spikes of 2**k, optional inf and NaN steps), and
 ``simulate_fp8_scaling`` runs delayed or current scaling over it and counts, per step and
 exactly, the values that saturate, underflow or land in subnormals (an ``Fp8ScalingTrace``, drawn
 by ``ampviz.plots.plot_fp8_scaling``).
@@ -32,7 +33,7 @@ class TensorStream:
     """A seeded stream of tensors: step ``t`` holds ``f32(base * magnitude[t])``, with the element
     of largest |base| replaced by +inf (``nonfinite[t] == 1``) or NaN (``2``) on a non-finite step.
 
-    ``base`` (float32, ``size`` values: random signs, log2 |base| ~ N(0, spread²)), ``magnitude``
+    ``base`` (float32, ``size`` values: see ``tensor_stream``), ``magnitude``
     (float32 per step: a slow random walk in log2, times ``2**spike_log2`` on the ``spike`` steps),
     ``spike`` (bool per step), ``nonfinite`` (uint8 per step: 0, 1 = inf, 2 = NaN). ``tensor(t)``
     builds one step's tensor; ``amax`` is every step's max |x| (inf or NaN on a non-finite step).
@@ -98,18 +99,58 @@ def _real_arg(name: str, value, low: float, high: float, hint: str) -> float:
     return v
 
 
-def tensor_stream(steps=2000, size=4096, *, seed=0, spread=3.0, wander=0.02, spike_log2=8, spike_prob=0.004,
-                  inf_prob=0.0, nan_prob=0.0) -> TensorStream:
-    """A seeded ``TensorStream`` of ``steps`` tensors of ``size`` values each.
+#: The tensors ``tensor_stream`` draws (``base=``): log2 |x| ~ N(0, spread²), or x ~ N(0, 1).
+BASES = ("lognormal", "normal")
+
+
+def _given_base(base, size):
+    """A tensor given as ``tensor_stream``'s base: its values as float32, flattened, checked."""
+    from ampviz.formats.inputs import _real_array
+
+    arr = _real_array(base, "base")
+    if arr.dtype.kind == "b":
+        raise TypeError("base must be numbers (a tensor's values), not booleans")
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = arr.astype(np.float32).ravel()
+    if not 1 <= values.size <= 10**6:
+        raise ValueError(f"base must hold 1 to 1,000,000 values, got {values.size:,}")
+    if not np.isfinite(values).all():
+        raise ValueError("base must hold finite numbers (in float32): inf and NaN steps are inf_prob's and nan_prob's")
+    if not values.any():
+        raise ValueError("base is all zeros: a stream of zeros has no amax to scale by; pass a tensor with a "
+                         "nonzero value")
+    if size is not None and _whole("size", size, 1, 10**6, "values per tensor") != values.size:
+        raise ValueError(f"size ({size:,}) must be the number of values in base ({values.size:,}), or left out")
+    return values
+
+
+def tensor_stream(steps=2000, size=None, *, seed=0, base="lognormal", spread=3.0, wander=0.02, spike_log2=8,
+                  spike_prob=0.004, inf_prob=0.0, nan_prob=0.0) -> TensorStream:
+    """A seeded ``TensorStream`` of ``steps`` tensors of ``size`` values each (4,096 unless told).
+
+    ``base``: the tensor every step scales. ``"lognormal"`` (the default): random signs, log2 of
+    the magnitudes ~ N(0, ``spread``²), a tensor much wider than most (spread 3: 21.5 binades
+    at 4,096 values). ``"normal"``: N(0, 1) values (about 14 binades at 4,096 values). Or the values
+    of a real tensor (an array, e.g. a layer's weights or gradient; ``size`` is its number of
+    values), flattened and rounded to float32.
 
     From ``np.random.default_rng(seed)``, always in this order (so that changing one setting moves
-    nothing else): the base's log2 magnitudes ~ N(0, ``spread``²) and its signs, the walk's steps
-    ~ N(0, ``wander``²) in log2 (the magnitude drifts slowly), the spike steps (each step with
-    probability ``spike_prob``: the whole tensor times ``2**spike_log2``), then the non-finite
-    steps (probability ``inf_prob`` of an inf, ``nan_prob`` of a NaN, in place of the largest
+    nothing else, and three streams of one size and seed share their drift and spikes whatever
+    their base): ``size`` standard normal draws z and ``size`` uniform ones for the signs (the base
+    is sign · 2**(``spread`` · z), sign · |z|, or the given values), the walk's steps ~ N(0,
+    ``wander``²) in log2 (the magnitude drifts slowly), the spike steps (each step with probability
+    ``spike_prob``: the whole tensor times ``2**spike_log2``), then the non-finite steps
+    (probability ``inf_prob`` of an inf, ``nan_prob`` of a NaN, in place of the largest
     element)."""
     steps = _whole("steps", steps, 1, 10**6, "how many tensors, e.g. 2000")
-    size = _whole("size", size, 1, 10**6, "values per tensor, e.g. 4096")
+    if isinstance(base, str):
+        if base not in BASES:
+            raise ValueError(f"base must be one of {', '.join(map(repr, BASES))} or a tensor's values, not {base!r}")
+        given = None
+        size = 4096 if size is None else _whole("size", size, 1, 10**6, "values per tensor, e.g. 4096")
+    else:
+        given = _given_base(base, size)
+        size = int(given.size)
     seed = _whole("seed", seed, 0, 2**63 - 1, "any whole number >= 0")
     spread = _real_arg("spread", spread, 0.0, 8.0, "the spread of log2 |value| within a tensor")
     wander = _real_arg("wander", wander, 0.0, 1.0, "the step-to-step drift of log2 magnitude")
@@ -120,12 +161,17 @@ def tensor_stream(steps=2000, size=4096, *, seed=0, spread=3.0, wander=0.02, spi
     if inf_prob + nan_prob > 1:
         raise ValueError(f"inf_prob + nan_prob must be at most 1, not {inf_prob + nan_prob!r}")
     rng = np.random.default_rng(seed)
-    log_base = rng.normal(0.0, 1.0, size) * spread
+    z = rng.normal(0.0, 1.0, size)
     signs = np.where(rng.random(size) < 0.5, -1.0, 1.0)
     walk = np.cumsum(rng.normal(0.0, 1.0, steps) * wander)
     spike = rng.random(steps) < spike_prob
     u = rng.random(steps)
-    base = (signs * np.exp2(log_base)).astype(np.float32)
+    if given is not None:
+        base = given
+    elif base == "normal":
+        base = (signs * np.abs(z)).astype(np.float32)
+    else:
+        base = (signs * np.exp2(z * spread)).astype(np.float32)
     magnitude = np.exp2(walk + spike_log2 * spike).astype(np.float32)
     nonfinite = np.where(u < inf_prob, _INF, np.where(u < inf_prob + nan_prob, _NAN, _FINITE)).astype(np.uint8)
     return TensorStream(_readonly(base), _readonly(magnitude), _readonly(spike), _readonly(nonfinite))
