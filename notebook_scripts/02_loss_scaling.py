@@ -246,7 +246,8 @@ for call in ("backward", "unscale_", "step", "update"):
 # A widely read Chinese write-up on [loss scaling](../GLOSSARY.md#loss-scaling), 《详解混合精度训练的梯度稳定性:从损失缩放原理到PyTorch/TensorFlow实战》
 # (the index names no author), makes claims this lesson can run. Each row quotes one, puts it in
 # English, and gives what a run on this machine found: the real `torch.amp.GradScaler("cpu")` on
-# notebook 04's two-weight problem, and torch's own fp16 cast.
+# notebook 04's two-weight problem, torch's own fp16 cast, and for its TensorFlow snippet the real
+# `LossScaleOptimizer` of Keras 3 (the Keras of `tf.keras` since TensorFlow 2.16), run on torch.
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -40,8 +40,53 @@ def test_update_changes_the_scale_and_not_the_weights_dtype():
 
 def test_the_lessons_tables_hold_the_verdicts():
     ls = loss_scaling_claims()
-    assert len(ls.rows) == 4 and "crashes at iteration 2" in ls.rows[2][2] and STEPPED in ls.rows[2][2]
+    assert len(ls.rows) == 5 and "crashes at iteration 2" in ls.rows[2][2] and STEPPED in ls.rows[2][2]
+    assert "has no loss_scale and no unscale" in ls.rows[4][2] and "scale 32768 → 16384" in ls.rows[4][2]
     assert ls.rows[1][2] == "holds: get_scale() = 65536" and ls.rows[3][2].startswith("not measured here")
     gs = gradscaler_claims()
     assert len(gs.rows) == 3 and "not precision" in gs.rows[0][2] and "float32" in gs.rows[0][2]
     assert gs.rows[1][2].startswith("deprecated: FutureWarning")
+
+
+# ----- the TensorFlow snippet, on Keras 3's LossScaleOptimizer -----
+def test_the_keras_snippet_run_matches_keras_itself():
+    """keras_snippet's figures are Keras's own: the attributes the snippet calls are missing, an inf
+    gradient through the inner optimizer poisons a weight and leaves the scale, through the
+    LossScaleOptimizer it is skipped and the scale halves; a finite one through the wrapper steps."""
+    import math
+
+    import numpy as np
+
+    from ampviz.training.gradscaler.keras_snippet import keras_snippet
+
+    run = keras_snippet()
+    import keras
+
+    assert keras.backend.backend() == "torch" and run.version == keras.__version__
+    assert run.missing == ("loss_scale", "unscale") and run.error.endswith("has no attribute 'loss_scale'")
+    lso = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
+    assert hasattr(lso, "scale_loss") and not hasattr(lso, "unscale")  # what Keras offers instead
+    assert run.initial_scale == 2.0**15
+    (w_inner, s_inner), (w_wrapped, s_wrapped) = run.inner, run.wrapped
+    assert math.isnan(w_inner[0]) and 0.89 < w_inner[1] < 0.91 and s_inner == 2.0**15
+    assert w_wrapped == (1.0, 1.0) and s_wrapped == 2.0**14
+    w = keras.Variable(np.ones(2, np.float32))
+    wrapped = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(learning_rate=0.1))
+    wrapped.build([w])
+    import torch
+    wrapped.apply_gradients([(torch.tensor([1.0, 1.0]), w)])  # a finite gradient: the step runs
+    assert max(w.value.detach().tolist()) < 1.0 and float(wrapped.dynamic_scale) == 2.0**15
+
+
+def test_keras_on_another_backend_is_refused_in_one_line(monkeypatch):
+    import keras
+    import pytest
+
+    from ampviz.training.gradscaler import keras_snippet as K
+
+    keras_snippet_fn = K.keras_snippet
+    keras_snippet_fn()  # loads Keras on torch first
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    with pytest.raises(RuntimeError, match=r"^keras_snippet needs Keras on its torch backend; .*'jax'") as err:
+        keras_snippet_fn()
+    assert "\n" not in str(err.value)

@@ -8,7 +8,8 @@ The write-ups are named by their titles (``WRITEUP_LOSS_SCALING``, ``WRITEUP_GRA
 * ``default_init_scale``: the scale a default-built scaler starts from.
 * ``fp16_limits``: which small values a cast to float16 keeps (the normal range vs the subnormals).
 * ``update_report``: what ``update()`` changes (the scale) and what it leaves alone (the weights' dtype).
-* ``loss_scaling_claims`` / ``gradscaler_claims``: the lessons' tables, one row per claim.
+* ``loss_scaling_claims`` / ``gradscaler_claims``: the lessons' tables, one row per claim (the
+  TensorFlow snippet's row runs on Keras 3, ``keras_snippet``).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ampviz.text import Table, number
+from ampviz.text import Table, measured, number
 from ampviz._args import _whole
 from ampviz.training.gradscaler.tiny import INF, _scaler, build_tiny
+from ampviz.training.gradscaler.keras_snippet import keras_snippet
 from ampviz.training.gradscaler.warning_reports import constructor_warnings
 
 __all__ = ["WRITEUP_LOSS_SCALING", "WRITEUP_GRADSCALER", "PatternRun", "step_if_pattern", "default_init_scale",
@@ -138,8 +140,27 @@ def loss_scaling_claims() -> Table:
          f"the step ran ({pattern.steps_taken}) but returned {pattern.returned[0]!r}; {pattern.verdict}"),
         ("FP16+LS 10GB 1.7x 76.1% (ResNet50, V100)", "fp16 with loss scaling: 1.7x faster, 10 GB",
          "not measured here, no source given; lesson 00's env.check() times fp16 and bf16 on this machine"),
+        _keras_row(),
     )
     return Table(_COLUMNS, rows, title=f"《{WRITEUP_LOSS_SCALING}》")
+
+
+def _keras_row() -> tuple:
+    """The TensorFlow snippet's row, run on Keras 3's LossScaleOptimizer (``keras_snippet``)."""
+    said = ("loss_scale = tf.mixed_precision.LossScaleOptimizer(opt); loss * loss_scale.loss_scale  # 显式缩放损失; "
+            "loss_scale.unscale(scaled_grads)  # 反缩放梯度; opt.apply_gradients(...)")
+    english = "scale the loss by loss_scale.loss_scale, unscale with loss_scale.unscale, apply with the inner optimizer"
+    try:
+        run = keras_snippet()
+    except (ImportError, RuntimeError) as exc:
+        return said, english, f"not run: {exc}"
+    (w_inner, s_inner), (w_wrapped, s_wrapped) = run.inner, run.wrapped
+    shown = lambda w: "[" + ", ".join(measured(v, 3) for v in w) + "]"  # noqa: E731
+    return said, english, (
+        f"Keras {run.version} (tf.keras from TensorFlow 2.16): LossScaleOptimizer has no "
+        f"{' and no '.join(run.missing)} ({run.error}); an inf gradient applied by the inner optimizer "
+        f"makes the weights {shown(w_inner)}, scale {number(s_inner)}; applied by the LossScaleOptimizer "
+        f"the step is skipped, weights {shown(w_wrapped)}, scale {number(s_inner)} → {number(s_wrapped)}")
 
 
 def gradscaler_claims() -> Table:
