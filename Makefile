@@ -55,10 +55,12 @@ lab: $(VENV)/.lab-installed $(VENV)/$(VOILA_TEMPLATE)/.installed
 # The explorer app as a page of its own (Voila: outputs only, no code), on 127.0.0.1 with a fresh
 # token. Voila masks the token in its own log, so the link with it is printed here first. Voila reads
 # voila.json from this directory: it shuts down the kernel of a page that was closed or reloaded,
-# and it draws the page with the course's template (share/jupyter/voila/templates/ampviz: Voila's
-# lab page with nothing fetched from outside, so the app works offline, and plotly.js loaded by
-# the page itself). The template is copied where Voila looks for templates, the environment's
-# share/jupyter, with the installed plotly package's plotly.min.js in its static folder.
+# it leaves out Jupytext's lab extension (it needs JupyterLab's document manager, which Voila's
+# page does not have: the page's console showed an error), and it draws the page with the course's
+# template (share/jupyter/voila/templates/ampviz: Voila's lab page with nothing fetched from
+# outside, so the app works offline, and plotly.js loaded by the page itself). The template is
+# copied where Voila looks for templates, the environment's share/jupyter, with the installed
+# plotly package's plotly.min.js in its static folder.
 EXPLORER_PORT ?= 8866
 explorer: $(VENV)/$(VOILA_TEMPLATE)/.installed
 	@token=$$($(BIN)/python -c "import secrets; print(secrets.token_hex(16))"); \

@@ -40,3 +40,19 @@ c.ContentsManager.pre_save_hook = strip_course_notebooks
 warnings.filterwarnings("ignore", category=UserWarning,
                         message=r"Overriding existing pre_save_hook \(strip_course_notebooks\) with a new one "
                                 r"\(strip_course_notebooks\)")
+
+# The course sets no ServerApp.token: the token is JupyterLab's own, generated at start and
+# printed in the link (IdentityProvider.token, the setting that replaced ServerApp.token). Still
+# the server printed "DeprecationWarning: ServerApp.token config is deprecated ... Use
+# IdentityProvider.token" at every start: the notebook_shim extension reads every attribute of
+# the server to translate old NotebookApp settings, the deprecated ServerApp.token among them, and
+# reading it warns. Python hides a DeprecationWarning raised inside a library, but Voila's
+# package turns traitlets' back on for the whole server when it is imported (its server
+# extension loads after this file), in front of any filter set here. So Voila is imported here,
+# inside catch_warnings, which puts the filters back as they were: its filter is gone, and Python
+# hides the libraries' deprecation notices again, as it does without Voila.
+with warnings.catch_warnings():
+    try:
+        import voila  # noqa: F401
+    except ImportError:  # a JupyterLab without Voila: nothing turns them on
+        pass

@@ -78,8 +78,10 @@ CHECKERS = [getattr(m, n) for m in LESSON_MODULES for n in m.__all__ if n.starts
 @pytest.mark.parametrize("checker", CHECKERS, ids=lambda f: f.__name__)
 def test_checkers_take_any_answer(checker):
     params = list(inspect.signature(checker).parameters)
+    from ampviz.checks import Choice
+    demo = Choice("demo_fuzz", "Why?", {"a": "this", "b": "that"}, "a", {"b": "that is not it"})
     extra = {"values": np.array([1e-8, 0.5], np.float32), "scales": [2.0**15, 2.0**14, 2.0**15, 2.0**16],
-             "diagnosis": None, "value": 0.1, "fmt": "fp16"}
+             "diagnosis": None, "value": 0.1, "fmt": "fp16", "choice": demo}
 
     @settings(max_examples=60, deadline=None)
     @given(answer=SMALL)

@@ -273,9 +273,12 @@ def plot_blocks(x, result, *, title=None, legend_counts: bool = True, hold=()) -
     layout = {
         **_WHITE,
         "title": {"text": title or f"{scheme}: blocks of {bs}{ts_text}", "x": 0.01},
-        "height": 560,
-        "margin": {"l": 80, "r": 20, "t": 110, "b": 60},
-        "legend": {"orientation": "h", "x": 0.01, "y": -0.1, "yanchor": "top"},
+        # the legend at the figure's foot, under the axis title, with room for a second row (it
+        # was placed a share of the plot's height under the plot, and drawn in an explorer it lay
+        # on the element axis's numbers)
+        "height": 600,
+        "margin": {"l": 80, "r": 20, "t": 110, "b": 100},
+        "legend": {"orientation": "h", "x": 0.01, "y": 0, "yref": "container", "yanchor": "bottom"},
         "xaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0, 1], "anchor": "y", "range": [-0.5, n - 0.5],
                   "showticklabels": False},
         "yaxis": {**_WHITE_AXIS, **_LINEAR, "domain": [0.4, 1], "title": {"text": "|value|"}, **y_axis},

@@ -19,6 +19,9 @@ from ampviz.plots.text import _pow2_short, format_pow2, format_share, format_sha
 
 #: A census bar shorter than this share of the tallest one (a few pixels) gets a mark on the axis.
 _SMALL_BAR = 0.015
+#: What such a mark stands for, as the legend says it, and as its hover says it (above the count).
+SMALL_BAR_KEY = "a bar too short to see (hover it for its count)"
+_SMALL_BAR_HOVER = "a bar too short to see at this height, not values beyond the axis"
 #: A census's count axis reaches this many times its tallest bar: the top is for the labels.
 _HEADROOM = 1.45
 
@@ -48,15 +51,18 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None, *, legend
     (its window plus 10 binades each side, widened to hold every bar) unless ``x_range`` is given,
     so at a fixed ``x_range`` the histogram moves when the scale changes. The shares are printed on
     the figure (annotation named "shares") and kept in ``fig.layout.meta``. The legend names the
-    four bands; ``legend=False`` leaves it out (RangeExplorer, whose readout names them beside
-    their colours: plotly redraws the figure about 5 ms sooner without it, of some 30).
+    four bands and the mark under a bar too short to see; ``legend=False`` leaves it out
+    (RangeExplorer, whose readout names them beside their colours: plotly redraws the figure
+    about 5 ms sooner without it, of some 30).
     ``shares=False`` leaves the shares line out (RangeExplorer's readout prints them), so that the
     layout stays the same while the scale moves.
 
     Traces: ``data[0]`` is a bar trace of the counts (``x`` the binades' middles, ``y`` the counts)
     drawn with no opacity: it carries the hover of each binade. What shows are each band's bars, as
     one filled outline per band (``meta`` ``{"band": ...}``, kind ``"bars"``), and a mark on the
-    axis under each bar too short to see (kind ``"few"``, one trace per band). Every band has its
+    axis under each bar too short to see (kind ``"few"``, one trace per band; its hover says what
+    the mark is, above the binade's count), and last a trace with no points that keys those marks
+    in the legend (kind ``"few-key"``, named ``SMALL_BAR_KEY``). Every band has its
     two traces, empty or not, so a scale move changes only points: FigureView then moves the traces
     instead of redrawing the figure (in a bare page 7-14 ms against a full redraw's 19-31), and the
     outlines draw the same pixels either way (plotly rounds a bar's edges to whole pixels only in a
@@ -249,7 +255,10 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None, *, legend
             "meta": {"kind": "bars", "band": cat},
         })
     # a bar too short to see gets a mark on the axis under it, visible at any width (its count in
-    # the hover, and the count of a band that small under the shares line)
+    # the hover, and the count of a band that small under the shares line); the mark says what it
+    # is in its hover, and the legend has a key for it (the tails of a census are where they sit,
+    # and a triangle at the end of a histogram reads as "more values beyond the axis": the axis
+    # always holds every bar)
     for cat in BAND_CATEGORIES:
         mine = small & (bar_cats == cat)
         traces.append({
@@ -261,11 +270,26 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None, *, legend
             "marker": {"symbol": "triangle-up", "size": 9, "color": CATEGORY_COLORS[cat],
                        "line": {"width": 1, "color": "#333333"}},
             "cliponaxis": False,
-            "hovertext": [h for h, s in zip(hover, mine.tolist()) if s],
+            "hovertext": [f"▲ {_SMALL_BAR_HOVER}<br>{h}" for h, s in zip(hover, mine.tolist()) if s],
             "hoverinfo": "text",
             "showlegend": False,
             "meta": {"kind": "few", "band": cat},
         })
+    # the legend's key for those marks (a trace whose one point is NaN: it draws nothing), in
+    # every census figure, so that the traces are the same with the legend or without it
+    traces.append({
+        "type": "scatter",
+        "name": SMALL_BAR_KEY,
+        "x": np.full(1, np.nan),
+        "y": np.full(1, np.nan),
+        "mode": "markers",
+        "marker": {"symbol": "triangle-up", "size": 9, "color": "#BBBBBB",
+                   "line": {"width": 1, "color": "#333333"}},
+        "hoverinfo": "skip",
+        "showlegend": bool(legend),
+        "legendrank": 1001,  # after the four bands (at plotly's 1000)
+        "meta": {"kind": "few-key"},
+    })
     if title is None:
         title = f"{_count_label(result.total)} in {f.name} at scale = {format_pow2(result.scale)}"
     layout = {

@@ -102,6 +102,37 @@ def _table(head, rows) -> str:
     return f'<table class="ampviz-readout-table"><tr>{top}</tr>{body}</table>'
 
 
+#: The narrowest a figure beside an explorer's controls is drawn: on a page too narrow for the
+#: controls' column and this, the figure goes under the controls instead.
+FIGURE_MIN_WIDTH = 560
+
+
+def _beside(column, view, width: int) -> W.HBox:
+    """An explorer's page: its controls, message line and readout (``column``, top to bottom) in a
+    column ``width`` pixels wide, and the figure (``view``) beside it, taking the rest of the row.
+
+    Stacked one under the other, the controls and readout of ScalerLab, Fp8ScalingLab and
+    BlockExplorer pushed their figure's foot (or more) below a 900-pixel screen, so a learner
+    moving a slider could not see the figure change. Side by side, the explorer is as tall as
+    the taller of the two, and fits a 1400 × 900 screen, in Voila and in JupyterLab with its file
+    browser open (a notebook's output is 968 pixels wide there: a column of 360, a gap of 16 and
+    the figure's least, 560, fit). On a page narrower than that (a narrower window), the figure
+    wraps under the controls."""
+    left = W.VBox(list(column), layout=W.Layout(width=f"{width}px", flex=f"0 0 {width}px", margin="0 16px 0 0"))
+    left.add_class("ampviz-controls")
+    right = W.Box([view], layout=W.Layout(flex=f"1 1 {FIGURE_MIN_WIDTH}px", min_width="0"))
+    right.add_class("ampviz-figure-side")
+    return W.HBox([left, right], layout=W.Layout(flex_flow="row wrap", align_items="flex-start"))
+
+
+def _in_column(text: str) -> str:
+    """A readout's HTML as the controls' column shows it: its lines spaced as text's. An HTML
+    widget takes the controls' line height (28 pixels in JupyterLab and Voila), and in a column
+    360 pixels wide, where a table's cells wrap, a table of eight blocks grew taller than the
+    figure beside it."""
+    return f'<div class="ampviz-column-text" style="line-height:1.35">{text}</div>'
+
+
 def _parse_bits(text) -> int:
     """A bit pattern typed as hex ("0x3C00"), binary ("0b0011110000000000") or decimal."""
     s = str(text).strip().replace("_", "").replace(" ", "")

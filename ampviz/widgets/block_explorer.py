@@ -13,7 +13,7 @@ from ampviz.formats.blocks import MX_ROUNDING, mx_quantize, nvfp4_quantize, rand
 from ampviz.widgets.figureview import FigureView
 from ampviz.plots import format_number, format_pow2, format_share, plot_blocks
 
-from ampviz.widgets.base import _Explorer, _shown, _table, _whole
+from ampviz.widgets.base import _Explorer, _beside, _in_column, _shown, _table, _whole
 
 #: The schemes: (what the learner reads, the value): MX with an element format, or NVFP4.
 SCHEMES = (("MXFP8 (fp8_e4m3)", "fp8_e4m3"), ("MXFP8 (fp8_e5m2)", "fp8_e5m2"), ("MXFP6 (fp6_e3m2)", "fp6_e3m2"),
@@ -73,6 +73,8 @@ class BlockExplorer(_Explorer):
     MAX_SEED = 2**32 - 1
     #: How many drawn settings are kept for reuse (recent ones and the slider's next positions).
     KEPT_DRAWN = 8
+    #: The width of the controls' column (pixels), beside the figure.
+    CONTROLS_WIDTH = 360
 
     def __init__(self, scheme="fp8_e4m3", *, block_size=32, rounding="floor", per_tensor_scale=True,
                  data="normal", log2_outlier=8, hadamard=False, seed=0, n=128, outlier_at=37):
@@ -102,7 +104,7 @@ class BlockExplorer(_Explorer):
         self.x = self.data = self.result = None
         self._ends = OrderedDict()  # settings (all but the outlier) -> the rows at the outlier slider's ends
         style = {"description_width": "110px"}
-        wide = W.Layout(width="360px")
+        wide = W.Layout(width="350px")  # within the controls' column, margins included
         self.scheme_dropdown = W.Dropdown(options=list(SCHEMES), value=scheme, description="scheme", style=style,
                                           layout=wide)
         self.block_dropdown = W.Dropdown(options=list(self.BLOCK_SIZES), value=int(block_size),
@@ -127,13 +129,10 @@ class BlockExplorer(_Explorer):
         self.readout = W.HTML()
         self.readout.add_class("ampviz-blocks-readout")
         self.view.add_class("ampviz-blocks-figure")
-        self.ui = W.VBox([
-            W.HBox([W.VBox([self.scheme_dropdown, self.block_dropdown, self.rounding_dropdown,
-                            self.tensor_scale_checkbox]),
-                    W.VBox([self.data_dropdown, self.outlier_slider, self.seed_input, self.hadamard_checkbox])],
-                   layout=W.Layout(flex_flow="row wrap")),
-            self.message, self.readout, self.view,
-        ])
+        # the controls, message and readout in a column, the figure beside them (``_beside``)
+        self.ui = _beside([self.scheme_dropdown, self.block_dropdown, self.rounding_dropdown,
+                           self.tensor_scale_checkbox, self.data_dropdown, self.outlier_slider, self.seed_input,
+                           self.hadamard_checkbox, self.message, self.readout], self.view, self.CONTROLS_WIDTH)
         self.ui.add_class("ampviz-block-explorer")
         self._enable()
         self.update()
@@ -195,7 +194,8 @@ class BlockExplorer(_Explorer):
         if s["hadamard"]:
             title += ", after the Hadamard transform"
         fig = plot_blocks(x, result, title=title, legend_counts=False, hold=self._outlier_ends(**changed))
-        state = (data, x, result, self._readout_html(data, x, result, fig, s["hadamard"]), fig, FigureView.prepare(fig))
+        readout = _in_column(self._readout_html(data, x, result, fig, s["hadamard"]))
+        state = (data, x, result, readout, fig, FigureView.prepare(fig))
         return self._keep_state(key, state, self.KEPT_DRAWN)
 
     def _outlier_ends(self, **changed) -> tuple:

@@ -4,11 +4,11 @@ plotly's own ``go.FigureWidget`` syncs a figure only as it was *constructed*; ev
 (``batch_update``, a trace's ``x`` assigned) travels as a one-shot message that a view must be
 there to receive. A view attached later (a page reload, a second view of the same output, a tab
 that was never shown, Voila loading the page) therefore shows the figure as it was built, or
-nothing. ``FigureView`` keeps the whole figure -- its traces (``data``), ``layout`` and
-``config`` -- as ordinary synced widget state, so every view, attached at any time, draws the
+nothing. ``FigureView`` keeps the whole figure -- its traces (``data``), layout
+(``figure_layout``) and ``config`` -- as ordinary synced widget state, so every view, attached at any time, draws the
 current figure; numeric arrays travel as base64 of their bytes (exact, NaN kept as a gap; binary
 widget buffers are not used, since Voila's page drops them from a widget's first state).
-Updates assign ``data`` or ``layout``; the browser draws at once when it is idle, and an update
+Updates assign ``data`` or ``figure_layout``; the browser draws at once when it is idle, and an update
 that arrives while a draw runs only asks for one more draw of the newest state when it ends: when
 updates come faster than it can draw, the intermediate ones are skipped and the last one always
 wins. An update that changes only the traces' points and hover values (``x``, ``y``,
@@ -345,7 +345,7 @@ export default {
       if (!alive) return;
       // the newest state, read now: updates that arrived while the last one was drawn are skipped
       const revision = model.get("revision");
-      const packedLayout = model.get("layout") || {};
+      const packedLayout = model.get("figure_layout") || {};
       const layout = decode(packedLayout);
       const data = decode(model.get("data") || []);
       const start = performance.now();
@@ -413,16 +413,22 @@ class FigureView(anywidget.AnyWidget):
     ``FigureView(fig)`` takes a ``go.Figure`` (or ``{"data": [...], "layout": {...}}``);
     ``update(fig)`` replaces the whole figure, ``set_data(traces)`` only the traces (a list of
     trace dicts, numpy arrays welcome), ``set_layout(layout)`` only the layout. Each sends its
-    part in one message. ``data`` and ``layout`` hold what was last assigned (packed, after
-    ``update``), less the layout's ``meta`` (plotly draws nothing from it; it stays with the
+    part in one message. ``data`` and ``figure_layout`` hold what was last assigned (packed,
+    after ``update``), less the layout's ``meta`` (plotly draws nothing from it; it stays with the
     figure).
+
+    The figure's layout is not called ``layout`` in the widget's state: that name is every
+    DOM widget's CSS layout (``view.layout``, an ``ipywidgets.Layout``, as for any widget), which
+    the browser's widget manager reads as a widget of its own; a figure's layout there made it
+    fail, with an uncaught error in the page's console, each time a view was shown and each time
+    the layout changed.
     """
 
     _esm = _ESM
     _css = ".ampviz-figure-view { width: 100%; min-height: 60px; }"
 
     data = traitlets.List().tag(sync=True, to_json=_to_json)
-    layout = traitlets.Dict().tag(sync=True, to_json=_to_json)
+    figure_layout = traitlets.Dict().tag(sync=True, to_json=_to_json)
     config = traitlets.Dict().tag(sync=True, to_json=_to_json)
     revision = traitlets.Int(0).tag(sync=True)
 
@@ -430,8 +436,8 @@ class FigureView(anywidget.AnyWidget):
         data, layout = _figure_parts(figure) if figure is not None else ([], {})
         # no plotly logo and no "Share chart" upload to Plotly Cloud (``FIGURE_CONFIG``), unless
         # ``config`` says otherwise
-        super().__init__(data=data, layout=layout, config=figure_config(config), **kwargs)
-        self._shown_layout = _layout_key(self.layout)
+        super().__init__(data=data, figure_layout=layout, config=figure_config(config), **kwargs)
+        self._shown_layout = _layout_key(self.figure_layout)
         self.on_msg(self._on_custom)
 
     def _on_custom(self, widget, content, buffers) -> None:
@@ -460,7 +466,7 @@ class FigureView(anywidget.AnyWidget):
         with self.hold_sync():
             self.data = data
             if key != self._shown_layout:
-                self.layout = layout
+                self.figure_layout = layout
                 self._shown_layout = key
             self.revision += 1
 
@@ -479,6 +485,6 @@ class FigureView(anywidget.AnyWidget):
             raise TypeError("set_layout takes a layout dict")
         _check(layout)
         with self.hold_sync():
-            self.layout = {k: v for k, v in layout.items() if k != "meta"}  # as in update
-            self._shown_layout = _layout_key(self.layout)
+            self.figure_layout = {k: v for k, v in layout.items() if k != "meta"}  # as in update
+            self._shown_layout = _layout_key(self.figure_layout)
             self.revision += 1

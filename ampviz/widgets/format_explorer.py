@@ -55,12 +55,19 @@ class FormatExplorer(_Explorer):
     ``typed`` (the number typed, or None when the bits were set directly), ``category``, ``error``,
     ``figure``. Methods ``set_format``, ``set_value``, ``set_decimal``, ``set_bits``, ``toggle_bit``
     do what the controls do (and raise on bad input instead of showing a message).
+
+    The decimal box, the readout's "typed" row and the bits agree after every change: a number
+    typed stays in the box (as it was typed, "2^-24" too) and in the "typed" row, and the bits
+    are its cast into the format; a new format keeps it and casts it again, as a learner who
+    typed 0.1 expects to see 0.1 in fp16, bf16 and fp8 alike. Bits set directly (a click, the
+    hex box) leave no typed number: the box then shows the stored value.
     """
 
     def __init__(self, fmt="fp16", value=1.0):
         self._init_common()
         self.fmt = get_format(fmt)
         self.typed: float | None = None
+        self._typed_text: str | None = None  # the typed number as the learner wrote it
         self.bits = 0
         self._syncing = False
         self.bit_buttons: list[W.Button] = []
@@ -132,22 +139,22 @@ class FormatExplorer(_Explorer):
         """Store the number ``x`` (rounded into the format as a cast does)."""
         x = float(x)
         self.bits = int(self.fmt.encode(x))
-        self.typed = x
-        self.refresh(decimal_text=repr(x))
+        self.typed, self._typed_text = x, repr(x)
+        self.refresh()
 
     def set_decimal(self, text) -> None:
         """Store the number typed as ``text`` ("0.1", "1e-8", "2^-24", "nan")."""
         x = parse_number(text)
         self.bits = int(self.fmt.encode(x))
-        self.typed = x
-        self.refresh(decimal_text=str(text).strip())
+        self.typed, self._typed_text = x, str(text).strip()
+        self.refresh()
 
     def set_bits(self, bits) -> None:
         """Store the bit pattern ``bits`` (an integer in 0 .. 2**fmt.bits - 1)."""
         bits = operator.index(bits)  # TypeError for anything but an integer
         self.fmt.fields(bits)  # a clear ValueError when out of range
         self.bits = bits
-        self.typed = None
+        self.typed = self._typed_text = None
         self.refresh()
 
     def toggle_bit(self, position: int) -> None:
@@ -221,7 +228,9 @@ class FormatExplorer(_Explorer):
         )
 
     def refresh(self, decimal_text: str | None = None) -> None:
-        """Bring every control, the readout and the figure in line with the state."""
+        """Bring every control, the readout and the figure in line with the state. The decimal box
+        shows ``decimal_text`` when given, else the typed number as it was typed, else (bits set
+        directly) the stored value."""
         f, bits, stored = self.fmt, self.bits, self.value
         # the figure first: its message leaves before the controls' and the readouts', and the
         # browser starts plotly's draw, the slow part of a repaint, while they are on their way;
@@ -240,7 +249,9 @@ class FormatExplorer(_Explorer):
                 b.style.button_color = FIELD_COLORS[field] if on else _FIELD_TINTS[field]
                 b.style.font_weight = "bold" if on else "normal"
             self.hex_input.value = f"0x{bits:0{(f.bits + 3) // 4}X}"
-            self.decimal_input.value = decimal_text if decimal_text is not None else repr(stored)
+            if decimal_text is None:
+                decimal_text = self._typed_text if self.typed is not None else repr(stored)
+            self.decimal_input.value = decimal_text
         finally:
             self._syncing = False
         self.bits_readout.value = self._bits_html()

@@ -13,10 +13,10 @@ from ampviz.widgets.figureview import FigureView
 from ampviz.formats.fp8 import ALGOS, simulate_fp8_scaling, tensor_stream
 from ampviz.plots import format_share, plot_fp8_scaling
 
-from ampviz.widgets.base import _Explorer, _shown, _whole, parse_number
+from ampviz.widgets.base import _Explorer, _beside, _in_column, _shown, _whole, parse_number
 
 #: The recipes: (what the learner reads, the value).
-RECIPES = (("delayed (Transformer Engine)", "delayed"), ("current (torchao)", "current"))
+RECIPES = (("delayed (earlier amaxes)", "delayed"), ("current (this amax)", "current"))
 #: The formats: (what the learner reads, the value).
 FORMATS = (("E4M3 (max 448)", "fp8_e4m3"), ("E5M2 (max 57344)", "fp8_e5m2"))
 #: Non-finite steps in the stream: (what the learner reads, the value).
@@ -66,6 +66,8 @@ class Fp8ScalingLab(_Explorer):
     NONFINITE_PROB = 0.002
     #: How many drawn settings are kept for reuse.
     KEPT_DRAWN = 8
+    #: The width of the controls' column (pixels), beside the figure.
+    CONTROLS_WIDTH = 360
 
     def __init__(self, recipe="delayed", *, history_len=1024, algo="max", margin=0, fmt="fp8_e4m3", spike_log2=8,
                  nonfinite="none", seed=0):
@@ -87,15 +89,15 @@ class Fp8ScalingLab(_Explorer):
 
         self.stream = self.trace = None
         style = {"description_width": "110px"}
-        wide = W.Layout(width="360px")
-        # buttons wide enough for "delayed (Transformer Engine)" (the default width cuts it off)
+        wide = W.Layout(width="350px")  # within the controls' column, margins included
+        # buttons wide enough for "delayed (earlier amaxes)" (the default width cuts it off)
         self.recipe_buttons = W.ToggleButtons(options=list(RECIPES), value=recipe, description="recipe",
                                               style={**style, "button_width": "220px"})
         # the slider's own readout is editable in the browser but reads nothing typed into it (a
         # SelectionSlider's): the length in use is shown, and can be typed, in a box beside it
         self.history_slider = W.SelectionSlider(options=list(HISTORY_LENGTHS), value=history_len,
                                                 description="history length", style=style,
-                                                layout=W.Layout(width="300px"), readout=False)
+                                                layout=W.Layout(width="280px"), readout=False)
         self.history_input = W.Text(value=str(history_len), continuous_update=False,
                                     layout=W.Layout(width="64px"),
                                     tooltip="amax_history_len: a power of two from 1 to 1,024 (then Enter)")
@@ -122,14 +124,11 @@ class Fp8ScalingLab(_Explorer):
         self.readout = W.HTML()
         self.readout.add_class("ampviz-fp8-readout")
         self.view.add_class("ampviz-fp8-figure")
-        self.ui = W.VBox([
-            self.recipe_buttons,
-            W.HBox([W.VBox([W.HBox([self.history_slider, self.history_input]), self.algo_dropdown,
-                            self.margin_slider]),
-                    W.VBox([self.fmt_dropdown, self.spike_slider, self.nonfinite_dropdown, self.seed_input])],
-                   layout=W.Layout(flex_flow="row wrap")),
-            self.message, self.readout, self.view,
-        ])
+        # the controls, message and readout in a column, the figure beside them (``_beside``)
+        self.ui = _beside([self.recipe_buttons, W.HBox([self.history_slider, self.history_input]),
+                           self.algo_dropdown, self.margin_slider, self.fmt_dropdown, self.spike_slider,
+                           self.nonfinite_dropdown, self.seed_input, self.message, self.readout],
+                          self.view, self.CONTROLS_WIDTH)
         self.ui.add_class("ampviz-fp8-lab")
         self._enable()
         self.update()
@@ -212,7 +211,7 @@ class Fp8ScalingLab(_Explorer):
             return state
         stream, trace = self.simulate(**changed)
         fig = plot_fp8_scaling(trace, legend_counts=False, hold=self._spike_ends(**changed))
-        state = (stream, trace, self._readout_html(trace), fig, FigureView.prepare(fig))
+        state = (stream, trace, _in_column(self._readout_html(trace)), fig, FigureView.prepare(fig))
         return self._keep_state(key, state, self.KEPT_DRAWN)
 
     def _spike_ends(self, **changed) -> tuple:

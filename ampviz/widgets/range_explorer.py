@@ -20,6 +20,7 @@ from ampviz.plots import (
     format_share,
     plot_census,
 )
+from ampviz.plots.census import SMALL_BAR_KEY
 
 from ampviz.widgets.base import _Explorer, _shown, _whole
 
@@ -41,7 +42,8 @@ class RangeExplorer(_Explorer):
     ``readout`` and draws ``plot_census`` into ``output`` (kept as ``.figure``). The x axis stays
     fixed while the scale moves (it changes only with the format). The figure has no legend and no
     shares line, and its title does not name the scale: the readout is its key, each band's name
-    after a swatch of its colour, with the shares, and the label beside the slider names the scale.
+    after a swatch of its colour, with the shares and what the triangles on the axis mark (a bar
+    too short to see), and the label beside the slider names the scale.
     So a scale move changes only the figure's points (unless the tallest bar changes), and the
     browser moves the bars instead of redrawing the figure.
     """
@@ -159,6 +161,9 @@ class RangeExplorer(_Explorer):
             f"{format_share(r.fractions[k])} <small>({r.counts[k]:,})</small></span>"
             for k in shown
         )
-        return f"<div>{cells}<small>of {r.total:,} values</small></div>"
+        # the figure has no legend: the readout keys the marks on its axis too (always: a line that
+        # came and went with them would move the figure under it while the scale moves)
+        key = f'<div class="ampviz-census-marks"><small>▲ on the axis: {html.escape(SMALL_BAR_KEY)}</small></div>'
+        return f"<div>{cells}<small>of {r.total:,} values</small></div>{key}"
 
 

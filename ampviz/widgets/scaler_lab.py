@@ -17,7 +17,7 @@ from ampviz.widgets.figureview import FigureView
 
 from ampviz.plots import _skipped_marks, format_number, plot_scale_trace
 
-from ampviz.widgets.base import _Explorer, _real, _shown, _table, _whole
+from ampviz.widgets.base import _Explorer, _beside, _in_column, _real, _shown, _table, _whole
 
 
 # ----- dynamic loss scaling, live -----
@@ -40,6 +40,8 @@ class ScalerLab(_Explorer):
     #: The sliders' usual ranges (every position valid; a valid value given beyond them widens them).
     GROWTH_RANGE = (1.001, 4.0)
     BACKOFF_RANGE = (0.005, 0.995)
+    #: The width of the controls' column (pixels), beside the figure.
+    CONTROLS_WIDTH = 360
     #: The loss-dtype choices: (label, loss_dtype for ``scaling.overflows``).
     LOSSES = (("float32 (autocast)", "float32"), ("fp16 (a .half() model)", "float16"))
 
@@ -82,7 +84,7 @@ class ScalerLab(_Explorer):
         if not 0 < backoff_factor < 1:
             raise ValueError(f"backoff_factor must be between 0 and 1 (both excluded), got {_shown(backoff_factor)}")
         style = {"description_width": "110px"}
-        wide = W.Layout(width="420px")
+        wide = W.Layout(width="350px")  # within the controls' column, margins included
         self.init_slider = W.IntSlider(value=log2_init, min=-10, max=40,
                                        description="log2 init_scale", style=style, layout=wide)
         # Every position of a slider is a valid setting (Home and End included): growth above 1,
@@ -122,13 +124,10 @@ class ScalerLab(_Explorer):
         self.readout = W.HTML()
         self.readout.add_class("ampviz-scaler-readout")
         self.view.add_class("ampviz-scaler-figure")
-        self.ui = W.VBox([
-            W.HBox([W.VBox([self.init_slider, self.growth_slider, self.backoff_slider, self.interval_input]),
-                    W.VBox([self.scenario_dropdown, self.strength_slider, self.loss_dropdown, self.overlay,
-                            self.overlay_hint])],
-                   layout=W.Layout(flex_flow="row wrap")),
-            self.message, self.readout, self.view,
-        ])
+        # the controls, message and table in a column, the figure beside them (``_beside``)
+        self.ui = _beside([self.init_slider, self.growth_slider, self.backoff_slider, self.interval_input,
+                           self.scenario_dropdown, self.strength_slider, self.loss_dropdown, self.overlay,
+                           self.overlay_hint, self.message, self.readout], self.view, self.CONTROLS_WIDTH)
         self.ui.add_class("ampviz-scaler-lab")
         self.update()
 
@@ -257,7 +256,7 @@ class ScalerLab(_Explorer):
                                max_markers=self.MARKS,
                                title=f"{scenario} gradients (strength {strength:g}), {self.steps:,} steps, "
                                      f"{'float32' if loss == 'float32' else 'fp16'} loss")
-        state = (traces, lost, self._readout_html(traces), fig, FigureView.prepare(fig))
+        state = (traces, lost, _in_column(self._readout_html(traces)), fig, FigureView.prepare(fig))
         return self._keep_state(key, state, self.KEPT_RUNS)
 
     def update(self) -> None:

@@ -72,6 +72,30 @@ def press_slider(scope, slider_class: str, times: int, key: str = "ArrowRight"):
     return handle
 
 
+def shown_whole(page, explorer, width: int = 1400, height: int = 900) -> list:
+    """On a ``width`` × ``height`` screen, scrolled to ``explorer`` (a locator of an explorer laid
+    out as controls beside its figure), what is not in view at once: the explorer's height, its
+    figure, its controls, a figure not beside the controls. An empty list when all is in view."""
+    problems = []
+    page.set_viewport_size({"width": width, "height": height})
+    page.wait_for_timeout(500)  # the figure takes its width beside the column
+    explorer.evaluate("(e) => e.scrollIntoView({block: 'start'})")  # as far as the page scrolls
+    page.wait_for_timeout(200)
+    box = explorer.bounding_box()
+    if box["height"] > height or box["width"] > width:
+        problems.append(f"the explorer is {box['width']:.0f} × {box['height']:.0f}")
+    figure = explorer.locator(".js-plotly-plot").first.bounding_box()
+    controls = explorer.locator(".ampviz-controls").first.bounding_box()
+    for name, b in (("figure", figure), ("controls", controls)):
+        if not (b["y"] >= -1 and b["y"] + b["height"] <= height + 1 and b["x"] >= 0 and b["x"] + b["width"] <= width):
+            problems.append(f"the {name} is out of view: {b}")
+    if figure["x"] < controls["x"] + controls["width"] or figure["width"] < 560:
+        problems.append(f"the figure {figure} is not beside the controls {controls}")
+    if figure["height"] < 400:
+        problems.append(f"the figure is {figure['height']:.0f} pixels tall")
+    return problems
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

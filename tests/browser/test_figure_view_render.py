@@ -49,7 +49,7 @@ RENDER = """async ([src, states]) => {
 def _state(y, revision):
     data, layout = _figure_parts(go.Figure(go.Scatter(x=[0, 1, 2], y=y), layout={"xaxis": {"range": [0, 2]},
                                                                                    "yaxis": {"range": [0, 10]}}))
-    return {"data": pack(data), "layout": pack(layout), "config": {}, "revision": revision}
+    return {"data": pack(data), "figure_layout": pack(layout), "config": {}, "revision": revision}
 
 
 def test_each_revision_is_drawn_in_turn_and_nothing_is_sent(browser):

@@ -2,7 +2,7 @@
 
 import re
 
-from conftest import OUTPUT, SCALE_Y, TOKEN, open_and_run, outputs_without_tracebacks, press_slider
+from conftest import OUTPUT, SCALE_Y, TOKEN, open_and_run, outputs_without_tracebacks, press_slider, shown_whole
 
 
 
@@ -24,6 +24,10 @@ def test_scaling_lab_sliders_change_the_scale_curve(browser, lab):
     assert "your settings" in readout
     lab_widget.screenshot(path=str(OUTPUT / "scaling_lab_moved.png"))
     assert outputs_without_tracebacks(page) == []
+    # on a 1400 × 900 screen, with the file browser open, the controls and the figure beside them
+    # are in view at once (stacked, the figure's foot was below the screen)
+    assert shown_whole(page, lab_widget) == []
+    page.screenshot(path=str(OUTPUT / "scaling_lab_1400x900.png"))
     page.close()
 
 

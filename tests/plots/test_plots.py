@@ -32,6 +32,7 @@ from ampviz.plots import (
     plot_scale_trace,
     plot_value,
 )
+from ampviz.plots.census import SMALL_BAR_KEY
 from ampviz.plots.formats import _past_max
 
 # A few gradients spread over many binades, one exact zero, both signs.
@@ -255,8 +256,10 @@ def test_plot_census_legend_names_the_bands_or_is_left_out():
     assert not any(s.showlegend for s in rects(without)) and without.layout.showlegend is False
     area = lambda fig: fig.layout.height - fig.layout.margin.t - fig.layout.margin.b  # noqa: E731
     assert area(without) == area(with_legend) and without.layout.height < with_legend.layout.height
+    keys = lambda fig: [t.name for t in fig.data if t.showlegend]  # noqa: E731
+    assert keys(with_legend) == [SMALL_BAR_KEY] and keys(without) == []  # the marks under short bars, keyed
     strip = lambda fig: json.loads(fig.update_layout(showlegend=None, height=None, margin_b=None)  # noqa: E731
-                                   .update_shapes(showlegend=None).to_json())
+                                   .update_shapes(showlegend=None).update_traces(showlegend=None).to_json())
     assert strip(without) == strip(with_legend)  # nothing else differs
     for bad in (None, 1, "no", [False]):
         with pytest.raises(TypeError, match="legend must be True or False") as info:
@@ -711,6 +714,16 @@ def test_census_bars_show_the_bands_and_small_counts():
     assert all(list(t.y) == [0] * len(t.x) and t.marker.color == CATEGORY_COLORS[band] for band, t in few.items())
     shares = _annotation(fig, "shares").text
     assert "overflow 3 values" in shares and "underflow 20 values" in shares
+    # each mark says what it is: a bar too short to see, with its count (the tails of a census,
+    # where the marks sit, read as values beyond the axis, and the axis holds every bar)
+    assert list(few["overflow"].hovertext) == ["▲ a bar too short to see at this height, not values beyond the "
+                                              "axis<br>2^17 ≤ |v·scale| < 2^18<br>3 values (0.0299%)"]
+    assert all(lo <= x <= hi for t in few.values() for x in t.x for lo, hi in [fig.layout.xaxis.range])
+    # and the legend keys them: the marks' symbol, named, drawing nothing itself
+    (key,) = [t for t in fig.data if t.meta["kind"] == "few-key"]
+    assert key.showlegend and key.name == SMALL_BAR_KEY == "a bar too short to see (hover it for its count)"
+    assert key.marker.symbol == "triangle-up" and np.isnan(key.x).all() and np.isnan(key.y).all()
+    assert fig.data[-1] is key  # after the traces a scale move changes
     assert "values" not in _annotation(plot_census(np.ones(5, np.float32), "fp16"), "shares").text
     assert fig.layout.yaxis.tickformat == ","  # 10,000, not 10k
 

@@ -17,6 +17,7 @@ from ampviz.formats import FP4_E2M1, FP8_E4M3, get_format
 from ampviz.plots import plot_blocks
 from ampviz.widgets.block_explorer import BlockExplorer
 from widget_checks import move_quickly, one_line, refused, text  # tests/, on the path as pytest runs
+from layout_checks import contains  # tests/widgets/, on the path as pytest runs
 
 MX = ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1"]
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -390,7 +391,7 @@ def test_the_constructor_sets_the_controls():
 def _sent(view):
     from ampviz.widgets.figureview import _to_json
 
-    return json.dumps([_to_json(view.data, view), _to_json(view.layout, view)], sort_keys=True)
+    return json.dumps([_to_json(view.data, view), _to_json(view.figure_layout, view)], sort_keys=True)
 
 
 def test_the_figure_is_updated_in_place_and_classes_are_stable():
@@ -398,7 +399,7 @@ def test_the_figure_is_updated_in_place_and_classes_are_stable():
 
     ex = BlockExplorer()
     view = ex.view
-    assert isinstance(view, FigureView) and view in ex.ui.children
+    assert isinstance(view, FigureView) and contains(ex.ui, view)
     ex.scheme_dropdown.value = "nvfp4"
     assert ex.view is view and _sent(view) == _sent(BlockExplorer("nvfp4").view)
     classes = {c for w in (ex.scheme_dropdown, ex.block_dropdown, ex.rounding_dropdown, ex.tensor_scale_checkbox,

@@ -103,7 +103,7 @@ def test_what_cannot_travel_is_refused_in_one_line_when_assigned(good, wrong, wh
         with pytest.raises(TypeError) as info:
             call()
         assert "\n" not in str(info.value)
-    assert view.data == [] and view.layout == {} and view.revision == 0  # nothing half-assigned
+    assert view.data == [] and view.figure_layout == {} and view.revision == 0  # nothing half-assigned
 
 
 @settings(max_examples=100, deadline=None)
@@ -150,7 +150,7 @@ def test_a_plotly_figure_round_trips():
     view = FigureView(fig)
     trace = decode(pack(view.data))[0]
     assert trace["x"] == [0, 1, 2, 3, 4] and math.isnan(trace["y"][1]) and trace["y"][2] == 3.0
-    assert view.layout["title"]["text"] == "t"
+    assert view.figure_layout["title"]["text"] == "t"
     with pytest.raises(TypeError, match="list of trace dicts"):
         FigureView({"data": [1, 2], "layout": {}})
     with pytest.raises(TypeError, match="a figure must be a plotly Figure"):
@@ -170,7 +170,7 @@ def test_a_prepared_figure_sends_what_the_figure_sends_and_is_not_packed_twice()
     a, b = FigureView(), FigureView()
     a.update(fig)
     b.update(prepared)
-    assert _to_json(a.data, a) == _to_json(b.data, b) and _to_json(a.layout, a) == _to_json(b.layout, b)
+    assert _to_json(a.data, a) == _to_json(b.data, b) and _to_json(a.figure_layout, a) == _to_json(b.figure_layout, b)
     assert a._shown_layout == b._shown_layout and a.revision == b.revision == 1
     lists = [{"type": "scatter", "x": [0.0, 1.0], "y": [2.0, 3.0]}]
     assert pack(pack(lists)) != pack(lists)  # why it matters: a packed array's shape is a list of numbers
@@ -191,9 +191,9 @@ def test_layout_meta_stays_with_the_figure():
 
     view = FigureView(figure(1))
     sent = []
-    view.observe(lambda c: sent.append(c["name"]), names=["data", "layout"])
+    view.observe(lambda c: sent.append(c["name"]), names=["data", "figure_layout"])
     view.update(figure(2))
     view.update(FigureView.prepare(figure(3)))
-    assert sent == ["data", "data"] and "meta" not in view.layout and view.layout["title"]["text"] == "t"
+    assert sent == ["data", "data"] and "meta" not in view.figure_layout and view.figure_layout["title"]["text"] == "t"
     view.set_layout({"title": {"text": "u"}, "meta": {"worst": 4}})
-    assert "meta" not in view.layout and sent[-1] == "layout"
+    assert "meta" not in view.figure_layout and sent[-1] == "figure_layout"

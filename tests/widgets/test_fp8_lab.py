@@ -15,6 +15,7 @@ from ampviz.formats.fp8 import simulate_fp8_scaling, tensor_stream
 from ampviz.plots import plot_fp8_scaling
 from ampviz.widgets.fp8_lab import HISTORY_LENGTHS, Fp8ScalingLab, lab_stream
 from widget_checks import move_quickly, one_line, text  # tests/, on the path as pytest runs
+from layout_checks import contains, descendants  # tests/widgets/, on the path as pytest runs
 
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ANYTHING = st.one_of(
@@ -248,7 +249,7 @@ def test_an_error_in_a_redraw_is_shown_on_one_line(monkeypatch):
 def _sent(view):
     from ampviz.widgets.figureview import _to_json
 
-    return json.dumps([_to_json(view.data, view), _to_json(view.layout, view)], sort_keys=True)
+    return json.dumps([_to_json(view.data, view), _to_json(view.figure_layout, view)], sort_keys=True)
 
 
 def test_the_figure_is_updated_in_place_and_classes_are_stable():
@@ -256,7 +257,7 @@ def test_the_figure_is_updated_in_place_and_classes_are_stable():
 
     lab = Fp8ScalingLab()
     view = lab.view
-    assert isinstance(view, FigureView) and view in lab.ui.children
+    assert isinstance(view, FigureView) and contains(lab.ui, view)
     lab.history_slider.value = 16
     assert lab.view is view and _sent(view) == _sent(Fp8ScalingLab(history_len=16).view)
     classes = {c for w in (lab.recipe_buttons, lab.history_slider, lab.algo_dropdown, lab.margin_slider,
@@ -482,5 +483,6 @@ def test_the_history_box_always_shows_the_length_in_use():
     assert lab.history_input.disabled and lab.history_slider.disabled
     lab.recipe_buttons.value = "delayed"
     assert not lab.history_input.disabled
-    assert "ampviz-fp8-history-input" in lab.history_input._dom_classes and lab.history_input in \
-        lab.ui.children[1].children[0].children[0].children
+    assert "ampviz-fp8-history-input" in lab.history_input._dom_classes and any(
+        lab.history_input in w.children and lab.history_slider in w.children for w in descendants(lab.ui)
+        if hasattr(w, "children"))  # beside the slider

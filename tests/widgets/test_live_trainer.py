@@ -447,7 +447,7 @@ def test_the_live_figure_names_the_loss_unit_of_the_model_chosen():
     """LiveTrainer draws from empty runs, which name no model: its loss axis takes the unit from the
     model chosen ("loss (m²)" for the beam, as lesson 07's static figure), and a new choice redraws it."""
     lt = LiveTrainer(modes=("fp32",), model="beam", steps=5)
-    assert lt.figure.layout["yaxis"]["title"]["text"] == "loss (m²)"
+    assert lt.figure.figure_layout["yaxis"]["title"]["text"] == "loss (m²)"
     lt.model_dropdown.value = "mlp"
     lt._new_figure(["fp32"], 5)
-    assert lt.figure.layout["yaxis"]["title"]["text"] == "loss"
+    assert lt.figure.figure_layout["yaxis"]["title"]["text"] == "loss"

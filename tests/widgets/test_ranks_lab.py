@@ -300,7 +300,7 @@ def test_constructor_takes_a_list_of_steps():
 def _sent(view):
     from ampviz.widgets.figureview import _to_json
 
-    return json.dumps([_to_json(view.data, view), _to_json(view.layout, view)], sort_keys=True)
+    return json.dumps([_to_json(view.data, view), _to_json(view.figure_layout, view)], sort_keys=True)
 
 
 def test_the_figure_is_updated_in_place_in_one_view_and_classes_are_stable():
@@ -310,11 +310,11 @@ def test_the_figure_is_updated_in_place_in_one_view_and_classes_are_stable():
     view = lab.view
     assert isinstance(view, FigureView) and view in lab.ui.children
     sent = []
-    view.observe(lambda c: sent.append(c["name"]), names=["data", "layout"])
+    view.observe(lambda c: sent.append(c["name"]), names=["data", "figure_layout"])
     lab.rank_dropdown.value = 2  # DDP: the same scales on every rank, new hover texts: only the traces travel
     assert lab.view is view and sent == ["data"]
     lab.mode_dropdown.value = "local"  # a new title: the layout too
-    assert sent[1:] == ["data", "layout"]
+    assert sent[1:] == ["data", "figure_layout"]
     assert _sent(view) == _sent(RanksLab(mode="local", overflow_rank=2).view)
     classes = {c for w in (lab.ranks_slider, lab.mode_dropdown, lab.rank_dropdown, lab.steps_text, lab.init_slider,
                            lab.interval_input, lab.steps_input, lab.readout, lab.view, lab.ui, lab.message)

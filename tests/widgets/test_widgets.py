@@ -12,6 +12,7 @@ from ampviz.formats import CATEGORIES, FORMATS, get_format
 from ampviz.plots import BAND_CATEGORIES, format_share, format_shares
 from ampviz.widgets import FormatExplorer, RangeExplorer, parse_number
 from widget_checks import move_quickly, text  # tests/, on the path as pytest runs
+from layout_checks import contains, descendants  # tests/widgets/, on the path as pytest runs
 
 GRADS = (np.random.default_rng(0).lognormal(-16.0, 3.0, 2000) * np.where(np.arange(2000) % 2, 1, -1)).astype(
     np.float32
@@ -102,9 +103,9 @@ def test_range_explorer_keeps_its_layout_while_the_scale_moves(range_explorer):
         styles.add(repr([{k: v for k, v in t.items() if k not in point_keys} for t in traces]))
         points.add(repr([[np.asarray(t.get(k)).tolist() for k in point_keys] for t in traces]))
     assert len(keys) == 1 and len(styles) == 1 and len(points) == 4
-    sent = ex.view.layout
+    sent = ex.view.figure_layout
     ex.scale_slider.value = 6
-    assert ex.view.layout is sent  # not sent again
+    assert ex.view.figure_layout is sent  # not sent again
     ex.format_dropdown.value = "bf16"
     assert FigureView.prepare(ex.figure).layout_key not in keys and "bf16" in ex.figure.layout.title.text
 
@@ -124,6 +125,25 @@ def test_range_explorer_readout_is_the_figures_key(range_explorer):
     assert [(name, (color, float(opacity))) for color, opacity, name in swatches] == \
         [(cat, fills[cat]) for cat in BAND_CATEGORIES]
     assert all(opacity == BAND_OPACITY for _, opacity in fills.values())
+
+
+def test_range_explorer_readout_keys_the_marks_under_bars_too_short_to_see():
+    """The figure marks a bar too short to see with a triangle on the axis; with no legend, the
+    readout says what the marks are (with them or without, so that the readout keeps its height
+    while the scale moves), and each mark's hover says it too."""
+    from ampviz.plots.census import SMALL_BAR_KEY
+
+    def marks(ex):
+        return sum(len(t.x) for t in ex.figure.data if t.meta["kind"] == "few")
+
+    key = f"▲ on the axis: {SMALL_BAR_KEY}"
+    few = np.concatenate([np.full(10_000, 1.5), np.full(3, 2.0**-26)]).astype(np.float32)
+    ex = RangeExplorer(few, fmt="fp16")
+    assert marks(ex) == 1 and key in text(ex.readout)
+    hover = [h for t in ex.figure.data if t.meta["kind"] == "few" for h in t.hovertext]
+    assert hover and all(h.startswith("▲ a bar too short to see at this height") for h in hover)
+    even = RangeExplorer(np.full(100, 1.5, np.float32), fmt="fp16")
+    assert marks(even) == 0 and key in text(even.readout)
 
 
 def test_range_explorer_shares_change_when_the_scale_rescues_gradients(range_explorer):
@@ -522,7 +542,8 @@ def test_compare_with_fits_its_names_and_says_how_to_pick_several():
 
     lab = ScalerLab(steps=1000)
     assert lab.overlay.layout.width == "340px" and "Ctrl" in lab.overlay_hint.value
-    assert lab.overlay_hint in lab.ui.children[0].children[1].children
+    assert any(lab.overlay_hint in w.children and lab.overlay in w.children for w in descendants(lab.ui)
+               if hasattr(w, "children"))  # under the list
 
 
 # ----- figures updated in place; moves from the browser coalesced -----
@@ -557,9 +578,9 @@ def test_figures_are_updated_in_place_in_one_view():
 
     lab = _lab()
     view = lab.view
-    assert isinstance(view, FigureView) and view in lab.ui.children
+    assert isinstance(view, FigureView) and contains(lab.ui, view)
     sent = []
-    view.observe(lambda c: sent.append(c["name"]), names=["data", "layout"])
+    view.observe(lambda c: sent.append(c["name"]), names=["data", "figure_layout"])
     shown = FigureView.prepare(lab.figure).layout_key
     same = [v for v in np.round(np.arange(0.3, 0.95, 0.05), 2)
             if FigureView.prepare(lab._drawn(backoff_slider=float(v))[3]).layout_key == shown and v != 0.5]
@@ -568,7 +589,7 @@ def test_figures_are_updated_in_place_in_one_view():
     assert lab.view is view and sent == ["data"]
     assert np.array_equal(_view_y(view), lab.figure.data[0].y)
     lab.scenario_dropdown.value = "warmup"  # a new title: the layout is sent too
-    assert sent[1:] == ["data", "layout"] and "warmup" in view.layout["title"]["text"]
+    assert sent[1:] == ["data", "figure_layout"] and "warmup" in view.figure_layout["title"]["text"]
     for ex in (FormatExplorer("fp16", 0.1), RangeExplorer(GRADS)):
         assert isinstance(ex.view, FigureView) and ex.view.data
 
@@ -673,7 +694,7 @@ def _sent(view):
 
     from ampviz.widgets.figureview import _to_json
 
-    return json.dumps([_to_json(view.data, view), _to_json(view.layout, view)], sort_keys=True)
+    return json.dumps([_to_json(view.data, view), _to_json(view.figure_layout, view)], sort_keys=True)
 
 
 def test_range_explorer_draws_the_next_positions_ahead_and_they_are_exact():
