@@ -180,8 +180,10 @@ variant_table()
 
 # %%
 my_runs = lost_update_runs(seed=0, steps=400, lr=0.05, features=16)  # try lr=0.01 or 0.2, seed=1
-print(lost_update_table(my_runs))
-print(lost_update_steps_table(my_runs))
+lost_update_table(my_runs)
+
+# %%
+lost_update_steps_table(my_runs)  # the loss along the way, for the same runs
 
 # %% [markdown]
 # ## Check yourself
