@@ -36,6 +36,11 @@ bit for bit, and a multi-rank loss-scaler simulator held to real runs.
   world grows (the model, with real gloo beside it); ``run_compress_hook`` and
   ``simulate_compress_hook``: DDP's ``fp16_compress_hook`` (and a bf16 one) under ``GradScaler``,
   real and predicted.
+* ``run_fsdp2_policy`` and ``policy_errors``: FSDP2 (``fully_shard``) with a
+  ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` on real ranks, each gradient against the exact
+  fp32 mean; ``divide_factors`` and ``run_fsdp2_reduce``: how FSDP2 averages (one AVG in fp32 and
+  bf16, a divide by about sqrt(world_size) before and after an fp16 SUM); ``run_fsdp2_scaler``: an inf
+  in one rank's shard, and every rank skips with ``ShardedGradScaler`` or a plain ``GradScaler``.
 * ``run_lightning_ranks``: ``lightning.Trainer(accelerator="cpu")`` with DDP on the same forked
   ranks, with ``precision="16-mixed"`` (which Lightning turns into bf16 on the CPU) or the
   explicit fp16 plugin with a GradScaler.
@@ -54,6 +59,9 @@ This module only gathers the names; the code lives in one module per concept:
 * ``real``: the same scenarios run for real (``RanksRun``, ``run_scaler_ranks``).
 * ``reduce_precision``: ``reduce_errors`` and the compress hooks (``run_compress_hook``,
   ``simulate_compress_hook``).
+* ``fsdp2``: FSDP2's mixed precision on real ranks (``Fsdp2Run``, ``run_fsdp2_policy``, ``PolicyErrors``,
+  ``policy_errors``, ``divide_factors``, ``Fsdp2Reduce``, ``run_fsdp2_reduce``, ``Fsdp2ScalerRun``,
+  ``run_fsdp2_scaler``).
 * ``lesson``: notebooks 11a's and 11b's exercise checkers.
 * ``lightning``: Lightning on CPU ranks (``LightningRun``, ``run_lightning_ranks``).
 """
@@ -70,6 +78,8 @@ from ampviz.ranks.reduce_precision import (COMPRESS_HOOKS, CompressTrace, Reduce
 from ampviz.ranks.lesson import (check_compress_share, check_ddp_skips, check_found_inf_op, check_local_scales,
     check_why_compress_skips, check_why_ddp_agree, check_why_fsdp1_half_step, check_why_ring_order)
 from ampviz.ranks.lightning import LightningRun, run_lightning_ranks
+from ampviz.ranks.fsdp2 import (Fsdp2Reduce, Fsdp2Run, Fsdp2ScalerRun, PolicyErrors, divide_factors, policy_errors,
+    run_fsdp2_policy, run_fsdp2_reduce, run_fsdp2_scaler)
 
 __all__ = [
     "RankError",
@@ -94,6 +104,15 @@ __all__ = [
     "simulate_compress_hook",
     "LightningRun",
     "run_lightning_ranks",
+    "Fsdp2Run",
+    "run_fsdp2_policy",
+    "PolicyErrors",
+    "policy_errors",
+    "divide_factors",
+    "Fsdp2Reduce",
+    "run_fsdp2_reduce",
+    "Fsdp2ScalerRun",
+    "run_fsdp2_scaler",
     "check_ddp_skips",
     "check_local_scales",
     "check_found_inf_op",
