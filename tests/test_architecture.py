@@ -28,7 +28,7 @@ MAX_LINES = 800
 LAYERS = ("core", "torch side", "view")
 LIBRARIES = {
     "core": {"numpy"},
-    "torch side": {"torch", "lightning", "keras"},
+    "torch side": {"torch", "lightning", "keras", "torchao"},
     "view": {"plotly", "ipywidgets", "anywidget", "traitlets", "ipykernel", "IPython"},
 }
 
