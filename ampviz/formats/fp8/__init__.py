@@ -76,6 +76,8 @@ from ampviz.formats.fp8.delayed import (ALGOS, DELAYED_CONVENTIONS, DelayedScale
 from ampviz.formats.fp8.stream import (BASES, RECIPES, Fp8ScalingTrace, TensorStream, simulate_fp8_scaling,
     tensor_stream)
 from ampviz.formats.fp8.compare import recipe_table, rms_errors
+from ampviz.formats.fp8.te_recipes import (NVFP4_TILES, TE_RELEASE, TEQuantized, te_current_scaling,
+    te_float8_block_scaling, te_mxfp8, te_nvfp4)
 from ampviz.formats.inputs import _TORCH_MAX_NAN, _describe, _real_array  # noqa: F401
 from ampviz.formats.spec import FloatFormat  # noqa: F401
 
@@ -96,6 +98,8 @@ __all__ = [
 ]
 __all__ += ["RECIPES", "BASES", "TensorStream", "Fp8ScalingTrace", "tensor_stream", "simulate_fp8_scaling",
             "rms_errors", "recipe_table"]
+__all__ += ["TE_RELEASE", "NVFP4_TILES", "TEQuantized", "te_current_scaling", "te_float8_block_scaling",
+            "te_mxfp8", "te_nvfp4"]
 
 
 # ------------------------------------------------------------------ exercise checkers
