@@ -258,11 +258,12 @@ def _config(recipe: str, emulate: bool):
     return replace(config.Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
 
 
-def _convert(model: nn.Module, recipe: str, emulate: bool) -> nn.Module:
+def _convert(model: nn.Module, recipe: str, emulate: bool, module_filter_fn=None) -> nn.Module:
+    """``model`` with its Linear layers swapped in place (those ``module_filter_fn(module, name)`` passes)."""
     _, _, utils = _torchao()
     if not any(isinstance(m, nn.Linear) for m in model.modules()):
         raise ValueError("model has no nn.Linear layer for torchao to convert to FP8")
-    return utils.convert_to_float8_training(model, config=_config(recipe, emulate))
+    return utils.convert_to_float8_training(model, config=_config(recipe, emulate), module_filter_fn=module_filter_fn)
 
 
 def record_fp8_casts(model: nn.Module, batch, recipe: str = "tensorwise", *, loss=None,
@@ -286,8 +287,15 @@ def record_fp8_casts(model: nn.Module, batch, recipe: str = "tensorwise", *, los
         loss = nn.functional.mse_loss if targets.is_floating_point() else nn.functional.cross_entropy
     elif not callable(loss):
         raise TypeError(f"loss must be a function loss(output, targets), not {_shown(loss)}")
-    _, fl, _ = _torchao()
     converted = _convert(copy.deepcopy(model), recipe, emulate)
+    value, casts = _record_pass(converted, inputs, targets, loss)
+    return Fp8Casts(recipe, value, casts)
+
+
+def _record_pass(converted: nn.Module, inputs: tuple, targets, loss) -> tuple:
+    """One forward and backward pass of an already converted model, recording every FP8 cast:
+    (the float32 loss, the ``Fp8Cast``s in order). The gradients stay in ``converted``."""
+    _, fl, _ = _torchao()
     names = {id(m.linear_mm_config): (name or "(model)") for name, m in converted.named_modules()
              if isinstance(m, fl.Float8Linear)}
     real = fl.hp_tensor_to_float8_dynamic
@@ -329,7 +337,7 @@ def record_fp8_casts(model: nn.Module, batch, recipe: str = "tensorwise", *, los
         value.backward()
     finally:
         fl.hp_tensor_to_float8_dynamic = real
-    return Fp8Casts(recipe, float(value.detach()), tuple(casts))
+    return float(value.detach()), tuple(casts)
 
 
 # ------------------------------------------------------------------ the package's own cast
