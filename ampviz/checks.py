@@ -186,6 +186,16 @@ class Choice:
         folded = {" ".join(text.casefold().rstrip(".").split()): key for key, text in self.options.items()}
         return folded.get(said)
 
+    def checker(self):
+        """The lesson's checker for this question, ``check_<name>(answer)``: ``check_choice(answer,
+        self)``, its docstring the question and the right reason."""
+        def check_it(answer) -> Check:
+            return check_choice(answer, self)
+
+        check_it.__name__ = check_it.__qualname__ = f"check_{self.name}"
+        check_it.__doc__ = f"Q: {self.question} Right: ({self.right}) {self.options[self.right].rstrip('.')}."
+        return check_it
+
 
 def check_choice(answer, choice: Choice) -> Check:
     """The verdict on a letter chosen for ``choice``: right, wrong with what is wrong with the reason

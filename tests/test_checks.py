@@ -157,6 +157,9 @@ def test_a_choice_reads_letters_and_option_texts():
     assert checks.check_choice(None, q).status == "unanswered"
     assert checks.check_choice(..., q).status == "unanswered"
     assert q.letters == "a, b or c" and checks.CHOICES["demo_why"] is q
+    checker = q.checker()
+    assert checker.__name__ == "check_demo_why" and checker.__doc__ == "Q: Why? Right: (b) because of y."
+    assert [str(checker(x)) for x in ("b", "a", None)] == [str(checks.check_choice(x, q)) for x in ("b", "a", None)]
 
 
 def test_a_wrong_choice_is_refused_when_made():

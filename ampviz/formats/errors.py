@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ampviz.checks import Check, Choice, check, check_choice
+from ampviz.checks import Check, Choice, check
 from ampviz.formats import get_format
 from ampviz.formats.lesson import _brief, _close
 from ampviz.text import Table
@@ -300,10 +300,7 @@ WHY_MX_BLOCK_SURVIVES_OUTLIER = Choice(
 )
 
 
-def check_why_mx_block_survives_outlier(answer) -> Check:
-    """Q: why does a scale per block survive an outlier that one scale per tensor does not? (a):
-    each block's scale comes from its own amax (notebook 13, section 1)."""
-    return check_choice(answer, WHY_MX_BLOCK_SURVIVES_OUTLIER)
+check_why_mx_block_survives_outlier = WHY_MX_BLOCK_SURVIVES_OUTLIER.checker()
 
 
 WHY_MX_NVFP4_TENSOR_SCALE = Choice(
@@ -323,10 +320,7 @@ WHY_MX_NVFP4_TENSOR_SCALE = Choice(
 )
 
 
-def check_why_mx_nvfp4_tensor_scale(answer) -> Check:
-    """Q: why does NVFP4 need a scale per tensor besides its block scales? (b): the E4M3 block scales'
-    own range (notebook 13, section 5)."""
-    return check_choice(answer, WHY_MX_NVFP4_TENSOR_SCALE)
+check_why_mx_nvfp4_tensor_scale = WHY_MX_NVFP4_TENSOR_SCALE.checker()
 
 
 WHY_MX_FLOOR_SATURATES = Choice(
@@ -348,7 +342,4 @@ WHY_MX_FLOOR_SATURATES = Choice(
 )
 
 
-def check_why_mx_floor_saturates(answer) -> Check:
-    """Q: why can the OCP floor rule saturate a block's largest value, and rceil not? (c): floor
-    aims amax's power of two at 2^emax, and max is below 2^(emax + 1) (notebook 13, section 3)."""
-    return check_choice(answer, WHY_MX_FLOOR_SATURATES)
+check_why_mx_floor_saturates = WHY_MX_FLOOR_SATURATES.checker()

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from ampviz.checks import Check, Choice, _number_text, _yes_no, check, check_choice
+from ampviz.checks import Check, Choice, _number_text, _yes_no, check
 from ampviz.formats import FP32, get_format
 from ampviz.text import Table, number
 
@@ -382,7 +382,6 @@ def check_update_lost(answer, w=1.0, u=-(2.0**-11), fmt="fp16") -> Check:
                       "(below a power of two the gap is half as wide)")
 
 
-
 # --------------------------------------------------------------------------------------------
 # Questions that ask why
 # --------------------------------------------------------------------------------------------
@@ -407,10 +406,7 @@ WHY_FP16_STALLS = Choice(
 )
 
 
-def check_why_fp16_stalls(answer) -> Check:
-    """Q: why does the beam model stall in fp16 without a scaler and learn in bf16? (b): its gradients
-    underflow in fp16, not in bf16 (tests/training/test_beam.py counts the zeros)."""
-    return check_choice(answer, WHY_FP16_STALLS)
+check_why_fp16_stalls = WHY_FP16_STALLS.checker()
 
 
 WHY_1000_1_ROUNDS_TO_1000 = Choice(
@@ -428,10 +424,7 @@ WHY_1000_1_ROUNDS_TO_1000 = Choice(
 )
 
 
-def check_why_1000_1_rounds_to_1000(answer) -> Check:
-    """Q: why does fp16 store 1000.1 as 1000? (d): 11 significant bits make fp16's numbers in
-    [512, 1024) 0.5 apart."""
-    return check_choice(answer, WHY_1000_1_ROUNDS_TO_1000)
+check_why_1000_1_rounds_to_1000 = WHY_1000_1_ROUNDS_TO_1000.checker()
 
 
 # ----- 01: the fp16 range -----
@@ -454,10 +447,7 @@ WHY_MASTER_WEIGHTS = Choice(
 )
 
 
-def check_why_master_weights(answer) -> Check:
-    """Q: why fp32 master weights? (c): small updates are lost in an fp16 weight (the ½-ulp rule) and
-    add up in fp32 (``stall_table``)."""
-    return check_choice(answer, WHY_MASTER_WEIGHTS)
+check_why_master_weights = WHY_MASTER_WEIGHTS.checker()
 
 
 WHY_BF16_RANGE = Choice(
@@ -475,7 +465,4 @@ WHY_BF16_RANGE = Choice(
 )
 
 
-def check_why_bf16_range(answer) -> Check:
-    """Q: why does bf16 have fp32's range but less precision than fp16? (a): 8 exponent bits, 7
-    mantissa bits (``format_table``)."""
-    return check_choice(answer, WHY_BF16_RANGE)
+check_why_bf16_range = WHY_BF16_RANGE.checker()

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ampviz.checks import Check, Choice, _same, _text_is, _yes_no, check, check_choice
+from ampviz.checks import Check, Choice, _same, _text_is, _yes_no, check
 from ampviz.text import Table
 from ampviz.pitfalls import Outcome, outcome_of, quiet_trainer, versions
 from ampviz._args import _shown
@@ -688,16 +688,10 @@ WHY_TRAINER_CACHE_OFF = Choice(
 )
 
 
-def check_why_legacy_no_grad_pass(answer) -> Check:
-    """Q: why, under the simulated legacy rule, do the Linear layers get no gradient after a no_grad
-    pass and a grad pass in one autocast? (b): the grad pass reuses the casts the no_grad pass cached."""
-    return check_choice(answer, WHY_LEGACY_NO_GRAD_PASS)
+check_why_legacy_no_grad_pass = WHY_LEGACY_NO_GRAD_PASS.checker()
 
 
-def check_why_trainer_cache_off(answer) -> Check:
-    """Q: why can the Trainer's autocast not serve a stale copy, while ``fabric.autocast()`` can?
-    (b): the Trainer enters autocast with ``cache_enabled=False``; Fabric keeps the cache on."""
-    return check_choice(answer, WHY_TRAINER_CACHE_OFF)
+check_why_trainer_cache_off = WHY_TRAINER_CACHE_OFF.checker()
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ lesson and by ``tests/pitfalls/test_pitfall_manual_backward.py``:
 
 from __future__ import annotations
 
-from ampviz.checks import Check, Choice, check_choice
+from ampviz.checks import Choice
 
 __all__ = ["check_why_unscale_without_scale", "check_why_update_once", "check_why_clip_in_the_hook"]
 
@@ -74,19 +74,10 @@ WHY_CLIP_IN_THE_HOOK = Choice(
 )
 
 
-def check_why_unscale_without_scale(answer) -> Check:
-    """Q: why does a bare ``loss.backward()`` make the first ``opt.step()`` raise ``_scale is None``?
-    (c): only ``manual_backward`` goes through the plugin's ``scaler.scale``, which makes ``_scale``."""
-    return check_choice(answer, WHY_UNSCALE_WITHOUT_SCALE)
+check_why_unscale_without_scale = WHY_UNSCALE_WITHOUT_SCALE.checker()
 
 
-def check_why_update_once(answer) -> Check:
-    """Q: why does optimizer 2 apply its gradient ×2 under Lightning's plugin and ×1 under PyTorch's
-    recipe? (b): the first optimizer's ``update()`` halved the scale before the second unscaled."""
-    return check_choice(answer, WHY_UPDATE_ONCE)
+check_why_update_once = WHY_UPDATE_ONCE.checker()
 
 
-def check_why_clip_in_the_hook(answer) -> Check:
-    """Q: why clip in ``on_before_optimizer_step``, not right before ``opt.step()``? (a): before the
-    plugin's ``unscale_`` the gradients are scaled, so the clip lands on the scaled norm."""
-    return check_choice(answer, WHY_CLIP_IN_THE_HOOK)
+check_why_clip_in_the_hook = WHY_CLIP_IN_THE_HOOK.checker()

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ampviz.checks import Check, Choice, _said, _yes_no, check, check_choice
+from ampviz.checks import Check, Choice, _said, _yes_no, check
 from ampviz.text import Table
 from ampviz.pitfalls import Outcome, outcome_of, quiet_trainer
 from ampviz._args import _shown
@@ -588,13 +588,7 @@ WHY_NOT_UNDER_CUDA_AUTOCAST = Choice(
 )
 
 
-def check_why_only_validation(answer) -> Check:
-    """Q: why does the encoder crash only in validation? (c): eval mode and no gradient to record are
-    what send it down the nested-tensor fast path."""
-    return check_choice(answer, WHY_ONLY_VALIDATION)
+check_why_only_validation = WHY_ONLY_VALIDATION.checker()
 
 
-def check_why_not_under_cuda_autocast(answer) -> Check:
-    """Q: why does the same call not crash under CUDA autocast? (b): the encoder's check reads CUDA's
-    autocast flag only."""
-    return check_choice(answer, WHY_NOT_UNDER_CUDA_AUTOCAST)
+check_why_not_under_cuda_autocast = WHY_NOT_UNDER_CUDA_AUTOCAST.checker()

@@ -26,6 +26,7 @@ import torch
 
 from ampviz._args import _real, _real_array, _seed, _shown, _whole
 from ampviz.ranks.launcher import prewarm, run_ranks
+from ampviz.ranks.real import _counted_steps
 from ampviz.text import Table, measured, number
 
 #: The dtypes a policy takes, by the names the lessons use.
@@ -385,14 +386,7 @@ def _scaler_rank(rank: int, world_size: int, scaler_kind: str, inf_rank, shard: 
     model = _Probe(width * world_size)
     fully_shard(model, mp_policy=_policy(param_dtype, reduce_dtype))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    calls = []
-    real_step = opt.step
-
-    def counted_step(*a, **k):
-        calls.append(1)
-        return real_step(*a, **k)
-
-    opt.step = counted_step
+    calls = _counted_steps(opt)
     if scaler_kind == "sharded":
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 

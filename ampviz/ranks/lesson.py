@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-from ampviz.checks import Check, Choice, _number_text, _said, check, check_choice
+from ampviz.checks import Check, Choice, _number_text, _said, check
 from ampviz.ranks.reduce_precision import simulate_compress_hook
 from ampviz.ranks.simulator import simulate_ranks
 from ampviz.scaling import TorchGradScaler
@@ -144,21 +144,13 @@ WHY_COMPRESS_SKIPS = Choice(
 )
 
 
-def check_why_ddp_agree(answer) -> Check:
-    """Q (11a): why DDP's ranks skip together: (b), the all-reduce comes before ``unscale_``."""
-    return check_choice(answer, WHY_DDP_AGREE)
+check_why_ddp_agree = WHY_DDP_AGREE.checker()
 
 
-def check_why_fsdp1_half_step(answer) -> Check:
-    """Q (11a): why FSDP1 with a plain GradScaler steps half the model: (a), each rank checks its shard."""
-    return check_choice(answer, WHY_FSDP1_HALF_STEP)
+check_why_fsdp1_half_step = WHY_FSDP1_HALF_STEP.checker()
 
 
-def check_why_ring_order(answer) -> Check:
-    """Q (11b): why the summation order changes the bits: (a), rounding after every add."""
-    return check_choice(answer, WHY_RING_ORDER)
+check_why_ring_order = WHY_RING_ORDER.checker()
 
 
-def check_why_compress_skips(answer) -> Check:
-    """Q (11b): why the fp16 compress hook skips steps: (b), it casts scaled gradients before dividing."""
-    return check_choice(answer, WHY_COMPRESS_SKIPS)
+check_why_compress_skips = WHY_COMPRESS_SKIPS.checker()

@@ -60,6 +60,19 @@ MLP_MAX_SCALE = 2.0**14
 _SPIKE = 2.0**20  # an input this large overflows the fp16 forward (inf), whatever the scale
 
 
+
+def _counted_steps(opt) -> list:
+    """Count ``opt.step()`` calls that run (a scaler skips a step by not calling it): the list
+    gets one item per call."""
+    calls, real_step = [], opt.step
+
+    def counted_step(*args, **kwargs):
+        calls.append(1)
+        return real_step(*args, **kwargs)
+
+    opt.step = counted_step
+    return calls
+
 def _batch(seed: int, rank: int, step: int):
     g = torch.Generator().manual_seed(((seed * 1_000_003) + rank * 10_007 + step) % 2**63)
     x = torch.randn(16, 8, generator=g)
@@ -120,14 +133,7 @@ def _scaler_rank(rank: int, world_size: int, mode: str, stream: np.ndarray, flag
         net.register_comm_hook(None, recording_hook)
     params = list(net.parameters())  # FSDP: this rank's flat shard
     opt = torch.optim.SGD(params, lr=lr)
-    calls = []
-    real_step = opt.step
-
-    def counted_step(*a, **k):
-        calls.append(1)
-        return real_step(*a, **k)
-
-    opt.step = counted_step
+    calls = _counted_steps(opt)
     if mode == "synced":
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from ampviz.checks import Check, Choice, _text_is, check, check_choice
+from ampviz.checks import Check, Choice, _text_is, check
 from ampviz.formats import get_format
 from ampviz.formats.census import census
 from ampviz.text import Table, number
@@ -187,8 +187,6 @@ def check_log_verdict(answer, scales) -> Check:
                  hint="compare the first and the last quarter of the messages")
 
 
-
-
 # --------------------------------------------------------------------------------------------
 # Questions that ask why
 # --------------------------------------------------------------------------------------------
@@ -209,10 +207,7 @@ WHY_SCALING_WORKS = Choice(
 )
 
 
-def check_why_scaling_works(answer) -> Check:
-    """Q: why does scaling the loss keep small gradients alive? (b): the chain rule multiplies every
-    gradient by S."""
-    return check_choice(answer, WHY_SCALING_WORKS)
+check_why_scaling_works = WHY_SCALING_WORKS.checker()
 
 
 WHY_REAL_PASS_LOSES_MORE = Choice(
@@ -234,10 +229,7 @@ WHY_REAL_PASS_LOSES_MORE = Choice(
 )
 
 
-def check_why_real_pass_loses_more(answer) -> Check:
-    """Q: why does a real fp16 backward pass leave more weight gradients at 0 than the cast of fp32's?
-    (d): the layer outputs' gradients it carries in fp16 are lost first (98% of them)."""
-    return check_choice(answer, WHY_REAL_PASS_LOSES_MORE)
+check_why_real_pass_loses_more = WHY_REAL_PASS_LOSES_MORE.checker()
 
 
 # ----- 06: the scaling lab -----
@@ -260,10 +252,7 @@ WHY_SAWTOOTH_IS_HARMLESS = Choice(
 )
 
 
-def check_why_sawtooth_is_harmless(answer) -> Check:
-    """Q: why is the sawtooth harmless and the ratchet not? (b): backing off removes the sawtooth's
-    overflows, never the ratchet's (``simulate``, notebook 06 sections 1 and 2)."""
-    return check_choice(answer, WHY_SAWTOOTH_IS_HARMLESS)
+check_why_sawtooth_is_harmless = WHY_SAWTOOTH_IS_HARMLESS.checker()
 
 
 WHY_ONE_SKIP_PER_INTERVAL = Choice(
@@ -285,7 +274,4 @@ WHY_ONE_SKIP_PER_INTERVAL = Choice(
 )
 
 
-def check_why_one_skip_per_interval(answer) -> Check:
-    """Q: why does a steady stream skip about one step per growth interval? (c): each growth is a test
-    of a higher scale, and the one that overflows is skipped (notebook 06, section 1)."""
-    return check_choice(answer, WHY_ONE_SKIP_PER_INTERVAL)
+check_why_one_skip_per_interval = WHY_ONE_SKIP_PER_INTERVAL.checker()

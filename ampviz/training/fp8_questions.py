@@ -38,7 +38,7 @@ from torch import nn
 
 from ampviz._args import _seed, _shown, _whole
 from ampviz.formats.fp8.current import EPS
-from ampviz.training.fp8_training import Fp8Casts, _convert, _numpy, _recipe, _record_pass, _torchao
+from ampviz.training.fp8_training import Fp8Casts, _convert, _LossCurve, _numpy, _recipe, _record_pass, _torchao
 
 __all__ = ["FILTERS", "QUESTION_MODELS", "GRAD_DTYPES", "FilterRun", "FilterRuns", "ScaledRun", "Fp16Underflow",
            "ScalerEffect", "AccumulationRun", "module_filter", "linear_names", "filter_runs", "scaler_effect",
@@ -122,7 +122,7 @@ def module_filter(filter: str, model: nn.Module):
 
 
 @dataclass(frozen=True, eq=False)
-class FilterRun:
+class FilterRun(_LossCurve):
     """One filtered run: ``filter`` (one of ``FILTERS``), ``converted`` and ``kept`` (the Linear
     layers' names, as ``Float8Linear`` and as ``nn.Linear``), ``cast_layers`` (the layers whose FP8
     casts one recorded pass of the fresh model made), ``losses`` (one per step, float64, read-only)
@@ -135,14 +135,6 @@ class FilterRun:
     cast_layers: tuple
     losses: np.ndarray
     error: str | None = None
-
-    @property
-    def start(self) -> float:
-        return float(self.losses[0])
-
-    @property
-    def end(self) -> float:
-        return float(np.mean(self.losses[-10:]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -319,7 +311,7 @@ def _scaled_run(recipe: str, scale: float, steps: int, seed: int) -> ScaledRun:
     opt = torch.optim.Adam(net.parameters(), lr=TrainConfig(model="beam").learning_rate)
     s = torch.tensor(scale, dtype=torch.float32)
     inv = torch.tensor(scale, dtype=torch.float64).reciprocal().float()
-    losses, underflowed, floored, digests, first, values = [], [], [], [], None, 0
+    underflowed, floored, digests, first, values = [], [], [], None, 0
     plain = []
 
     def scaled_loss(output, targets):

@@ -374,8 +374,22 @@ def reference_cast(cast: Fp8Cast) -> ReferenceCast:
 
 
 # ------------------------------------------------------------------ training
+class _LossCurve:
+    """``start`` (the first step's loss) and ``end`` (the mean of the last 10 steps') of a run's ``losses``."""
+
+    losses: np.ndarray
+
+    @property
+    def start(self) -> float:
+        return float(self.losses[0])
+
+    @property
+    def end(self) -> float:
+        return float(np.mean(self.losses[-10:]))
+
+
 @dataclass(frozen=True, eq=False)
-class Fp8Run:
+class Fp8Run(_LossCurve):
     """The losses of ``train_fp8``: ``mode``, ``model``, ``seed``, ``losses`` (one per step, float64,
     read-only) and ``error`` (None, or why the run stopped early). ``start`` is the first step's
     loss, ``end`` the mean of the last 10 steps' losses."""
@@ -385,14 +399,6 @@ class Fp8Run:
     seed: int
     losses: np.ndarray
     error: str | None = None
-
-    @property
-    def start(self) -> float:
-        return float(self.losses[0])
-
-    @property
-    def end(self) -> float:
-        return float(np.mean(self.losses[-10:]))
 
 
 def train_fp8(mode: str = "tensorwise", steps: int = 50, *, model: str = "beam", seed: int = 0, lr=None,

@@ -8,7 +8,7 @@ each right reason held by the lesson's checked outputs and claims, and by tests/
 from __future__ import annotations
 
 
-from ampviz.checks import Check, Choice, _text_is, check, check_choice
+from ampviz.checks import Check, Choice, _text_is, check
 
 __all__ = ['check_mode_without_loss', 'check_range_shift', 'check_why_backward_loses_more', 'check_why_half_diverges',
            'check_why_first_layers_freeze']
@@ -80,19 +80,10 @@ WHY_FIRST_LAYERS_FREEZE = Choice(
 )
 
 
-def check_why_backward_loses_more(answer) -> Check:
-    """Q: why fp16's own backward loses more than a cast of fp32's gradients: (b), the layer outputs'
-    gradients underflow on the way down (``lost_shares``; tests/training/test_lesson.py)."""
-    return check_choice(answer, WHY_BACKWARD_LOSES_MORE)
+check_why_backward_loses_more = WHY_BACKWARD_LOSES_MORE.checker()
 
 
-def check_why_half_diverges(answer) -> Check:
-    """Q: why pure fp16 weights with Adam diverge at step 1: (b), the squared gradients and eps are 0 in
-    fp16 (the half run's error, section 5's checked cell)."""
-    return check_choice(answer, WHY_HALF_DIVERGES)
+check_why_half_diverges = WHY_HALF_DIVERGES.checker()
 
 
-def check_why_first_layers_freeze(answer) -> Check:
-    """Q: why fc1 freezes in pure fp16 while fc12 moves: (c), its updates are below half the fp16 gap at
-    its weights (``moved_share``; tests/training/test_lesson.py)."""
-    return check_choice(answer, WHY_FIRST_LAYERS_FREEZE)
+check_why_first_layers_freeze = WHY_FIRST_LAYERS_FREEZE.checker()

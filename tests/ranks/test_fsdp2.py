@@ -7,10 +7,8 @@ a plain GradScaler that lets the rank with a clean shard step.
 """
 
 import math
-import time
 
 import numpy as np
-import psutil
 import pytest
 import torch
 
@@ -22,20 +20,6 @@ from ampviz.text import Table
 @pytest.fixture(scope="module", autouse=True)
 def warm():
     fsdp2._warm()
-
-
-@pytest.fixture(autouse=True)
-def no_rank_left():
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    yield
-    deadline = time.monotonic() + 5
-    while True:
-        kids = [p for p in psutil.Process().children(recursive=True)
-                if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        if not kids or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not kids, f"processes left behind: {kids}"
 
 
 @pytest.fixture(scope="module")

@@ -156,7 +156,7 @@ __all__ += ["check_spike_hold", "check_current_scale", "check_inf_current", "che
 
 
 # ------------------------------------------------------------------ questions that ask why
-from ampviz.checks import Check, Choice, check_choice  # noqa: E402  (numpy only, as this package)
+from ampviz.checks import Choice  # noqa: E402  (numpy only, as this package)
 
 WHY_FP8_DELAYED_SATURATES = Choice(
     "why_fp8_delayed_saturates",
@@ -177,10 +177,7 @@ WHY_FP8_DELAYED_SATURATES = Choice(
 )
 
 
-def check_why_fp8_delayed_saturates(answer) -> Check:
-    """Q: why does delayed scaling saturate at a spike that current scaling fits? (b): its scale
-    comes from earlier amaxes (notebook 12, sections 2 and 3)."""
-    return check_choice(answer, WHY_FP8_DELAYED_SATURATES)
+check_why_fp8_delayed_saturates = WHY_FP8_DELAYED_SATURATES.checker()
 
 
 WHY_FP8_HYBRID_FORMATS = Choice(
@@ -201,10 +198,7 @@ WHY_FP8_HYBRID_FORMATS = Choice(
 )
 
 
-def check_why_fp8_hybrid_formats(answer) -> Check:
-    """Q: why E4M3 forward and E5M2 for gradients? (c): range for the gradients, precision for the
-    forward tensors (notebook 12, section 6)."""
-    return check_choice(answer, WHY_FP8_HYBRID_FORMATS)
+check_why_fp8_hybrid_formats = WHY_FP8_HYBRID_FORMATS.checker()
 
 
 WHY_FP8_MARGIN_TRADES = Choice(
@@ -226,10 +220,7 @@ WHY_FP8_MARGIN_TRADES = Choice(
 )
 
 
-def check_why_fp8_margin_trades(answer) -> Check:
-    """Q: why does a margin remove saturation and add underflow? (c): it slides the window down by
-    2^margin (notebook 12, section 5)."""
-    return check_choice(answer, WHY_FP8_MARGIN_TRADES)
+check_why_fp8_margin_trades = WHY_FP8_MARGIN_TRADES.checker()
 
 
 __all__ += ["check_why_fp8_delayed_saturates", "check_why_fp8_hybrid_formats", "check_why_fp8_margin_trades"]

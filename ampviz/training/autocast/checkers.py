@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from ampviz.checks import Check, Choice, _number_text, _said, check, check_choice
+from ampviz.checks import Check, Choice, _number_text, _said, check
 from ampviz.pitfalls import autocast_cache
 from ampviz.training.autocast.dispatch import SHORT
 from ampviz.training.autocast.loss import loss_report
@@ -123,13 +123,7 @@ WHY_STALE_COPY = Choice(
 )
 
 
-def check_why_softmax_dtype(answer) -> Check:
-    """Q: why softmax after a Linear runs in fp16 under CPU autocast and in fp32 under CUDA's: (b), the
-    lists differ by device (``op_table``'s softmax row)."""
-    return check_choice(answer, WHY_SOFTMAX_DTYPE)
+check_why_softmax_dtype = WHY_SOFTMAX_DTYPE.checker()
 
 
-def check_why_stale_copy(answer) -> Check:
-    """Q: why a second forward in the same autocast block misses an in-place update: (b), the weight
-    cache (``cache_table``)."""
-    return check_choice(answer, WHY_STALE_COPY)
+check_why_stale_copy = WHY_STALE_COPY.checker()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ampviz.checks import Check, Choice, check, check_choice
+from ampviz.checks import Check, Choice, check
 from ampviz.training.bf16.rounding_stats import rounding_statistics
 
 
@@ -110,11 +110,7 @@ WHY_BF16_STALLS = Choice(
 )
 
 
-def check_why_bf16_no_scaler(answer) -> Check:
-    """Q: why bf16 needs no loss scaler: (b), its exponent range (``scaler_need``)."""
-    return check_choice(answer, WHY_BF16_NO_SCALER)
+check_why_bf16_no_scaler = WHY_BF16_NO_SCALER.checker()
 
 
-def check_why_bf16_stalls(answer) -> Check:
-    """Q: why bf16 weights stall: (b), updates below half a bf16 step are lost (``lost_update_runs``)."""
-    return check_choice(answer, WHY_BF16_STALLS)
+check_why_bf16_stalls = WHY_BF16_STALLS.checker()

@@ -66,7 +66,7 @@ from typing import NamedTuple
 import torch
 
 from ampviz.training.gradscaler import _capture, _check, _SpyScaler
-from ampviz.checks import Check, Choice, _yes_no, check, check_choice
+from ampviz.checks import Check, Choice, _yes_no, check
 from ampviz.text import Table, number
 from ampviz.training.loopcheck.checker import (MAX_SCENARIOS, MISTAKES, MORE_SCENARIOS, ROUNDING, SCENARIOS,
                                                CheckReport, Scenario, ScenarioResult, check_loop,
@@ -761,19 +761,10 @@ WHY_SAVE_SCALER_STATE = Choice(
 )
 
 
-def check_why_whole_step_skipped(answer) -> Check:
-    """Q: why one overflowing micro-batch skips the whole step: (b), ``unscale_`` checks the
-    accumulated gradients once (``accumulation_report``)."""
-    return check_choice(answer, WHY_WHOLE_STEP_SKIPPED)
+check_why_whole_step_skipped = WHY_WHOLE_STEP_SKIPPED.checker()
 
 
-def check_why_one_update(answer) -> Check:
-    """Q: why one ``update()`` per iteration with several optimizers: (c), one scale for all of them
-    (``optimizers_report``: an update per optimizer gives b 2× or ½× its gradient)."""
-    return check_choice(answer, WHY_ONE_UPDATE)
+check_why_one_update = WHY_ONE_UPDATE.checker()
 
 
-def check_why_save_scaler_state(answer) -> Check:
-    """Q: why a checkpoint holds the scaler's state: (c), a fresh scaler skips steps on its way down
-    again (``checkpoint_report``)."""
-    return check_choice(answer, WHY_SAVE_SCALER_STATE)
+check_why_save_scaler_state = WHY_SAVE_SCALER_STATE.checker()
