@@ -1,4 +1,17 @@
-"""GPU training speed: the live trainer's fp32, fp16+scaler and bf16 steps per second on CUDA.
+"""GPU training speed, in two parts (``--part live``, ``--part block``, or both, the default).
+
+Part "block": what mixed precision buys on a large layer. One seeded transformer block
+(``ampviz.training.gpu_record``: d_model 4096, 32 heads, feed-forward 16384, 4 sequences of 2048
+tokens, 201M weights) trained with AdamW in fp32, TF32, bf16 autocast, fp16 autocast with a
+GradScaler and torchao's FP8 (tensorwise and rowwise), eager and then through ``torch.compile``;
+per mode the median step time and the peak device memory, printed with each mode's ratio to fp32
+from the same process. ``--record FILE`` writes the record the course shows (after every mode, so
+an interrupted run keeps what it measured); ``--deadline S`` leaves out the modes not begun after S
+seconds. The record is made with::
+
+    python bench/bench_gpu.py --part block --record ampviz/training/gpu_record.json
+
+Part "live": the live trainer's fp32, fp16+scaler and bf16 steps per second on CUDA.
 
 Each case is the same seeded run (``live.run_training``, census off, ``device="cuda"``) in the three
 modes. After one short warm-up run per mode (CUDA context, cuBLAS and cuDNN set-up), the modes are
@@ -22,10 +35,13 @@ On a machine without CUDA it prints one line saying so and exits with status 0.
     .venv/bin/python bench/bench_gpu.py
 """
 
+import argparse
+import json
 import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -98,9 +114,46 @@ def bench_case(label: str, settings: dict, make_model) -> float | None:
     return None
 
 
-def main() -> int:
+def bench_block(record_path: str | None, deadline: float | None, device: str = "cuda", shape=None,
+                compiled=(False, True)) -> dict:
+    """Part "block": the record of ``ampviz.training.gpu_record``, printed (and written); returned.
+    (``device``, ``shape`` and ``compiled`` are there for the CPU test of this part.)"""
+    from ampviz.training import gpu_record
+
+    def save(rec):
+        if record_path is not None:
+            Path(record_path).write_text(json.dumps(rec, indent=1) + "\n")
+        r = rec["results"][-1]
+        kind = "compiled" if r["compiled"] else "eager"
+        shown = r["error"] or (f"{r['step_ms']:.2f} ms/step, peak "
+                               + (f"{r['peak_mib']:.0f} MiB, " if r["peak_mib"] is not None else "- (no counter), ")
+                               + f"loss {r['loss_first']:.4f} -> {r['loss_last']:.4f}"
+                               + (f", first step {r['compile_s']:.1f} s" if r["compile_s"] else ""))
+        print(f"  {kind:<8} {r['mode']:<15} {shown}", flush=True)
+
+    shape = gpu_record.BlockShape() if shape is None else shape
+    print(f"block: {shape}, {shape.params / 1e6:.0f}M weights, {shape.tokens} tokens a step", flush=True)
+    rec = gpu_record.record(gpu_record.MODES, shape, device, steps=10, warmup=3, compiled=compiled,
+                            deadline_s=deadline, on_result=save)
+    if rec["skipped"]:
+        print(f"  {rec['skipped']} mode(s) left out: past the {deadline:g} s deadline")
+    for c in compiled:
+        print(gpu_record.record_table(rec, compiled=c))
+    return rec
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("all", "block", "live"), default="all")
+    parser.add_argument("--record", default=None, help="write part block's record to this JSON file")
+    parser.add_argument("--deadline", type=float, default=None, help="seconds after which part block starts no mode")
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_gpu: needs a CUDA device (torch.cuda.is_available() is False); nothing measured")
+        return 0
+    if args.part in ("all", "block"):
+        bench_block(args.record, args.deadline)
+    if args.part == "block":
         return 0
     from ampviz.training import live
 

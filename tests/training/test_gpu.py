@@ -289,3 +289,23 @@ def test_every_gpu_bench_case_builds_and_steps_on_the_cpu():
 
     with pytest.raises(ValueError, match="weights; at most 10,000,000"):
         MLP(width=4096)  # the width this bench once asked for
+
+
+def test_the_gpu_benchs_block_part_writes_a_record_the_course_reads(tmp_path, capsys):
+    """bench/bench_gpu.py --part block, run on the CPU with a small block: it prints each mode as it
+    goes, writes a record that load_record reads back with every mode, and prints the tables."""
+    import importlib.util
+
+    from ampviz.training import gpu_record
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "bench_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_gpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "record.json"
+    bench.bench_block(str(out), None, "cpu", gpu_record.BlockShape(32, 4, 64, 2, 8), (False,))
+    rec = gpu_record.load_record(out)
+    assert [r["mode"] for r in rec["results"]] == list(gpu_record.MODES)
+    assert all(r["error"] is None for r in rec["results"])
+    printed = capsys.readouterr().out
+    assert printed.count("ms/step") == len(gpu_record.MODES) and "speed-up vs fp32" in printed
