@@ -334,3 +334,27 @@ def test_clear_errors(ao, monkeypatch):
         record_fp8_casts(model, batch)
     with pytest.raises(ImportError, match="needs torchao"):
         train_fp8("rowwise", 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_on_cuda_every_cast_equals_the_package_and_the_cpus(ao, recipe):
+    """On a CUDA device, with the products run by ``torch._scaled_mm`` (emulate=False), every cast
+    torchao makes still equals the package's bit for bit; the first layer's forward casts (same
+    input, same weight) are the CPU's to the bit. (cuBLAS wants every dimension a multiple of 16,
+    so the seeded problem's last layer is 32 -> 16 here.)"""
+    def problem16():
+        model, (x, _) = problem()
+        torch.manual_seed(1)
+        model[2] = nn.Linear(32, 16)
+        return model, (x, torch.randn(64, 16, generator=torch.Generator().manual_seed(2)))
+
+    model, (x, y) = problem16()
+    cuda = record_fp8_casts(model.to("cuda"), (x.to("cuda"), y.to("cuda")), recipe)
+    cpu = record_fp8_casts(*problem16(), recipe, emulate=True)  # older torch: no rowwise _scaled_mm on a CPU
+    assert len(cuda.casts) == len(cpu.casts) == 12
+    for c in cuda.casts:
+        ref = reference_cast(c)
+        assert same_bits(c.scale, ref.scale) and np.array_equal(c.codes, ref.codes) and c.counts == ref.counts, c
+    for g, c in zip(cuda.casts[:2], cpu.casts[:2]):
+        assert (g.layer, g.role) == (c.layer, c.role) and np.array_equal(g.codes, c.codes) and same_bits(g.scale, c.scale)
