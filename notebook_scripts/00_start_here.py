@@ -37,6 +37,7 @@ from ampviz.formats.lesson import (cast_table, check_cast, check_why_1000_1_roun
                                    check_why_fp16_stalls)
 from ampviz.plots import plot_format_ranges
 from ampviz.text import measured
+from ampviz.training.gpu_record import load_record, record_table
 from ampviz.training.live.short import short_runs
 from ampviz.widgets import FormatExplorer
 
@@ -79,7 +80,7 @@ assert all(runs.end("fp16") > 5 * runs.end(m) for m in learners)  # fp16 alone e
 #     n04 -.-> n06["06 scaling lab"]
 #     n04 --> n08["08 Lightning: manual_backward"] --> n09["09 Lightning: autocast cache"] --> n10["10 Lightning: TransformerEncoder"]
 #     n05 --> n11a["11a loss scaling across ranks"] --> n11b["11b all-reduce numerics"]
-#     n02 --> n12["12 FP8 scaling"] --> n13["13 MX and NVFP4"]
+#     n02 --> n12["12 FP8 scaling"] --> n13["13 MX and NVFP4"] --> n14["14 FP8 training"]
 # ```
 #
 # | notebook | what you will learn |
@@ -100,6 +101,7 @@ assert all(runs.end("fp16") > 5 * runs.end(m) for m in learners)  # fp16 alone e
 # | [11b · Ranks in practice: all-reduce precision, compress hooks and Lightning](11b_allreduce_numerics.ipynb) | fp32, fp16 and bf16 all-reduce error as the world grows, gloo's summation order, the fp16 compress hook's extra skips under a scaler, and Lightning's `"16-mixed"` on CPU ranks |
 # | [12 · FP8 per-tensor scaling](12_fp8_scaling.ipynb) | a stream of 2,000 tensors with spikes cast to FP8, value by value: why each tensor needs its own scale, current scaling (the tensor's own amax) against delayed scaling (a history of earlier amaxes, `"max"` or `"most_recent"`), on synthetic, Gaussian and real-layer streams, what a spike, an inf amax and a margin do to the shares saturated and underflowed, and why HYBRID casts gradients to E5M2; `Fp8ScalingLab` to move every setting |
 # | [13 · MX and NVFP4 block scaling](13_mx_and_nvfp4.ipynb) | one scale per block of 16 or 32 values, exact against torchao's rules: what a 2^10 outlier costs its block and a per-tensor scale, the fp8, fp6 and fp4 element formats under E8M0 scales, floor against round-up scales, NVFP4's E4M3 block scales and fp32 tensor scale, stochastic rounding and the random Hadamard transform, and the error of every format on a real layer's weights and gradient at equal bits; `BlockExplorer` to pick a block and see its values before and after |
+# | [14 · FP8 training for real: torchao's Float8Linear, and what it buys](14_fp8_training.ipynb) | the course's models trained with torchao's `Float8Linear` on the CPU, every FP8 cast recorded and equal to the package's; tensorwise against rowwise, fp32 and bf16; why FP8 with current scaling needs no loss scaler, which layers stay in high precision, the dtype gradients accumulate in; Transformer Engine's recipes on one tensor; and what each precision buys in step time and memory on a real GPU |
 #
 # Work through 01 and 02 in order: 02 uses the vocabulary of 01 (subnormal, underflow, overflow).
 # Some exercises sit in the middle of a lesson: a cell marked **Predict** asks for your answer
@@ -137,7 +139,13 @@ env.check()
 # Read the ratios with care: they come from one small matrix on this machine right now. On many
 # CPUs an fp16 matmul is much *slower* than fp32 (no fp16 arithmetic units), while bf16 may be
 # faster; on a recent GPU both are usually several times faster. The course never assumes a
-# speed-up: where it matters, a notebook measures.
+# speed-up: where it matters, a notebook measures. This is why anyone trains in low precision,
+# measured once on a real GPU (lesson 14 reads the whole record, compiled runs and FP8 included):
+# one transformer block of 201 million weights, each training step's median time and the peak memory.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(record_table(load_record()))
 
 # %% [markdown]
 # ## A first look
@@ -207,7 +215,7 @@ check_why_1000_1_rounds_to_1000(answer)
 # %% [markdown]
 # ## Summary
 #
-# - Every lesson, 01 to 13 (03 and 11 in two parts each, a and b), has the same layout: a setup
+# - Every lesson, 01 to 14 (03 and 11 in two parts each, a and b), has the same layout: a setup
 #   cell, short steps, a *Try it* section (an explorer, or a cell to change and re-run), and at the
 #   end *Check yourself*, a summary and open exercises.
 # - Explorers redraw on every change; if one shows an error instead of controls, re-run its cell.

@@ -24,7 +24,9 @@
 # - decide when bf16 needs no loss scaler, and recognise a model that overflows in fp16 but not in bf16,
 # - predict which updates bf16 weights lose, and keep them learning with fp32 master weights, Kahan
 #   summation or [stochastic rounding](../GLOSSARY.md#stochastic-rounding),
-# - write stochastic rounding to bf16 and test it.
+# - write stochastic rounding to bf16 and test it,
+# - say what `torch.set_float32_matmul_precision("high")` rounds in a float32 model, what it costs a
+#   layer's accuracy and what it bought a real GPU.
 #
 # Teaching this lesson? The [teacher's guide](../TEACHING.md#nb03b) has its timings, the answers to
 # its exercises and what to demo live.
@@ -36,11 +38,16 @@ import torch
 
 from ampviz.training.autocast import loss_report
 from ampviz.training.bf16 import (check_round_up_share, check_stochastic_rounding, check_why_bf16_no_scaler,
-                                  check_why_bf16_stalls, fp16_overflow,
+                                  check_why_bf16_stalls, check_why_tf32_error, fp16_overflow,
                                   lost_update_runs, lost_update_steps_table, lost_update_table, overflow_table,
                                   rounding_statistics, rounding_table, scaler_need, scaler_need_table,
                                   variant_table)
-from ampviz.formats.lesson import lost_band
+from ampviz.formats import BF16, FP16, FP32, TF32
+from ampviz.formats.lesson import format_table, lost_band
+from ampviz.formats.matmul_precision import MATMUL_MODES
+from ampviz.text import number
+from ampviz.training.gpu_record import load_record
+from ampviz.training.matmul_precision import layer_error, precision_switches
 
 rng = np.random.default_rng(0)
 _ = torch.manual_seed(0)
@@ -173,6 +180,96 @@ variant_table()
 # 17 random bits gives values that are not neighbours and moves exact values; the sign-blind one
 # is right on every positive value and biased on the negative ones. A test on positive values only
 # would pass it.
+#
+# ## 5. TF32 and `set_float32_matmul_precision`
+#
+# One more way into lower precision needs no bf16 tensor at all. A float32 model, no autocast, one
+# line: `torch.set_float32_matmul_precision(...)` tells torch how float32 matrix products may be
+# computed. The weights, activations and outputs stay float32; only each product's inputs may be
+# read in fewer bits. On an NVIDIA GPU ([TF32](../GLOSSARY.md#tf32) tensor cores since Ampere):
+#
+# - "highest" (the default): float32 inputs, as they are.
+# - "high": TF32 tensor cores, or, as torch's documentation also describes, each float32 as the
+#   sum of two bf16 numbers (hi + lo) and three bf16 products ("bf16x3").
+# - "medium": bf16 inputs, where a fast bf16 kernel exists; otherwise as "high".
+#
+# TF32 is a compute format, never stored: fp32's 8 exponent bits and fp16's 10 mantissa bits
+# (19 bits in all):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+format_table(("fp32", "tf32", "fp16", "bf16"))
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for fmt in (FP32, TF32, FP16, BF16):
+    print(f"{fmt.name}: 1/3 -> {number(fmt.quantize(1 / 3)):10}  70000 -> {number(fmt.quantize(70000.0))}")
+
+# %% [markdown]
+# Notice: TF32 keeps 1/3 as fp16 does (0.33325195: 4 digits), and it keeps 70000, past fp16's
+# 65504, as fp32 and bf16 do. TF32 has fp16's precision and fp32's range.
+#
+# What each mode costs a real layer: `layer_error(mode)` multiplies a seeded batch (64 × 256) by a
+# seeded `nn.Linear(256, 256)`'s weights with the inputs rounded as each mode rounds them,
+# emulated exactly in numpy, and measures the relative error against the float64 product. Every
+# mode sums its products exactly and rounds the result once to float32, so the modes differ only
+# in how their inputs are rounded:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+errors = {mode: layer_error(mode) for mode in MATMUL_MODES}
+for mode, what in MATMUL_MODES.items():
+    print(f"{mode:7} error {errors[mode]:.1e}   {what}")
+
+# %% [markdown]
+# Notice:
+# - TF32 is 2.8·10⁻⁴ off, bf16 2.2·10⁻³: 8 times more, 2^3 for its 3 fewer mantissa bits.
+# - bf16x3 (4.2·10⁻⁶) is about 70 times closer than TF32: hi + lo keep about 16 significant bits.
+#   It is not fp32: fp32's 2.5·10⁻⁸ is only the rounding of the exact result to float32.
+# - The settings are not the precision of the weights: every one of these products is stored in
+#   float32. A real float32 kernel adds its own summation error, below 10⁻⁶ on this layer.
+#
+# On a CPU the same call sets oneDNN's flag as well as CUDA's. `precision_switches()` sets each
+# setting in turn and reads the flags back:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+switches = precision_switches()
+for row in switches:
+    print(f"{row.setting:8} CUDA matmul: {row.cuda_matmul:5} oneDNN matmul: {row.mkldnn_matmul}")
+
+# %% [markdown]
+# On CUDA, "medium" sets the same TF32 flag as "high": cuBLAS's float32 matrix products get TF32,
+# not bf16. On a CPU, "high" asks oneDNN for TF32, which oneDNN offers only on Intel GPUs, and
+# "medium" allows oneDNN to compute float32 products in bf16. Whether your CPU's result moves
+# depends on the CPU and the kernel oneDNN picks. The same function ran one `nn.Linear(256, 256)`
+# under each setting; see what yours did (this output differs between machines and is not checked):
+
+# %%
+for row in switches:
+    print(f"{row.setting:8} changed {row.changed_share:4.0%} of the outputs' bits, error {row.error:.1e} "
+          f"(closest emulated mode: {row.closest}), oneDNN kernels: {', '.join(row.onednn) or 'none'}")
+
+# %% [markdown]
+# What "high" buys on a GPU: one transformer block trained on an NVIDIA H200, in fp32 and in TF32,
+# read from the course's record of that run:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+record = load_record()
+eager = {r["mode"]: r for r in record["results"] if not r["compiled"]}
+fp32, tf32 = eager["fp32"], eager["tf32"]
+print(f"{record['environment']['device']}, a block of {record['params'] / 1e6:.0f}M weights, "
+      f"{record['tokens']} tokens a step")
+for r in (fp32, tf32):
+    print(f"{r['mode']:5} {r['step_ms']:.3g} ms a step, loss {r['loss_first']:.4f} -> {r['loss_last']:.4f}")
+print(f"TF32 is {fp32['step_ms'] / tf32['step_ms']:.1f} times faster")
+
+# %% [markdown]
+# Notice: one line made a float32 model's step 4 times faster, and its loss after 13 steps agrees
+# with fp32's to 4 decimals. The weights, gradients and optimizer states stayed float32; only the
+# matmuls' inputs lost 13 of their 23 mantissa bits. The whole record, bf16 autocast and FP8
+# included, comes in lesson 14.
 # %% [markdown]
 # ## Try it
 #
@@ -214,6 +311,15 @@ check_why_bf16_no_scaler(answer)
 answer = None
 check_why_bf16_stalls(answer)
 
+# %%
+# In section 5, TF32's error on the layer is about 8 times smaller than bf16's. Why? (a letter)
+#   a) TF32 sums the products in higher precision than bf16
+#   b) TF32 keeps 10 mantissa bits to bf16's 7: each input is rounded to a step 2^3 = 8 times
+#      finer
+#   c) TF32 has more exponent bits than bf16
+answer = None
+check_why_tf32_error(answer)
+
 # %% [markdown]
 # Now write stochastic rounding yourself. `stochastic_round(x, generator)` gets a float32 tensor
 # and a `torch.Generator`, and returns `x` rounded to bf16 stochastically, its random numbers
@@ -240,6 +346,10 @@ check_stochastic_rounding(answer)
 #   rounding each bring them back near the best bf16 can do.
 # - Stochastic rounding is unbiased only if the random number covers exactly the 16 dropped bits
 #   and the sign is left to the bit pattern; a test on positive values alone misses a sign bug.
+# - `torch.set_float32_matmul_precision("high")` lets an NVIDIA GPU read a float32 matmul's inputs
+#   as TF32 (fp32's range, fp16's 10 mantissa bits): 2.8·10⁻⁴ error on a real layer where bf16's
+#   is 2.2·10⁻³, and one H200 block trained 4.1 times faster than in fp32. On a CPU it may change
+#   nothing.
 #
 # **Next:** [04 · GradScaler internals: the real scaler, call by call](04_gradscaler_internals.ipynb)
 # takes apart the scaler that skipped 03a's first step in fp16.
@@ -289,4 +399,15 @@ assert torch.finfo(torch.bfloat16).smallest_normal == 2.0**-126
 assert torch.finfo(torch.float16).smallest_normal == 2.0**-14
 assert torch.tensor(2.0**-133, dtype=torch.bfloat16).item() == 2.0**-133  # bf16's smallest subnormal ...
 assert torch.tensor(2.0**-134, dtype=torch.bfloat16).item() == 0.0  # ... below it, 0
+assert (TF32.exponent_bits, TF32.mantissa_bits) == (FP32.exponent_bits, FP16.mantissa_bits) == (8, 10)
+assert FP16.quantize(1 / 3) == TF32.quantize(1 / 3) and FP16.quantize(70000.0) == np.inf
+assert TF32.quantize(70000.0) == 70016 and torch.get_float32_matmul_precision() == "highest"  # the default
+assert errors["fp32"] < errors["bf16x3"] < errors["tf32"] < errors["bf16"]
+assert 7 < errors["bf16"] / errors["tf32"] < 9 and 60 < errors["tf32"] / errors["bf16x3"] < 80
+assert 2.5e-4 < errors["tf32"] < 3e-4 and 2e-3 < errors["bf16"] < 2.5e-3 and errors["fp32"] < 2**-24
+assert switches[0].error < 1e-6  # a real float32 kernel's summation error on this layer
+assert [(r.cuda_matmul, r.mkldnn_matmul) for r in switches] == [("ieee", "ieee"), ("tf32", "tf32"), ("tf32", "bf16")]
+assert 3.5 < fp32["step_ms"] / tf32["step_ms"] < 4.5 and record["warmup"] + record["steps"] == 13
+assert round(fp32["loss_last"], 4) == round(tf32["loss_last"], 4) and round(fp32["loss_first"], 4) == round(tf32["loss_first"], 4)
+assert FP32.mantissa_bits - TF32.mantissa_bits == 13
 print("all claims hold")

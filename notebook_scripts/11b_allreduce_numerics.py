@@ -18,14 +18,18 @@
 # The gradients DDP's ranks share go through an all-reduce. What it does to them, measured on real
 # gloo ranks beside a bit-exact model: the rounding of an fp32, fp16 or bf16 all-reduce as the world
 # grows and why the order of the sum matters, the extra skipped steps of DDP's fp16 compress hook under
-# a loss scaler, and what Lightning's `"16-mixed"` gives on CPU ranks. After
+# a loss scaler, what Lightning's `"16-mixed"` gives on CPU ranks, and what FSDP2's
+# `MixedPrecisionPolicy` does to the gradients it reduces. After
 # [11a · Loss scaling across ranks: when the scalers agree](11a_loss_scaling_across_ranks.ipynb).
 #
 # You will be able to:
 # - predict the error of an fp32, fp16 or bf16 all-reduce as the world grows, and say why another
 #   summation order gives other bits,
 # - predict the extra skipped steps of DDP's fp16 compress hook, and why a bf16 hook has none,
-# - check which precision and scaler Lightning really uses on CPU ranks, and what `global_step` counts.
+# - check which precision and scaler Lightning really uses on CPU ranks, and what `global_step` counts,
+# - choose an FSDP2 `MixedPrecisionPolicy`: predict its gradient error as the world grows, why an fp16
+#   reduce divides before and after its sum, and which policies need a loss scaler (a plain
+#   `GradScaler` is enough).
 #
 # Teaching this lesson? The [teacher's guide](../TEACHING.md#nb11b) has its timings, the answers to
 # its exercises and what to demo live.
@@ -36,8 +40,10 @@ import numpy as np
 import torch
 
 from ampviz.ranks import (ORDERS, RankError, allreduce, check_compress_share, check_why_compress_skips,
-                          check_why_ring_order, gloo_summation_order, prewarm, reduce_errors, run_allreduce,
-                          run_compress_hook, run_lightning_ranks, simulate_compress_hook)
+                          check_why_ring_order, divide_factors, gloo_summation_order, policy_errors, prewarm,
+                          reduce_errors, run_allreduce, run_compress_hook, run_fsdp2_reduce, run_fsdp2_scaler,
+                          run_lightning_ranks, simulate_compress_hook)
+from ampviz.text import number
 
 _ = torch.manual_seed(0)
 torch.set_num_threads(1)
@@ -164,6 +170,97 @@ print("optimizer step ran, per batch:", fp16_plugin.stepped[0].astype(int), "| g
 # (Lightning issue #5558; notebook 05, section 6 shows the guard).
 
 # %% [markdown]
+# ## 4. FSDP2's MixedPrecisionPolicy
+#
+# [FSDP](../GLOSSARY.md#fsdp) shards the parameters, so no rank needs the whole averaged gradient: a
+# reduce-scatter gives each rank the average of its own shard. FSDP2 (`fully_shard`) sets the
+# precision with `MixedPrecisionPolicy(param_dtype, reduce_dtype)`. The gathered parameters are cast
+# to `param_dtype`, so the forward and backward compute in it; the gradients are reduced in
+# `reduce_dtype`; the sharded parameters stay fp32. `policy_errors` runs each policy for real:
+# `fully_shard` on a seeded `Linear(64, 64)`, on 2 and then 4 forked gloo ranks, one forward and
+# backward of an MSE loss, each rank on its own batch of 8. It compares the gathered gradient with
+# the exact mean gradient over all the ranks' batches (float64 arithmetic on the same fp32 weights
+# and batches). `None` means no cast: fp32 throughout.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+policies = policy_errors(world_sizes=(2, 4), combos=(("bf16", "fp32"), ("bf16", "bf16"), ("fp16", "fp32"),
+                                                    ("fp16", "fp16"), (None, None)))
+print(policies.table(digits=1))
+fp16_run = policies.runs[("fp16", "fp16", 4)]
+print("gradients are DTensors:", all(fp16_run.dtensor), "| placement:", fp16_run.placements[0],
+      "| every rank gathers the same bits:", fp16_run.ranks_identical)
+
+# %% [markdown]
+# Notice: the output comes in `param_dtype`, but the gradients come back fp32 in every policy, as
+# DTensors of which each rank holds a shard of rows (`Shard(dim=0)`). `param_dtype` sets most of
+# the error: bf16 parameters give about 8 times fp16's (bf16's 3 fewer mantissa bits, as in
+# section 1). An fp32 reduce adds nothing you can see, and its error does not grow from 2 to 4
+# ranks. A 16-bit reduce rounds inside the sum, and its error grows with the world: at two digits,
+# fp16/fp16 (param/reduce) goes from 4.4e-4 to 5.0e-4 and bf16/bf16 from 3.5e-3 to 4.0e-3. (The table shows one digit, the one every
+# CPU reproduces; the claims cell at the end holds the two.)
+#
+# How FSDP2 averages: an fp32 or bf16 reduce is one `ReduceOp.AVG`. An fp16 reduce is a SUM with a
+# divide on each side: each rank divides its gradient by `pre` before the sum, and the sum is
+# divided by `post` after it, `pre` about √world_size. `divide_factors` is torch 2.13's rule
+# (`_get_gradient_divide_factors`) written out, a model: the package's tests compare it with torch's
+# own for 1 to 64 ranks. `run_fsdp2_reduce` then runs the real reduce on given gradients, 40,000,
+# 20,000, 1 and 10^-8 on every rank (the exact mean is the same four numbers), and reads which
+# factors torch chose:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for world_size in (2, 4, 8):
+    print(f"{world_size} ranks: fp16 reduce (pre, post, op) = {divide_factors(world_size, 'fp16')}; "
+          f"bf16 = {divide_factors(world_size, 'bf16')}")
+probe = np.array([40_000, 20_000, 1, 1e-8], np.float32)
+reduces = {(ws, dtype): run_fsdp2_reduce(np.stack([probe] * ws), dtype) for ws, dtype in ((2, "fp16"), (4, "fp16"),
+                                                                                         (4, "bf16"))}
+for (world_size, dtype), reduced in reduces.items():
+    print(f"real {dtype} reduce, {world_size} ranks: factors {reduced.factors[0]}, as the rule says:",
+          set(reduced.factors) == {reduced.expected}, "| mean:", *[number(v) for v in reduced.reduced[0]])
+
+# %% [markdown]
+# Notice: on 2 ranks each 40,000 is halved before the sum, and 20,000 + 20,000 = 40,000 fits in fp16
+# (largest finite number 65,504). On 4 ranks `pre` is still 2 (`post` takes the other 2), so the
+# sum is 4 × 20,000 = 80,000: inf, before the post-divide can help. 20,000 still fits (4 × 10,000).
+# The split is a compromise between two failures: divide only after, and the sum overflows sooner
+# (on 2 ranks already); divide by the whole world before, and more small gradients underflow. 10^-8
+# is below fp16's smallest subnormal, so the cast to fp16 makes it 0 before any divide. The bf16
+# reduce has fp32's range: no divide factors, no inf, 10^-8 kept, but 40,000 rounded to 39,936.
+#
+# Which policies need a loss scaler? `param_dtype="fp16"` runs the forward and backward in fp16 (the
+# output column above), where a gradient of magnitude at most 2^-25 becomes 0; the loss scaler of
+# notebook 02 is what lifts such gradients. So fp16/fp32 and fp16/fp16 need one; an fp16 reduce
+# loses small gradients the same way (the 10^-8 above). bf16 has fp32's range (notebook 03b):
+# bf16/fp32 and bf16/bf16 need none.
+#
+# Which scaler? Under FSDP1 (11a, section 2c) a plain `GradScaler` let the rank with a clean shard
+# step, and FSDP1 needs `ShardedGradScaler`. FSDP2 with fp16 parameters, 2 ranks: rank 1's gradient
+# holds an inf in the part that becomes rank 0's shard after the reduce-scatter. One scaled step with
+# a plain `torch.amp.GradScaler("cpu")`, then with `ShardedGradScaler("cpu")`:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+scalers = {kind: run_fsdp2_scaler(kind, world_size=2, inf_rank=1, shard=0, param_dtype="fp16")
+           for kind in ("plain", "sharded")}
+for run in scalers.values():
+    print(run)
+
+# %% [markdown]
+# Notice: only rank 0's shard holds the inf, yet with either scaler both ranks find it, both skip the
+# step, and both halve the scale to 512. A plain `GradScaler` is enough because FSDP2's gradients are
+# DTensors (the first cell of this section): its `unscale_` calls
+# `_amp_foreach_non_finite_check_and_unscale_`, and torch 2.13's DTensor dispatch follows that with a
+# MAX-reduce of `found_inf` over the ranks that shard the gradient (11a, section 2c). So found_inf is
+# 1 on both ranks. `ShardedGradScaler` then all-reduces the flag again with SUM: 2 on both, the same
+# verdict. Under FSDP2 either scaler works; under FSDP1 only `ShardedGradScaler` does.
+#
+# What ran for real in this section: every policy, every reduce and both scaler steps, with torch's
+# own `fully_shard` on forked gloo ranks. What was computed beside them: the exact mean (float64
+# arithmetic) and `divide_factors` (torch's rule written out; the 8-rank row comes from it alone).
+
+# %% [markdown]
 # ## Try it
 #
 # Sum your own gradients on real gloo ranks and in the model: change the world size, the dtype and
@@ -220,6 +317,11 @@ check_why_compress_skips(answer)
 # - Lightning on the CPU turns `precision="16-mixed"` into bf16 without a scaler; the explicit
 #   `MixedPrecision("16-mixed", "cpu", scaler=...)` plugin gives fp16 with one, and `global_step`
 #   counts the steps it skips.
+# - FSDP2's `param_dtype` sets most of the gradient error (bf16 about 8 times fp16); a 16-bit
+#   `reduce_dtype` adds error that grows with the world. An fp16 reduce divides by about
+#   √world_size before its sum and the rest after: 40,000 on every rank survives 2 ranks and
+#   overflows on 4. fp16 parameters need a loss scaler, bf16 ones none, and under FSDP2 a plain
+#   `GradScaler` skips on every rank, because its gradients are DTensors.
 #
 # **Next:** [12 · FP8 per-tensor scaling](12_fp8_scaling.ipynb) goes below fp16: a scale for every
 # tensor instead of one for the loss, computed from the tensor's own amax or from a history of
@@ -237,6 +339,10 @@ check_why_compress_skips(answer)
 # 3. Run `run_lightning_ranks(found_inf=["x..x", ".x.."], init_scale=1024)`. How many optimizer steps
 #    ran, what is `global_step`, and what is the scale? How would you step a learning-rate schedule
 #    only on the steps that ran?
+# 4. Run `policy_errors(world_sizes=(2, 4, 8), combos=(("fp16", "fp32"), ("fp16", "fp16"), (None, "fp16"),
+#    ("bf16", "fp32"), ("bf16", "bf16"), (None, "bf16"))).table()`. Which errors grow with the world, and
+#    which do not? What does the reduce alone (`None` parameters) cost? What are fp16's divide factors at 8
+#    ranks?
 
 # %% [markdown]
 # The lesson's claims, checked against the real ranks and the models:
@@ -263,4 +369,20 @@ assert mixed.stepped.all() and not mixed.weights_finite[:, -1].any() and mixed.w
 assert fp16_plugin.precision == "16-mixed" and fp16_plugin.scaler and fp16_plugin.out_dtype == "float16"
 assert fp16_plugin.stepped.tolist() == [[False, True, True, True]] * 2 and (fp16_plugin.scale == 512).all()
 assert fp16_plugin.global_step.tolist() == [[1, 2, 3, 4]] * 2 and fp16_plugin.weights_identical.all()
+fsdp2 = {(p, r, ws): policies.error(p, r, ws) for p, r in policies.combos for ws in (2, 4)}
+assert all(policies.runs[k].grad_dtype == ("float32",) * k[2] and policies.runs[k].ranks_identical for k in fsdp2)
+assert all(7 < fsdp2[("bf16", "fp32", ws)] / fsdp2[("fp16", "fp32", ws)] < 9 for ws in (2, 4))
+assert all(0.95 < fsdp2[(p, "fp32", 4)] / fsdp2[(p, "fp32", 2)] < 1.02 for p in ("fp16", "bf16"))
+assert all(fsdp2[(p, p, 4)] / fsdp2[(p, p, 2)] > 1.1 for p in ("fp16", "bf16"))
+quoted = {("fp16", "fp16", 2): 4.4e-4, ("fp16", "fp16", 4): 5.0e-4,
+          ("bf16", "bf16", 2): 3.5e-3, ("bf16", "bf16", 4): 4.0e-3}
+assert all(abs(fsdp2[k] / v - 1) < 0.03 for k, v in quoted.items()) and fsdp2[(None, None, 4)] < 1e-6
+mean = {key: r.reduced[0].tolist() for key, r in reduces.items()}
+assert all(np.array_equal(r.reduced, r.reduced[:1].repeat(len(r.reduced), 0)) for r in reduces.values())
+assert mean[(2, "fp16")] == [40_000, 20_000, 1, 0] and mean[(4, "fp16")] == [np.inf, 20_000, 1, 0]
+assert 4 * 40_000 / 2 > 65_504 > 2 * 40_000 / 2 and 4 * 20_000 / 2 < 65_504 and np.float16(1e-8) == 0
+assert mean[(4, "bf16")][:3] == [39_936, 19_968, 1] and abs(mean[(4, "bf16")][3] / 1e-8 - 1) < 0.01
+assert all(r.shard_finite.tolist() == [False, True] and r.skipped.all() and (r.scale == 512).all()
+           for r in scalers.values())
+assert scalers["plain"].found_inf.tolist() == [1, 1] and scalers["sharded"].found_inf.tolist() == [2, 2]
 print("all claims hold")

@@ -396,9 +396,10 @@ check_why_mx_floor_saturates(answer)
 #   2.3% and 3%; the floor rule saturates 6.57% of the MLP's weights in MXFP8 E4M3 (error 4.2%). At
 #   4 bits MXFP4 edges out NVFP4 on the weights, which have no outliers; NVFP4 wins on the gradient.
 #
-# **Previous:** [12 · FP8 per-tensor scaling](12_fp8_scaling.ipynb). **Next:** that was the last
-# lesson. The map of the whole course is in
-# [Start here: mixed-precision training, made visible](00_start_here.ipynb).
+# **Previous:** [12 · FP8 per-tensor scaling](12_fp8_scaling.ipynb). **Next:**
+# [14 · FP8 training for real](14_fp8_training.ipynb) trains the course's models with torchao's FP8
+# recipes, runs Transformer Engine's block recipes on one tensor, and shows what each precision buys
+# on a real GPU.
 #
 # **Open exercises**
 # 1. Run `format_error_table(layer, ("mxfp8_e4m3", "mxfp4"), rounding=r)` for `r` in `("ceil",

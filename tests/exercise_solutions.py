@@ -41,6 +41,7 @@ SOLUTIONS = {
         "Stochastic rounding sends 3.01": ("0.64", "0.5"),
         "bf16 none. Why?": ('"b"', '"a"'),  # wrong: thinking bf16 is the more precise format
         "stops learning at step 71": ('"b"', '"a"'),  # wrong: blaming underflow, fp16's problem
+        "8 times smaller than bf16's": ('"b"', '"a"'),  # wrong: thinking TF32 accumulates in more precision
         "def stochastic_round": (
             '__import__("ampviz.training.bf16", fromlist=["stochastic_round_bf16"]).stochastic_round_bf16',
             "lambda x, generator: x.to(__import__('torch').bfloat16)"),  # wrong: round to nearest
@@ -146,5 +147,10 @@ SOLUTIONS = {
         "flushes its own block only": ('"a"', '"b"'),  # wrong: crediting small blocks with a finer grid
         "Why does it also need a float32 scale": ('"b"', '"a"'),  # wrong: thinking E2M1 needs it for the block's amax
         "floor rule can clamp a block's largest": ('"c"', '"a"'),  # wrong: taking floor for how the elements are rounded
+    },
+    "14_fp8_training": {
+        "a loss scale of 2^16 leaves every FP8 gradient code": ('"b"', '"a"'),  # wrong: thinking FP8 reaches smaller numbers than fp16
+        "torchao's recommended filter keeps the beam model's": ('"b"', '"a"'),  # wrong: thinking the end layers saturate
+        "the finer the blocks, the fewer values underflow": ('"b"', '"c"'),  # wrong: crediting the power-of-two scales
     },
 }

@@ -32,7 +32,8 @@ Where each figure lives (one module per topic; this package only re-exports thei
 * ``lost``: updates a low-precision weight loses (``plot_lost_band``);
 * ``ranks``: loss scales across ranks (``plot_ranks``);
 * ``blocks``: MX and NVFP4 block scaling (``plot_blocks``);
-* ``fp8``: FP8 per-tensor scaling over a stream of tensors (``plot_fp8_scaling``).
+* ``fp8``: FP8 per-tensor scaling over a stream of tensors (``plot_fp8_scaling``) and training losses
+  side by side (``plot_loss_curves``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from ampviz.plots.live import (HEAT_LABEL_CHARS, HEAT_MODE_ORDER, LIVE_DATA_KEYS
 from ampviz.plots.lost import plot_lost_band
 from ampviz.plots.ranks import RANK_MARKS, plot_ranks
 from ampviz.plots.blocks import BLOCK_COLORS, plot_blocks
-from ampviz.plots.fp8 import FP8_COLORS, _run_ends, plot_fp8_scaling
+from ampviz.plots.fp8 import FP8_COLORS, _run_ends, plot_fp8_scaling, plot_loss_curves
 
 __all__ = [
     "BAND_CATEGORIES",
@@ -86,4 +87,5 @@ __all__ = [
     "plot_blocks",
     "FP8_COLORS",
     "plot_fp8_scaling",
+    "plot_loss_curves",
 ]

@@ -230,3 +230,24 @@ def plot_fp8_scaling(trace, *, title=None, legend_counts: bool = True, hold=()) 
                            for k in ("saturated", "underflowed", "subnormal")}},
     }
     return _figure(data, layout)
+
+
+def plot_loss_curves(curves: dict, *, title=None) -> go.Figure:
+    """Training losses side by side: ``curves`` maps a run's name to its loss per step (a sequence
+    of positive numbers); drawn against the step on a log10 loss axis (lesson 14's runs)."""
+    if not isinstance(curves, dict) or not curves:
+        raise TypeError(f"curves must be a dict of name -> losses per step, not {_shown(curves)}")
+    data = []
+    for name, losses in curves.items():
+        try:
+            y = np.asarray(losses, np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            raise TypeError(f"curves[{name!r}] must be a sequence of numbers, not {_shown(losses)}") from None
+        if y.size == 0 or not np.isfinite(y).all() or (y <= 0).any():
+            raise ValueError(f"curves[{name!r}] must hold finite losses above 0 (log axis)")
+        data.append({"type": "scatter", "mode": "lines", "name": str(name), "x": np.arange(y.size).tolist(),
+                     "y": y.tolist()})
+    return _figure(data, {"title": {"text": _title(title) or "training loss per step"},
+                          "xaxis": {"title": {"text": "step"}, **_LINEAR},
+                          "yaxis": {"title": {"text": "loss"}, "type": "log"},
+                          "height": 380, "margin": {"t": 50, "b": 40}})

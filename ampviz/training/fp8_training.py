@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
 import os
 from dataclasses import dataclass, fields, replace
 
@@ -77,10 +78,19 @@ def _torchao():
     """torchao's float8 modules (config, float8_linear, float8_linear_utils), or one clear ImportError."""
     if not torch.cuda.is_available():  # its CUDA kernels cannot load here; skip trying (and the noise)
         os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+    # torchao's import logs two warnings a learner can do nothing about (the skipped CUDA kernels, and
+    # torch's note on an Enum it registers): quiet those two loggers while it imports, then restore them.
+    quiet = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [log.level for log in quiet]
+    for log in quiet:
+        log.setLevel(logging.ERROR)
     try:
         from torchao.float8 import config, float8_linear, float8_linear_utils
     except ImportError:
         raise ImportError(_NEEDS) from None
+    finally:
+        for log, level in zip(quiet, levels):
+            log.setLevel(level)
     return config, float8_linear, float8_linear_utils
 
 

@@ -82,10 +82,10 @@ def test_readme_and_the_teachers_guide_link_the_glossary(page):
 
 
 def test_every_lesson_links_the_glossary():
-    """Each notebook (00 to 13) links GLOSSARY.md near its top, on both sides of its pair."""
+    """Each notebook (00 to 14) links GLOSSARY.md near its top, on both sides of its pair."""
     root = Path(__file__).resolve().parents[2]
     lessons = sorted((root / "notebook_scripts").glob("[01][0-9]*_*.py"))
-    assert len(lessons) == 16
+    assert len(lessons) == 17
     for script in lessons:
         head = script.read_text()[:4000]
         assert "](../GLOSSARY.md" in head, f"{script.name} does not link the glossary near its top"
@@ -113,7 +113,7 @@ FORMS = {
     "per-tensor-scaling": r"\bper-tensor scal(?:ing|es?)\b|\bscale per tensor\b", "delayed-scaling": r"\bdelayed scaling\b",
     "amax": r"\bamax\b", "block-scaling": r"\b(?:per-)?block scal(?:ing|es?)\b|\bscale per block\b", "hadamard": r"\bHadamard\b",
     "rank": r"\branks?\b", "world-size": r"\bworld size\b", "all-reduce": r"\ball-reduce\b",
-    "ddp": r"\bDDP\b", "fsdp": r"\bFSDP\b",
+    "ddp": r"\bDDP\b", "fsdp": r"\bFSDP\b", "tf32": r"\bTF32\b",
 }
 _MASKED = re.compile(r"\[[^\]]*\]\([^)]*\)|`[^`]*`|<[^>]+>|https?://\S+")
 

@@ -85,7 +85,9 @@ EXACT = {
                       "0.10001659": "the same sum less 1"},
     "03b_bf16_in_practice": {"1.0000001": "1 + 2^-23, a value passed in", "9.9999461e-41": "a float32 subnormal passed in",
                              "0.74895": "a count of 20,000 seeded draws, over 20,000",
-                             "0.75355": "a count of 20,000 seeded draws, over 20,000"},
+                             "0.75355": "a count of 20,000 seeded draws, over 20,000",
+                             "3.4028235e+38": "float32's largest value", "0.33333334": "1/3 cast to float32, one cast",
+                             "2.0393": "a loss read from the GPU record's file, as it was written"},
     "13_mx_and_nvfp4": {"3.50000024": "the float32 after 3.5", "0.00781250093": "one IEEE float32 division"},
 }
 

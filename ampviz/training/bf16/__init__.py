@@ -63,7 +63,7 @@ from ampviz.training.bf16.kahan import kahan_add_
 from ampviz.training.bf16.updates import (METHODS, LostUpdateRuns, UpdateRun, lost_update_runs,
     lost_update_steps_table, lost_update_table)
 from ampviz.training.bf16.checkers import (check_round_up_share, check_stochastic_rounding, check_why_bf16_no_scaler,
-    check_why_bf16_stalls)
+    check_why_bf16_stalls, check_why_tf32_error)
 
 __all__ = [
     # stochastic rounding
@@ -100,4 +100,5 @@ __all__ = [
     "check_stochastic_rounding",
     "check_why_bf16_no_scaler",
     "check_why_bf16_stalls",
+    "check_why_tf32_error",
 ]

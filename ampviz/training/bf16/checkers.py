@@ -109,8 +109,23 @@ WHY_BF16_STALLS = Choice(
           "at a higher loss (open exercise 1)"},
 )
 
+WHY_TF32_ERROR = Choice(
+    "why_tf32_error",
+    "In section 5, TF32's error on the layer is about 8 times smaller than bf16's. Why?",
+    {"a": "TF32 sums the products in higher precision than bf16",
+     "b": "TF32 keeps 10 mantissa bits to bf16's 7: each input is rounded to a step 2^3 = 8 times finer",
+     "c": "TF32 has more exponent bits than bf16"},
+    "b",
+    {"a": "section 5 sums every mode's products exactly and rounds the result once to float32: the modes "
+          "differ only in how their inputs are rounded",
+     "c": "TF32 and bf16 both have fp32's 8 exponent bits (section 5's format table): the same range"},
+)
+
 
 check_why_bf16_no_scaler = WHY_BF16_NO_SCALER.checker()
 
 
 check_why_bf16_stalls = WHY_BF16_STALLS.checker()
+
+
+check_why_tf32_error = WHY_TF32_ERROR.checker()
