@@ -229,13 +229,20 @@ class Fp8Casts:
         return sum((c.counts for c in self.select(layer, role, gemm)), _NONE)
 
     def table(self) -> str:
-        """One line per cast: layer, role, product, format, shape, and the counts."""
-        rows = [f"{'layer':<16} {'role':<12} {'product':<12} {'format':<9} {'shape':<12} {'underflowed':>11} "
-                f"{'subnormal':>9} {'clamped':>7} {'saturated':>9} {'values':>8}"]
+        """One line per cast: layer, role, product, format, shape, the amax and the scale (their range
+        over the rows for rowwise, 3 significant digits) and the counts."""
+        def span(a) -> str:
+            a = np.asarray(a, np.float64).ravel()
+            lo, hi = f"{a.min():.3g}", f"{a.max():.3g}"
+            return lo if lo == hi else f"{lo}..{hi}"
+
+        rows = [f"{'layer':<13} {'role':<11} {'product':<11} {'format':<8} {'shape':<7} {'amax':>17} {'scale':>17} "
+                f"{'underflowed':>11} {'subnormal':>9} {'clamped':>7} {'saturated':>9} {'values':>7}"]
         for c in self.casts:
             n = c.counts
-            rows.append(f"{c.layer:<16} {c.role:<12} {c.gemm:<12} {c.fmt.name:<9} {'x'.join(map(str, c.hp.shape)):<12} "
-                        f"{n.underflowed:>11,} {n.subnormal:>9,} {n.clamped:>7,} {n.saturated:>9,} {n.size:>8,}")
+            rows.append(f"{c.layer:<13} {c.role:<11} {c.gemm:<11} {c.fmt.name:<8} {'x'.join(map(str, c.hp.shape)):<7} "
+                        f"{span(c.amax):>17} {span(c.scale):>17} "
+                        f"{n.underflowed:>11,} {n.subnormal:>9,} {n.clamped:>7,} {n.saturated:>9,} {n.size:>7,}")
         return "\n".join(rows)
 
 
