@@ -230,3 +230,27 @@ def kernel_processes(parent_pid: int) -> list:
         if ppid == parent_pid and b"ipykernel_launcher" in cmdline:
             found.append(int(entry.name))
     return found
+
+
+#: The browser-side core's modules, served to a page from a made-up origin (no server, no network).
+JS_DIR = ROOT / "ampviz" / "widgets" / "js"
+JS_ORIGIN = "http://ampviz.invalid"
+
+
+def js_page(browser):
+    """A page at ``JS_ORIGIN`` whose requests for ``/js/<name>.mjs`` are answered from ``JS_DIR``
+    (every other request fails); ``window.load(name)`` imports one of the modules."""
+    page = browser.new_page()
+
+    def answer(route):
+        name = route.request.url[len(JS_ORIGIN):]
+        if name == "/":
+            return route.fulfill(status=200, content_type="text/html", body="<html><body></body></html>")
+        path = JS_DIR / name.removeprefix("/js/")
+        if name.startswith("/js/") and path.is_file() and path.parent == JS_DIR:
+            return route.fulfill(status=200, content_type="text/javascript", body=path.read_text())
+        return route.abort()
+
+    page.route("**/*", answer)
+    page.goto(JS_ORIGIN + "/")
+    return page

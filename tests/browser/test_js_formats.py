@@ -8,14 +8,12 @@ where the two differ."""
 
 import base64
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ampviz.formats import ALL_FORMATS, CATEGORIES
-
-MODULE = Path(__file__).resolve().parents[2] / "ampviz" / "widgets" / "js" / "formats.mjs"
+from conftest import js_page
 #: Each format's options as the Python methods take them (besides the defaults).
 OPTIONS = {"fp8_e4m3fnuz": [{"overflow": "saturate"}, {"overflow": "nan"}],
            "fp8_e5m2fnuz": [{"overflow": "saturate"}],
@@ -38,10 +36,8 @@ window.u32 = (text) => { const s = atob(text); const b = new Uint8Array(s.length
 
 @pytest.fixture(scope="module")
 def page(browser):
-    page = browser.new_page()
-    page.set_content("<html><body></body></html>")
-    source = base64.b64encode(MODULE.read_bytes()).decode()
-    page.evaluate("async (src) => { window.F = await import('data:text/javascript;base64,' + src); }", source)
+    page = js_page(browser)
+    page.evaluate("async () => { window.F = await import('/js/formats.mjs'); }")
     page.evaluate(f"() => {{ {_HELPERS} }}")
     yield page
     page.close()
