@@ -86,3 +86,54 @@ def test_bad_arguments_are_refused_in_one_line(page):
         () => B.mxQuantize([1], 'fp4_e2m1', 1, 'up'), () => B.mxQuantize([1], 'fp4_e2m1', 0)].map((f) => {
         try { f(); return null; } catch (e) { return e.message; } })""")
     assert all(e and "\n" not in e for e in errors), errors
+
+
+def nvfp4_rows(seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    n = 64 * 16
+    normal = rng.standard_normal(n).astype(np.float32)
+    spread = (rng.standard_normal(n) * np.exp2(rng.uniform(-20, 20, n))).astype(np.float32)
+    outliers = normal.copy()
+    outliers[rng.integers(0, n, 12)] *= np.float32(2.0**10)
+    tiny = (normal * np.float32(1e-6)).astype(np.float32)
+    huge = (normal * np.float32(1e30)).astype(np.float32)
+    zeros = normal.copy()
+    zeros[:64] = 0
+    zeros[100] = -0.0
+    return {"normal": normal, "spread": spread, "outliers": outliers, "tiny": tiny, "huge": huge, "zeros": zeros}
+
+
+def run_nvfp4(page, x, per_tensor_scale, convention):
+    got = page.evaluate("""([data, pts, convention]) => {
+        const s = atob(data); const b = new Uint8Array(s.length); for (let i = 0; i < s.length; i++) b[i] = s.charCodeAt(i);
+        const r = B.nvfp4Quantize(new Float32Array(b.buffer), pts, convention);
+        const b64 = (t) => { const u = new Uint8Array(t.buffer); let o = "";
+          for (let i = 0; i < u.length; i += 0x8000) o += String.fromCharCode(...u.subarray(i, i + 0x8000)); return btoa(o); };
+        return [r.tensorScale, b64(r.scales), b64(r.codes), b64(r.values)]; }""",
+                        [base64.b64encode(x.tobytes()).decode(), per_tensor_scale, convention])
+    return (got[0], np.frombuffer(base64.b64decode(got[1]), np.uint8), np.frombuffer(base64.b64decode(got[2]), np.uint8),
+            np.frombuffer(base64.b64decode(got[3]), np.float32))
+
+
+@pytest.mark.parametrize("per_tensor_scale, convention", [(True, "torchao"), (False, "torchao"), (0.01, "torchao"),
+                                                           (True, "te")])
+def test_nvfp4_equals_the_package(page, per_tensor_scale, convention):
+    from ampviz.formats.blocks import nvfp4_quantize
+
+    for name, x in nvfp4_rows(0).items():
+        pts, scales, codes, values = run_nvfp4(page, x, per_tensor_scale, convention)
+        want = nvfp4_quantize(x, per_tensor_scale, convention=convention)
+        assert (pts is None) == (want.tensor_scale is None), name
+        if pts is not None:
+            assert np.float32(pts).view(np.uint32) == np.float32(want.tensor_scale).view(np.uint32), name
+        assert np.array_equal(scales, want.scales), (name, per_tensor_scale, convention)
+        assert np.array_equal(codes, want.codes), (name, per_tensor_scale, convention)
+        assert np.array_equal(values.view(np.uint32), want.values.view(np.uint32)), (name, per_tensor_scale, convention)
+
+
+def test_nvfp4_refuses_what_it_does_not_compute(page):
+    errors = page.evaluate("""() => [() => B.nvfp4Quantize([1], true), () => B.nvfp4Quantize(new Array(16).fill(Infinity)),
+        () => B.nvfp4Quantize(new Array(16).fill(1), false, 'te'), () => B.nvfp4Quantize(new Array(16).fill(1), -1),
+        () => B.nvfp4Quantize(new Array(16).fill(1), true, 'cuda')].map((f) => {
+        try { f(); return null; } catch (e) { return e.message; } })""")
+    assert all(e and "\n" not in e for e in errors), errors

@@ -83,3 +83,90 @@ export function mxQuantize(x, fmt, blockSize = 32, rounding = "floor") {
   }
   return { scales, codes, values };
 }
+
+// ----------------------------------------------------------------- NVFP4
+const F32_MAX = 3.4028234663852886e38;
+const NVFP4_BLOCK = 16;
+const FP4_MAX = 6, E4M3_MAX = 448, E4M3_TINY = 2 ** -6;
+const SIXTH = Math.fround(1 / 6);
+export const NVFP4_CONVENTIONS = ["torchao", "te"];
+
+const pyMin = (a, b) => (b < a ? b : a);
+const clip = (v, lo, hi) => (v < lo ? lo : v > hi ? hi : v); // NaN passes, as np.clip's
+
+function e4m3Code(s) {
+  return castBits32("fp8_e4m3", float32Bits(s)).bits;
+}
+
+function tensorScale(perTensorScale, amaxT, convention) {
+  if (perTensorScale === true || perTensorScale === false) {
+    if (!perTensorScale) {
+      if (convention === "te") throw new RangeError("convention 'te' has no single-level scaling: pass perTensorScale true");
+      return null;
+    }
+    return convention === "te" ? null : Math.fround(amaxT / 2688);
+  }
+  if (typeof perTensorScale === "number") {
+    if (convention === "te") throw new RangeError("convention 'te' computes its scale from the amax: pass perTensorScale true");
+    const s = Math.fround(perTensorScale);
+    if (!(Number.isFinite(s) && s > 0)) throw new RangeError(`perTensorScale must be true, false or a positive finite decode scale, not ${perTensorScale}`);
+    return s;
+  }
+  throw new TypeError(`perTensorScale must be true, false or a positive number, not ${String(perTensorScale)}`);
+}
+
+/** NVFP4 quantization of finite float32 values x along blocks of 16, as
+ *  ampviz.formats.blocks.nvfp4_quantize (round to nearest): {tensorScale (null when single-level),
+ *  scales (Uint8Array of E4M3 patterns), codes (Uint8Array of E2M1 patterns), values (Float32Array)}.
+ *  convention "torchao" (torchao's nvfp4_quantize) or "te" (Transformer Engine's reference). */
+export function nvfp4Quantize(x, perTensorScale = true, convention = "torchao") {
+  if (!NVFP4_CONVENTIONS.includes(convention)) throw new RangeError(`convention must be "torchao" or "te", not ${convention}`);
+  const x32 = x instanceof Float32Array ? x : Float32Array.from(x);
+  if (x32.length % NVFP4_BLOCK) throw new RangeError(`the ${x32.length} values must be a multiple of the block size 16`);
+  if (!x32.every(Number.isFinite)) throw new RangeError("nvfp4Quantize takes finite values (inf and NaN: the Python package)");
+  const blocks = x32.length / NVFP4_BLOCK;
+  const bmax = new Float64Array(blocks);
+  let amaxT = 0;
+  for (let b = 0; b < blocks; b++) {
+    let m = 0;
+    for (let i = b * NVFP4_BLOCK; i < (b + 1) * NVFP4_BLOCK; i++) m = Math.max(m, Math.abs(x32[i]));
+    bmax[b] = m;
+    amaxT = Math.max(amaxT, m);
+  }
+  let pts = tensorScale(perTensorScale, amaxT, convention);
+  const scales = new Uint8Array(blocks), codes = new Uint8Array(x32.length), values = new Float32Array(x32.length);
+  let sEnc = null, mult = null;
+  if (convention === "te") {
+    sEnc = Math.fround(2688 / amaxT);
+    sEnc = sEnc === 0 ? 1 : Number.isNaN(sEnc) ? NaN : pyMin(sEnc, F32_MAX);
+    pts = Math.fround(1 / sEnc);
+    mult = Math.fround(sEnc * SIXTH);
+  }
+  for (let b = 0; b < blocks; b++) {
+    let code, sf, enc;
+    if (convention === "te") {
+      const product = Math.fround(bmax[b] * mult);
+      const dec = Number.isNaN(product) ? NaN : pyMin(product, F32_MAX);
+      code = e4m3Code(clip(dec, -E4M3_MAX, E4M3_MAX));
+      sf = decode("fp8_e4m3", code);
+      enc = pyMin(Math.fround(1 / Math.fround(sf * pts)), F32_MAX);
+    } else {
+      let bscale = Math.fround(bmax[b] / FP4_MAX);
+      if (pts !== null && !Number.isNaN(bscale)) bscale = Math.fround(bscale / pts);
+      code = e4m3Code(clip(bscale, E4M3_TINY, E4M3_MAX));
+      sf = decode("fp8_e4m3", code);
+      const one = pts === null ? 1 : Math.fround(1 / pts);
+      enc = Number.isNaN(one) ? one : Math.fround(one / sf);
+    }
+    scales[b] = code;
+    const dscale = pts === null ? sf : Number.isNaN(pts) ? pts : Math.fround(pts * sf);
+    for (let i = b * NVFP4_BLOCK; i < (b + 1) * NVFP4_BLOCK; i++) {
+      const v = clip(Number.isNaN(enc) ? enc : Math.fround(x32[i] * enc), -FP4_MAX, FP4_MAX);
+      let c = castBits32("fp4_e2m1", float32Bits(v), { nan: "torchao" }).bits;
+      if (convention === "te" && ((c === 0x8 && v === 0) || Number.isNaN(v))) c = 0;
+      codes[i] = c;
+      values[i] = Math.fround(decode("fp4_e2m1", c) * dscale);
+    }
+  }
+  return { tensorScale: pts, scales, codes, values };
+}
