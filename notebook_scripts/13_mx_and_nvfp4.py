@@ -397,7 +397,7 @@ check_why_mx_floor_saturates(answer)
 #   4 bits MXFP4 edges out NVFP4 on the weights, which have no outliers; NVFP4 wins on the gradient.
 #
 # **Previous:** [12 · FP8 per-tensor scaling](12_fp8_scaling.ipynb). **Next:**
-# [14 · FP8 training for real](14_fp8_training.ipynb) trains the course's models with torchao's FP8
+# [14 · FP8 training for real: torchao's Float8Linear, and what it buys](14_fp8_training.ipynb) trains the course's models with torchao's FP8
 # recipes, runs Transformer Engine's block recipes on one tensor, and shows what each precision buys
 # on a real GPU.
 #
