@@ -237,9 +237,27 @@ JS_DIR = ROOT / "ampviz" / "widgets" / "js"
 JS_ORIGIN = "http://ampviz.invalid"
 
 
+#: In-page helpers: ``b64(typedArray)`` (its bytes as base64) and ``bytesOf(text)`` (base64 to an
+#: ArrayBuffer), so that arrays cross between Python and the page exactly.
+_JS_HELPERS = """() => {
+  window.b64 = (t) => { const u = new Uint8Array(t.buffer, t.byteOffset, t.byteLength); let o = "";
+    for (let i = 0; i < u.length; i += 0x8000) o += String.fromCharCode(...u.subarray(i, i + 0x8000)); return btoa(o); };
+  window.bytesOf = (text) => { const s = atob(text); const b = new Uint8Array(s.length);
+    for (let i = 0; i < s.length; i++) b[i] = s.charCodeAt(i); return b.buffer; };
+}"""
+
+
+def js_module_page(browser, module: str, name: str):
+    """``js_page`` with ``/js/<module>.mjs`` imported as ``window[name]`` and the helpers in place."""
+    page = js_page(browser)
+    page.evaluate(f"async () => {{ window.{name} = await import('/js/{module}.mjs'); }}")
+    page.evaluate(_JS_HELPERS)
+    return page
+
+
 def js_page(browser):
     """A page at ``JS_ORIGIN`` whose requests for ``/js/<name>.mjs`` are answered from ``JS_DIR``
-    (every other request fails); ``window.load(name)`` imports one of the modules."""
+    (every other request fails)."""
     page = browser.new_page()
 
     def answer(route):

@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 
 from ampviz.formats.blocks import MX_ELEMENT_FORMATS, MX_ROUNDING, mx_quantize
-from conftest import js_page
+from conftest import js_module_page
 
 
 @pytest.fixture(scope="module")
 def page(browser):
-    page = js_page(browser)
-    page.evaluate("async () => { window.B = await import('/js/blocks.mjs'); }")
+    page = js_module_page(browser, "blocks", "B")
     yield page
     page.close()
 
@@ -40,10 +39,7 @@ def rows(seed: int = 0, n: int = 64 * 32) -> np.ndarray:
 
 def run(page, x, fmt, block, rounding):
     got = page.evaluate("""([data, fmt, block, rounding]) => {
-        const s = atob(data); const b = new Uint8Array(s.length); for (let i = 0; i < s.length; i++) b[i] = s.charCodeAt(i);
-        const r = B.mxQuantize(new Float32Array(b.buffer), fmt, block, rounding);
-        const b64 = (t) => { const u = new Uint8Array(t.buffer); let o = "";
-          for (let i = 0; i < u.length; i += 0x8000) o += String.fromCharCode(...u.subarray(i, i + 0x8000)); return btoa(o); };
+        const r = B.mxQuantize(new Float32Array(bytesOf(data)), fmt, block, rounding);
         return [b64(r.scales), b64(r.codes), b64(r.values)]; }""",
                         [base64.b64encode(x.tobytes()).decode(), fmt, block, rounding])
     return (np.frombuffer(base64.b64decode(got[0]), np.uint8), np.frombuffer(base64.b64decode(got[1]), np.uint8),
@@ -105,10 +101,7 @@ def nvfp4_rows(seed: int) -> dict:
 
 def run_nvfp4(page, x, per_tensor_scale, convention):
     got = page.evaluate("""([data, pts, convention]) => {
-        const s = atob(data); const b = new Uint8Array(s.length); for (let i = 0; i < s.length; i++) b[i] = s.charCodeAt(i);
-        const r = B.nvfp4Quantize(new Float32Array(b.buffer), pts, convention);
-        const b64 = (t) => { const u = new Uint8Array(t.buffer); let o = "";
-          for (let i = 0; i < u.length; i += 0x8000) o += String.fromCharCode(...u.subarray(i, i + 0x8000)); return btoa(o); };
+        const r = B.nvfp4Quantize(new Float32Array(bytesOf(data)), pts, convention);
         return [r.tensorScale, b64(r.scales), b64(r.codes), b64(r.values)]; }""",
                         [base64.b64encode(x.tobytes()).decode(), per_tensor_scale, convention])
     return (got[0], np.frombuffer(base64.b64decode(got[1]), np.uint8), np.frombuffer(base64.b64decode(got[2]), np.uint8),

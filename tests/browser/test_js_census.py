@@ -11,13 +11,12 @@ import pytest
 
 from ampviz.formats import ALL_FORMATS
 from ampviz.formats.census import census
-from conftest import js_page
+from conftest import js_module_page
 
 
 @pytest.fixture(scope="module")
 def page(browser):
-    page = js_page(browser)
-    page.evaluate("async () => { window.C = await import('/js/census.mjs'); }")
+    page = js_module_page(browser, "census", "C")
     yield page
     page.close()
 
@@ -52,8 +51,7 @@ def edge_data(fmt, s: float) -> np.ndarray:
 
 def run(page, x, fmt, scale):
     return page.evaluate("""([data, fmt, scale]) => {
-        const s = atob(data); const b = new Uint8Array(s.length); for (let i = 0; i < s.length; i++) b[i] = s.charCodeAt(i);
-        return C.census(new Float32Array(b.buffer), fmt, scale); }""", [base64.b64encode(x.tobytes()).decode(), fmt, scale])
+        return C.census(new Float32Array(bytesOf(data)), fmt, scale); }""", [base64.b64encode(x.tobytes()).decode(), fmt, scale])
 
 
 @pytest.mark.parametrize("name", list(ALL_FORMATS))

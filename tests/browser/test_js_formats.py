@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ampviz.formats import ALL_FORMATS, CATEGORIES
-from conftest import js_page
+from conftest import js_module_page
 #: Each format's options as the Python methods take them (besides the defaults).
 OPTIONS = {"fp8_e4m3fnuz": [{"overflow": "saturate"}, {"overflow": "nan"}],
            "fp8_e5m2fnuz": [{"overflow": "saturate"}],
@@ -23,22 +23,11 @@ OPTIONS = {"fp8_e4m3fnuz": [{"overflow": "saturate"}, {"overflow": "nan"}],
            "e8m0": [{"overflow": "saturate"}, {"overflow": "nan"}, {"nonpositive": "nan"},
                     {"overflow": "saturate", "nonpositive": "nan"}]}
 
-_HELPERS = """
-window.b64 = (typed) => {
-  const bytes = new Uint8Array(typed.buffer); let s = "";
-  for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
-  return btoa(s);
-};
-window.u32 = (text) => { const s = atob(text); const b = new Uint8Array(s.length);
-  for (let i = 0; i < s.length; i++) b[i] = s.charCodeAt(i); return new Uint32Array(b.buffer); };
-"""
 
 
 @pytest.fixture(scope="module")
 def page(browser):
-    page = js_page(browser)
-    page.evaluate("async () => { window.F = await import('/js/formats.mjs'); }")
-    page.evaluate(f"() => {{ {_HELPERS} }}")
+    page = js_module_page(browser, "formats", "F")
     yield page
     page.close()
 
@@ -105,7 +94,7 @@ def test_float32_values_cast_as_in_python(page, name):
     patterns, ties = inputs(fmt)
     x = patterns.view(np.float32)
     for options in [{}] + OPTIONS.get(name, []):
-        got = page.evaluate("""([name, data, options]) => { const u = u32(data);
+        got = page.evaluate("""([name, data, options]) => { const u = new Uint32Array(bytesOf(data));
             const bits = new Float64Array(u.length), values = new Float64Array(u.length), cats = new Float64Array(u.length);
             for (let i = 0; i < u.length; i++) { const r = F.castBits32(name, u[i], options);
               bits[i] = r.bits; values[i] = r.value; cats[i] = F.CATEGORIES.indexOf(r.category); }

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ampviz.scaling import PRESETS, DynamicScaler, TorchGradScaler, simulate
-from conftest import js_page
+from conftest import js_module_page
 
 CUSTOM = {
     "hysteresis 3, refill clean": DynamicScaler(hysteresis=3, refill="clean", growth_interval=50),
@@ -37,8 +37,7 @@ def as_js(policy: DynamicScaler) -> dict:
 
 @pytest.fixture(scope="module")
 def page(browser):
-    page = js_page(browser)
-    page.evaluate("async () => { window.S = await import('/js/scaling.mjs'); }")
+    page = js_module_page(browser, "scaling", "S")
     yield page
     page.close()
 
@@ -57,8 +56,6 @@ def run_js(page, policy, **stream) -> dict:
     options = {k: v for k, v in stream.items() if k != kind}
     got = page.evaluate("""([p, key, values, options]) => {
         const r = S.simulate(p, {[key]: values, ...options});
-        const b64 = (t) => { const b = new Uint8Array(t.buffer); let s = "";
-          for (let i = 0; i < b.length; i += 0x8000) s += String.fromCharCode(...b.subarray(i, i + 0x8000)); return btoa(s); };
         return {scale: b64(r.scale), skipped: b64(r.skipped), tracker: b64(r.growth_tracker), hyst: b64(r.hysteresis),
                 final: r.final, stoppedAt: r.stoppedAt, stopReason: r.stopReason}; }""",
                         [as_js(policy), key, np.asarray(values, np.float64).tolist(), options])
