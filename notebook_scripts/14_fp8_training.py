@@ -65,7 +65,8 @@ torch.set_num_threads(1)
 
 # %%
 task = build_task("beam", 0)
-casts = {recipe: record_fp8_casts(task.model, task.batch(), recipe) for recipe in ("tensorwise", "rowwise")}
+batch = task.batch()  # the first training batch
+casts = {recipe: record_fp8_casts(task.model, batch, recipe) for recipe in ("tensorwise", "rowwise")}
 print(casts["tensorwise"].table())
 
 # %% [markdown]
