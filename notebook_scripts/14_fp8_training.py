@@ -149,9 +149,10 @@ for u in effect.fp16:
 # A power of two S multiplies the tensor and divides its scale by the same power of two, exactly: the
 # same codes come out. So an FP8 recipe with current scaling needs no loss scaler, *unless* a gradient
 # tensor's amax falls below torchao's floor of 1e-12 (the `EPS` its scale is clamped at): at
-# S = 2^-20 some do, their scale stops growing, and their codes change. Real losses in small units
-# can get there (lesson 07's beam loss is in m²). fp16 at S = 1 loses nearly every gradient here; a
-# scaler is what saves it.
+# S = 2^-20 some do, their scale stops growing, and their codes change. Multiplying the loss by 2^-20
+# is the same as measuring it in units 2^20 times larger (the beam's loss is in m²): a loss in
+# such units reaches the floor without any scaler. fp16 at S = 1 loses nearly every gradient here;
+# a scaler is what saves it.
 #
 # ## 4. Which layers to keep in high precision
 #
