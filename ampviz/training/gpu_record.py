@@ -26,8 +26,9 @@ writes it to ``RECORD_PATH``. ``load_record()`` reads that file back (None while
 the course shows a record only once a real device made one) and ``record_table`` prints it with
 each mode's time and memory against fp32's from the same run.
 
-This module needs only torch (torchao for the FP8 modes, imported when one runs), so it runs on a
-bare GPU machine with the repository on the path.
+This module needs only torch and numpy (torchao for the FP8 modes, converted by
+``ampviz.training.fp8_training`` and imported when one runs), so it runs on a bare GPU machine
+with the repository on the path.
 """
 
 from __future__ import annotations
@@ -163,11 +164,10 @@ def _build(mode: str, shape: BlockShape, dev: torch.device, seed: int):
         model = GptBlock(shape.d_model, shape.heads, shape.ffn)
         x = torch.randn(shape.batch, shape.seq, shape.d_model)
         target = torch.randn(shape.batch, shape.seq, shape.d_model)
-    if mode.startswith("fp8-"):
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    if mode.startswith("fp8-"):  # the course's own conversion (real FP8 products: emulate=False)
+        from ampviz.training.fp8_training import _convert
 
-        config = Float8LinearConfig.from_recipe_name(mode.split("-")[1])
-        model = convert_to_float8_training(model, config=config)
+        model = _convert(model, mode.split("-")[1], emulate=False)
     return model.to(dev), x.to(dev), target.to(dev)
 
 
