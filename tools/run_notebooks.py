@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from queue import Empty
@@ -62,6 +63,19 @@ class SlicedPollClient(NotebookClient):
         kc.shell_channel.get_msg = sliced_get_msg
         return kc
 
+    ipc_dir: str | None = None  # set by execute
+
+    def create_kernel_manager(self):
+        # The kernel's five channels on Unix sockets in a folder of its own, not on TCP ports: a
+        # free port found by the manager can be taken by another kernel or server started at the
+        # same moment (the suite runs two workers), and the kernel then dies with "Address already
+        # in use" before the first cell.
+        km = super().create_kernel_manager()
+        if os.name == "posix" and self.ipc_dir:
+            km.transport = "ipc"
+            km.ip = os.path.join(self.ipc_dir, "k")
+        return km
+
 
 def execute(nb: nbformat.NotebookNode, timeout: int = 300, env: dict | None = None) -> nbformat.NotebookNode:
     """Run every cell of ``nb`` in place, in a fresh kernel of this environment, from notebooks/;
@@ -75,8 +89,9 @@ def execute(nb: nbformat.NotebookNode, timeout: int = 300, env: dict | None = No
     # the strip (metadata.widgets), so nothing of it is kept.
     client = SlicedPollClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
                               record_timing=False, resources={"metadata": {"path": str(NOTEBOOKS)}})
-    # measured (ampviz.text) refuses a value on a rounding boundary in an output being written
-    client.execute(env={**os.environ, "AMPVIZ_STRICT_DIGITS": "1", **(env or {})})
+    with tempfile.TemporaryDirectory(prefix="ampviz-kernel-") as client.ipc_dir:
+        # measured (ampviz.text) refuses a value on a rounding boundary in an output being written
+        client.execute(env={**os.environ, "AMPVIZ_STRICT_DIGITS": "1", **(env or {})})
     return nb
 
 
