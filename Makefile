@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 NBVAL  := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 --nbval-kernel-startup-timeout=180 \
           --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: lab explorer test bench clean browser-deps
+.PHONY: lab explorer site test bench clean browser-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,11 @@ explorer: $(VENV)/$(VOILA_TEMPLATE)/.installed
 		--token=$$token notebooks/explorer.ipynb
 
 # Debian's Chromium for the real-browser tests (tests/browser): installed when missing, as root.
+# The course as a static site in site/: every lesson as a page, the explorers that compute in the
+# browser live in it (no kernel), plotly.js beside the pages; open site/index.html, offline.
+site: $(VENV)/.test-installed
+	$(BIN)/python tools/build_site.py site
+
 browser-deps:
 	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null)

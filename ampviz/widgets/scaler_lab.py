@@ -267,37 +267,47 @@ class ScalerLab(_Explorer):
         self._clear_error()
 
     def _lost_share(self, trace, level: float):
-        """Share of the gradient sample (scaled to the stream's typical max) lost to fp16 underflow
-        at the scale in effect, at the steps where the scale changes (at most 200 of them)."""
-        s = trace.scale.astype(np.float64)
-        if s.size == 0:
-            return np.zeros(0, np.int64), np.zeros(0)
-        changed = np.flatnonzero(s[1:] != s[:-1]) + 1
-        idx = np.concatenate([[0], changed])
-        if idx.size > 200:
-            idx = idx[np.linspace(0, idx.size - 1, 200).round().astype(np.int64)]
+        """``lost_share`` of the trace, over the gradient sample scaled to ``level``."""
         if self._lost_cache.get("level") != level:
             self._lost_cache = {"level": level, "sample": (self._grad_shape * level).astype(np.float32)}
-        scales = s[idx]
-        usable = np.isfinite(scales) & (scales > 0) & (scales <= 3e38)
-        shares = np.where(scales == 0, 1.0, 0.0)  # a zero scale loses every gradient
-        if usable.any():
-            shares[usable] = underflow_fractions(self._lost_cache["sample"], "fp16", scales[usable])
-        return np.append(idx, s.size - 1), np.append(shares, shares[-1])
+        return lost_share(trace, self._lost_cache["sample"])
 
     def _readout_html(self, traces=None) -> str:
-        rows = []
-        for t in self.traces if traces is None else traces:
-            finite = t.scale[np.isfinite(t.scale)]
-            low = format_number(float(finite.min())) if finite.size else "—"
-            if t.stopped_at is not None:
-                reason = getattr(t, "stop_reason", None)
-                end = f"stopped at step {t.stopped_at:,}" + (f" ({html.escape(reason)})" if reason else "")
-            else:
-                end = format_number(float(t.final.scale))
-            _, _, part = _skipped_marks(t, self.MARKS)
-            skipped = f"{t.skipped_count:,}" + (f" ({part} marked)" if part else "")
-            rows.append((html.escape(t.policy.name), skipped, end, low))
-        return _table(("scaler", "skipped steps", "final scale", "lowest scale"), rows)
+        return readout_html(self.traces if traces is None else traces, self.MARKS)
 
 
+def lost_share(trace, sample: np.ndarray):
+    """(steps, shares): the share of ``sample`` (float32 gradients) lost to fp16 underflow at the
+    scale in effect, at the steps where the trace's scale changes (at most 200 of them), and once
+    more at its last step."""
+    s = trace.scale.astype(np.float64)
+    if s.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0)
+    changed = np.flatnonzero(s[1:] != s[:-1]) + 1
+    idx = np.concatenate([[0], changed])
+    if idx.size > 200:
+        idx = idx[np.linspace(0, idx.size - 1, 200).round().astype(np.int64)]
+    scales = s[idx]
+    usable = np.isfinite(scales) & (scales > 0) & (scales <= 3e38)
+    shares = np.where(scales == 0, 1.0, 0.0)  # a zero scale loses every gradient
+    if usable.any():
+        shares[usable] = underflow_fractions(sample, "fp16", scales[usable])
+    return np.append(idx, s.size - 1), np.append(shares, shares[-1])
+
+
+def readout_html(traces, marks: int) -> str:
+    """The table under a scaler lab's controls: per scaler, its skipped steps (and how many are
+    marked, of ``marks`` at most), its final scale (or where it stopped) and its lowest scale."""
+    rows = []
+    for t in traces:
+        finite = t.scale[np.isfinite(t.scale)]
+        low = format_number(float(finite.min())) if finite.size else "—"
+        if t.stopped_at is not None:
+            reason = getattr(t, "stop_reason", None)
+            end = f"stopped at step {t.stopped_at:,}" + (f" ({html.escape(reason)})" if reason else "")
+        else:
+            end = format_number(float(t.final.scale))
+        _, _, part = _skipped_marks(t, marks)
+        skipped = f"{t.skipped_count:,}" + (f" ({part} marked)" if part else "")
+        rows.append((html.escape(t.policy.name), skipped, end, low))
+    return _table(("scaler", "skipped steps", "final scale", "lowest scale"), rows)

@@ -255,15 +255,19 @@ def js_module_page(browser, module: str, name: str):
     return page
 
 
-def js_page(browser):
-    """A page at ``JS_ORIGIN`` whose requests for ``/js/<name>.mjs`` are answered from ``JS_DIR``
-    (every other request fails)."""
+def js_page(browser, extra: dict | None = None, html: str = "<html><body></body></html>"):
+    """A page at ``JS_ORIGIN`` (its document ``html``) whose requests for ``/js/<name>.mjs`` are
+    answered from ``JS_DIR``, and for a path of ``extra`` ({path: (content type, body)}) with that;
+    every other request fails."""
     page = browser.new_page()
 
     def answer(route):
         name = route.request.url[len(JS_ORIGIN):]
         if name == "/":
-            return route.fulfill(status=200, content_type="text/html", body="<html><body></body></html>")
+            return route.fulfill(status=200, content_type="text/html", body=html)
+        if extra and name in extra:
+            kind, body = extra[name]
+            return route.fulfill(status=200, content_type=kind, body=body)
         path = JS_DIR / name.removeprefix("/js/")
         if name.startswith("/js/") and path.is_file() and path.parent == JS_DIR:
             return route.fulfill(status=200, content_type="text/javascript", body=path.read_text())

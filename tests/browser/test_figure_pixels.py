@@ -5,6 +5,7 @@ every step's point written out; and a move drawn by moving the traces draws what
 draws."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +20,9 @@ from ampviz.widgets.fp8_lab import lab_stream
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 # FigureView's own decoding of packed arrays (its module's functions up to the plotly.js loader),
-# so that the figure is drawn from what the widget would hand plotly
-DECODE = _ESM[_ESM.index("const TYPES"):_ESM.index("async function inflate")]
+# so that the figure is drawn from what the widget would hand plotly; run in a function body, where
+# its exports are plain declarations
+DECODE = re.sub(r"^export ", "", _ESM[_ESM.index("const TYPES"):_ESM.index("async function inflate")], flags=re.M)
 DRAW = """async (figure) => {
   %s
   const div = document.getElementById("g");

@@ -532,8 +532,10 @@ def test_the_view_is_a_package_one_module_per_explorer():
                        "ampviz.widgets.fp8_lab", "ampviz.widgets.live_trainer", "ampviz.widgets.range_explorer",
                        "ampviz.widgets.ranks_lab", "ampviz.widgets.scaler_lab"}
     assert all(issubclass(cls, _Explorer) for cls in explorers)
+    from ampviz.widgets import BrowserScalerLab
+    assert BrowserScalerLab.__module__ == "ampviz.widgets.browser_scaler_lab"
     assert importlib.import_module("ampviz.widgets").__all__ == [
-        "BlockExplorer", "ExplorerApp", "FormatExplorer", "Fp8ScalingLab", "LiveTrainer", "RangeExplorer", "RanksLab",
+        "BlockExplorer", "BrowserScalerLab", "ExplorerApp", "FormatExplorer", "Fp8ScalingLab", "LiveTrainer", "RangeExplorer", "RanksLab",
         "ScalerLab", "parse_number", "running_trainers"]
 
 

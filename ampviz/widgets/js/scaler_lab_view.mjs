@@ -1,0 +1,237 @@
+// BrowserScalerLab's front end: ScalerLab's controls, figure and readout, computed in the page.
+// The stream is rebuilt from the shipped draws and recipe (streams.mjs), every scaler runs as
+// ampviz.scaling.simulate does (scaling.mjs), and the figure and readout are ScalerLab's
+// (scaleplot.mjs). The settings are the model's synced state: a move sets them (Python reads
+// them), and a setting changed from Python moves the control. With no kernel (a static page) the
+// model is the page's own, and everything still works.
+
+import { simulate } from "./scaling.mjs";
+import { rebuild } from "./streams.mjs";
+import { formatG, lostShare, readoutHtml, scaleTraceFigure, scalerLabTitle } from "./scaleplot.mjs";
+import { bytesOf, drawFigure, loadPlotly } from "./figure.mjs";
+
+export const SETTINGS = ["init_log2", "growth_factor", "backoff_factor", "growth_interval", "scenario", "strength",
+  "loss_dtype", "overlay"];
+
+/** The key of a scenario's recipe at a strength: the name and the strength's float64 bits in hex
+ *  (as ampviz.widgets.browser_scaler_lab keys it: no decimal text to agree on). */
+export function recipeKey(scenario, strength) {
+  const view = new DataView(new ArrayBuffer(8));
+  view.setFloat64(0, strength);
+  let hex = "";
+  for (let i = 0; i < 8; i++) hex += view.getUint8(i).toString(16).padStart(2, "0");
+  return `${scenario}|${hex}`;
+}
+
+/** The median of a Float32Array as numpy's of float32 gives it (the mean of the two middle
+ *  values computed in float32). */
+export function medianFloat32(a) {
+  const n = a.length;
+  if (n === 0) return NaN;
+  const s = Float32Array.from(a).sort();
+  return n % 2 ? s[(n - 1) / 2] : Math.fround(Math.fround(s[n / 2 - 1] + s[n / 2]) / 2);
+}
+
+/** The lab's shipped data (draws, gradient sample, recipes, presets) from the model's state. */
+export function shippedData(get) {
+  return {
+    normals: new Float64Array(bytesOf(get("normals")).buffer),
+    shape: new Float32Array(bytesOf(get("grad_shape")).buffer),
+    recipes: get("recipes"), presets: get("presets"), torch: get("torch_policy"),
+    steps: get("steps"), marks: get("marks"),
+  };
+}
+
+/** Everything the page shows for ``settings`` (SETTINGS by name): the stream, each scaler's run
+ *  (yours first), the lost share, the figure and the readout. ``cache`` keeps recent streams. */
+export function compute(data, settings, cache = new Map()) {
+  const key = recipeKey(settings.scenario, settings.strength);
+  let entry = cache.get(key);
+  if (!entry) {
+    const shipped = data.recipes[key];
+    if (!shipped) throw new RangeError(`no recipe for ${key}`);
+    const stream = rebuild(shipped.recipe, data.normals, shipped.steps, shipped.values);
+    entry = { stream, level: stream.length ? medianFloat32(stream) : 1.0 };
+    cache.set(key, entry);
+    if (cache.size > 3) cache.delete(cache.keys().next().value);
+  }
+  const yours = { ...data.torch, name: "your settings", init_scale: 2 ** settings.init_log2,
+    growth_factor: settings.growth_factor, backoff_factor: settings.backoff_factor,
+    growth_interval: settings.growth_interval };
+  const policies = [yours, ...settings.overlay.map((n) => data.presets[n])];
+  const fp16Loss = settings.loss_dtype === "float16";
+  const traces = policies.map((p) => {
+    const r = simulate(p, { gradMax: entry.stream, fmt: "fp16", lossInFormat: fp16Loss });
+    return { name: p.name, scale: r.scale, skipped: r.skipped, steps: r.scale.length, stoppedAt: r.stoppedAt,
+      stopReason: r.stopReason, final: r.final };
+  });
+  const lost = lostShare(traces[0].scale, data.shape, entry.level);
+  const title = scalerLabTitle(settings.scenario, settings.strength, data.steps, settings.loss_dtype);
+  const figure = scaleTraceFigure(traces, { title, lost: { "your settings": lost }, maxMarkers: data.marks,
+    legendCounts: false });
+  return { stream: entry.stream, traces, lost, figure, readout: readoutHtml(traces, data.marks, { inColumn: true }) };
+}
+
+// ----- the controls -----
+const STRENGTHS = Array.from({ length: 21 }, (_, k) => Number((k * 0.05).toFixed(12)));
+
+function row(label, input, shown) {
+  const div = document.createElement("div");
+  div.className = "ampviz-browser-row";
+  div.style.cssText = "display:flex;align-items:center;gap:8px;margin:4px 0";
+  const name = document.createElement("label");
+  name.textContent = label;
+  name.style.cssText = "width:110px;flex:0 0 110px;text-align:right";
+  div.append(name, input);
+  if (shown) { shown.style.cssText = "width:52px;font-variant-numeric:tabular-nums"; div.append(shown); }
+  return div;
+}
+
+function slider(cls, min, max, step) {
+  const input = document.createElement("input");
+  Object.assign(input, { type: "range", min: String(min), max: String(max), step: String(step) });
+  input.className = cls;
+  input.style.width = "170px";
+  return input;
+}
+
+/** The slider's position nearest ``value`` on its grid (min + k * step), as a number. */
+function onGrid(value, min, step, digits = 12) {
+  return Number((min + Math.round((value - min) / step) * step).toFixed(digits));
+}
+
+export default {
+  render({ model, el }) {
+    el.classList.add("ampviz-browser-scaler-lab");
+    el.style.cssText = "display:flex;flex-wrap:wrap;align-items:flex-start";
+    const column = document.createElement("div");
+    column.className = "ampviz-controls";
+    column.style.cssText = "width:360px;flex:0 0 360px;margin:0 16px 0 0";
+    const figure = document.createElement("div");
+    figure.className = "ampviz-scaler-figure";
+    figure.style.cssText = "flex:1 1 560px;min-width:560px";
+    el.append(column, figure);
+
+    const data = shippedData((k) => model.get(k));
+    const cache = new Map();
+    const inputs = {
+      init_log2: slider("ampviz-scaler-init", -10, 40, 1),
+      growth_factor: slider("ampviz-scaler-growth", 1.001, Math.max(4, model.get("growth_factor")), 0.001),
+      backoff_factor: slider("ampviz-scaler-backoff", 0.005, 0.995, 0.005),
+      strength: slider("ampviz-scaler-strength", 0, 1, 0.05),
+    };
+    const shown = Object.fromEntries(Object.keys(inputs).map((k) => [k, document.createElement("span")]));
+    const interval = document.createElement("input");
+    Object.assign(interval, { type: "number", min: "1", max: "10000000", step: "1", className: "ampviz-scaler-interval" });
+    interval.style.width = "120px";
+    const scenario = document.createElement("select");
+    scenario.className = "ampviz-scaler-scenario";
+    const names = [...new Set(Object.keys(data.recipes).map((k) => k.split("|")[0]))];
+    for (const n of names) scenario.append(new Option(n, n));
+    const loss = document.createElement("select");
+    loss.className = "ampviz-scaler-loss";
+    loss.append(new Option("float32 (autocast)", "float32"), new Option("fp16 (a .half() model)", "float16"));
+    const overlay = document.createElement("select");
+    Object.assign(overlay, { multiple: true, size: 6, className: "ampviz-scaler-overlay" });
+    overlay.style.width = "220px";
+    for (const [n, p] of Object.entries(data.presets)) overlay.append(new Option(p.label, n));
+    const hint = document.createElement("small");
+    hint.textContent = "Ctrl- or Shift-click to compare several";
+    hint.style.cssText = "display:block;margin:0 0 0 118px";
+    const readout = document.createElement("div");
+    readout.className = "ampviz-scaler-readout";
+    readout.style.lineHeight = "1.35";
+    const message = document.createElement("div");
+    message.className = "ampviz-message";
+    message.style.color = "#b00020";
+    column.append(row("log2 init_scale", inputs.init_log2, shown.init_log2),
+      row("growth_factor", inputs.growth_factor, shown.growth_factor),
+      row("backoff_factor", inputs.backoff_factor, shown.backoff_factor),
+      row("growth_interval", interval), row("scenario", scenario),
+      row("strength", inputs.strength, shown.strength), row("loss", loss), row("compare with", overlay),
+      hint, message, readout);
+
+    // the page's settings: the model's, until a control moves
+    const settings = Object.fromEntries(SETTINGS.map((k) => [k, model.get(k)]));
+    const showSettings = () => {
+      for (const k of Object.keys(inputs)) { inputs[k].value = String(settings[k]); }
+      shown.init_log2.textContent = String(settings.init_log2);
+      shown.growth_factor.textContent = formatG(settings.growth_factor);
+      shown.backoff_factor.textContent = formatG(settings.backoff_factor);
+      shown.strength.textContent = formatG(settings.strength);
+      interval.value = String(settings.growth_interval);
+      scenario.value = settings.scenario;
+      loss.value = settings.loss_dtype;
+      for (const o of overlay.options) o.selected = settings.overlay.includes(o.value);
+    };
+
+    let alive = true, drawing = false, again = false, shownFigure = null, layoutText = null;
+    const draw = async () => {
+      const start = performance.now();
+      let result;
+      try {
+        result = compute(data, settings, cache);
+        message.textContent = "";
+      } catch (e) {
+        message.textContent = String(e.message || e);
+        return;
+      }
+      readout.innerHTML = result.readout;
+      const Plotly = await loadPlotly(model);
+      if (!alive) return;
+      const text = JSON.stringify(result.figure.layout);
+      shownFigure = await drawFigure(Plotly, figure, result.figure.data, result.figure.layout,
+        model.get("config") || { displaylogo: false, responsive: true }, shownFigure, text === layoutText);
+      layoutText = text;
+      figure.dataset.drawMs = (performance.now() - start).toFixed(1);
+      figure.dataset.drawn = JSON.stringify(settings);
+      await shownFigure.settled;
+    };
+    // one draw at a time: moves that come while one runs ask for one more draw of the newest settings
+    const schedule = async () => {
+      if (!alive) return;
+      if (drawing) { again = true; return; }
+      drawing = true;
+      try {
+        do { again = false; await draw(); } while (again && alive);
+      } catch (e) {
+        shownFigure = null;
+        message.textContent = "The figure could not be drawn: " + e;
+      } finally {
+        drawing = false;
+      }
+    };
+    const send = (k) => { model.set(k, settings[k]); model.save_changes(); };
+    const moved = (k, value) => { settings[k] = value; showSettings(); schedule(); send(k); };
+    inputs.init_log2.addEventListener("input", () => moved("init_log2", Math.round(Number(inputs.init_log2.value))));
+    inputs.growth_factor.addEventListener("input", () => moved("growth_factor", onGrid(Number(inputs.growth_factor.value), 1.001, 0.001)));
+    inputs.backoff_factor.addEventListener("input", () => moved("backoff_factor", onGrid(Number(inputs.backoff_factor.value), 0.005, 0.005)));
+    inputs.strength.addEventListener("input", () => moved("strength", STRENGTHS[Math.round(Number(inputs.strength.value) / 0.05)]));
+    interval.addEventListener("change", () => {
+      const v = Number(interval.value);
+      if (Number.isInteger(v) && v >= 1 && v <= 1e7) moved("growth_interval", v);
+      else { message.textContent = "growth_interval must be a whole number from 1 to 10,000,000"; interval.value = String(settings.growth_interval); }
+    });
+    scenario.addEventListener("change", () => moved("scenario", scenario.value));
+    loss.addEventListener("change", () => moved("loss_dtype", loss.value));
+    overlay.addEventListener("change", () => moved("overlay", [...overlay.selectedOptions].map((o) => o.value)));
+    // a setting changed from Python
+    const fromModel = () => {
+      let changed = false;
+      for (const k of SETTINGS) {
+        const v = model.get(k);
+        if (JSON.stringify(v) !== JSON.stringify(settings[k])) { settings[k] = v; changed = true; }
+      }
+      if (changed) { showSettings(); schedule(); }
+    };
+    for (const k of SETTINGS) model.on(`change:${k}`, fromModel);
+    model.on("change:recipes", () => { data.recipes = model.get("recipes"); schedule(); });
+    showSettings();
+    schedule();
+    return () => {
+      alive = false;
+      for (const k of SETTINGS) model.off(`change:${k}`, fromModel);
+      if (globalThis.Plotly && figure.classList.contains("js-plotly-plot")) globalThis.Plotly.purge(figure);
+    };
+  },
+};
