@@ -36,11 +36,11 @@ def _page_explorers() -> dict:
 
 
 #: The explorer app's tabs that have a page version, and how the site's explorer page makes it
-#: (the app's own ScalerLab runs a million steps: 8 MB of draws for a page, so 200,000 here).
+#: (the app's own ScalerLab runs a million steps: 8 MB of draws for a page, so 100,000 here).
 def _app_tabs() -> dict:
     from ampviz.widgets.browser_scaler_lab import BrowserScalerLab
 
-    return {"Loss scaling": lambda: BrowserScalerLab(steps=200_000, scenario="spikes", strength=0.5)}
+    return {"Loss scaling": lambda: BrowserScalerLab(steps=100_000, scenario="spikes", strength=0.5)}
 
 
 def _kernel_widgets() -> set:

@@ -29,6 +29,7 @@ from ampviz.scaling import recipes, synth
 from ampviz.plots import plot_scale_trace
 from ampviz.widgets.jsbundle import bundle
 from ampviz.widgets.base import _real, _whole
+from ampviz.widgets.figureview import answer_plotly_request
 from ampviz.widgets.scaler_lab import ScalerLab, lost_share, readout_html
 
 __all__ = ["BrowserScalerLab"]
@@ -113,6 +114,7 @@ class BrowserScalerLab(anywidget.AnyWidget):
         seed = _whole("seed", seed, 0)
         log2_init = ScalerLab._log2_init(init_scale)
         super().__init__(_esm=bundle("scaler_lab_view"))
+        self.on_msg(answer_plotly_request)  # plotly.js, sent once per page to the first view that asks
         z64, table = _shipped(steps, seed)
         if gradients is None:  # ScalerLab's sample of gradients, whose underflow the lower panel counts
             rng = np.random.default_rng(seed)

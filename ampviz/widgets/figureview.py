@@ -184,6 +184,13 @@ def _plotly_js() -> bytes:
 _ESM = (Path(__file__).parent / "js" / "figure.mjs").read_text()
 
 
+def answer_plotly_request(widget, content, buffers=None) -> None:
+    """A widget's message handler: plotly.js, deflated, to a front end that asks for it
+    (``loadPlotly`` in ``js/figure.mjs``: the first view of a page asks once)."""
+    if isinstance(content, dict) and content.get("type") == "plotly.js?":
+        widget.send({"type": "plotly.js"}, buffers=[_plotly_js()])
+
+
 class Prepared(NamedTuple):
     """A figure as ``FigureView`` sends it: traces and layout packed, and the layout's wire text."""
 
@@ -226,10 +233,7 @@ class FigureView(anywidget.AnyWidget):
         self.on_msg(self._on_custom)
 
     def _on_custom(self, widget, content, buffers) -> None:
-        if not isinstance(content, dict):
-            return
-        if content.get("type") == "plotly.js?":
-            self.send({"type": "plotly.js"}, buffers=[_plotly_js()])
+        answer_plotly_request(widget, content, buffers)
 
     @staticmethod
     def prepare(figure) -> "Prepared":

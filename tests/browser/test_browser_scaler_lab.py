@@ -169,3 +169,52 @@ def test_a_drag_draws_the_last_position_and_only_real_settings(page):
     grid = {round(k * 0.05, 12) for k in range(21)}
     assert set(seen) <= grid and len(seen) >= 5, seen
     assert page.errors == []
+
+
+PY_SIDE = '''
+import ipywidgets as W
+from ampviz.plots import format_number
+python_side = W.HTML()
+python_side.add_class("python-side")
+def show(_=None):
+    t = lab.traces[0]
+    python_side.value = f"{lab.backoff_factor!r} | {int(t.skipped.sum()):,} | {format_number(t.final.scale)}"
+lab.observe(show, names=["backoff_factor"])
+show()
+python_side
+'''
+
+
+def test_in_jupyterlab_the_kernel_reads_what_the_page_moved(browser, tmp_path):
+    """In JupyterLab, with a kernel: arrow keys move the slider (JupyterLab's notebook takes arrow
+    keys that a control lets through), the page redraws at once, and the kernel's lab holds the new
+    setting and computes the same run as the page's readout shows."""
+    import nbformat
+
+    from conftest import jupyter_lab, open_and_run
+
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3 (ipykernel)",
+                                                           "language": "python", "name": "python3"}})
+    nb.cells = [nbformat.v4.new_code_cell("from ampviz.widgets import BrowserScalerLab\n"
+                                          "lab = BrowserScalerLab(steps=20_000)\nlab"),
+                nbformat.v4.new_code_cell(PY_SIDE)]
+    nbformat.write(nb, tmp_path / "lab.ipynb")
+    with jupyter_lab(tmp_path) as url:
+        page = open_and_run(browser, url, "lab.ipynb")
+        page.wait_for_selector(".ampviz-scaler-figure.js-plotly-plot", timeout=120_000)
+        page.wait_for_function("() => (document.querySelector('.python-side') || {}).innerText?.startsWith('0.5 |')",
+                               timeout=120_000)
+        slider = page.locator(".ampviz-scaler-backoff").first
+        slider.focus()
+        slider.press("ArrowRight")
+        slider.press("ArrowRight")
+        page.wait_for_function("() => JSON.parse(document.querySelector('.ampviz-scaler-figure').dataset.drawn)"
+                               ".backoff_factor === 0.51")
+        page.wait_for_function("() => document.querySelector('.python-side').innerText.startsWith('0.51 |')",
+                               timeout=60_000)
+        py = page.evaluate("() => document.querySelector('.python-side').innerText").split(" | ")
+        cells = page.evaluate("() => Array.from(document.querySelectorAll('.ampviz-scaler-readout td'))"
+                              ".slice(0, 4).map((c) => c.innerText)")
+        assert cells[0] == "your settings"
+        assert cells[1].split(" ")[0] == py[1] and cells[2] == py[2], (cells, py)
+        page.close()
