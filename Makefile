@@ -91,6 +91,7 @@ bench: $(VENV)/.test-installed $(VENV)/$(VOILA_TEMPLATE)/.installed browser-deps
 	$(BIN)/python bench/bench_scaler_lab.py
 	$(BIN)/python bench/bench_live.py
 	$(BIN)/python bench/bench_browser.py
+	$(BIN)/python bench/bench_page_explorers.py
 	$(BIN)/python bench/bench_voila_open.py
 	$(BIN)/python bench/bench_gpu.py
 	$(BIN)/python bench/bench_ranks.py
