@@ -178,6 +178,7 @@ class BrowserScalerLab(anywidget.AnyWidget):
         v = proposal["value"]
         if v not in synth.SCENARIOS:
             raise traitlets.TraitError(f"unknown scenario {_shown(v)}; choose one of {', '.join(synth.SCENARIOS)}")
+        self._ship_recipe(v, self.strength)
         return v
 
     @traitlets.validate("strength")
@@ -185,6 +186,7 @@ class BrowserScalerLab(anywidget.AnyWidget):
         v = proposal["value"]
         if not 0 <= v <= 1:
             raise traitlets.TraitError(f"strength must be between 0 and 1, got {_shown(v)}")
+        self._ship_recipe(self.scenario, v)
         return v
 
     @traitlets.validate("loss_dtype")
@@ -204,14 +206,14 @@ class BrowserScalerLab(anywidget.AnyWidget):
                                        f"{', '.join(n for n in scaling.PRESETS if n != 'torch')}")
         return v
 
-    @traitlets.observe("scenario", "strength")
-    def _ship_recipe(self, change):
-        """A strength off the slider's positions (set from Python) gets its recipe shipped too."""
-        key = _key(self.scenario, self.strength)
+    def _ship_recipe(self, scenario: str, strength: float) -> None:
+        """A strength off the slider's positions (set from Python) gets its recipe shipped too,
+        before the setting itself: the page then finds it when the setting arrives."""
+        key = _key(scenario, strength)
         if key not in self.recipes:
             if self._z is None:
                 self._z = recipes.normals(self.steps, self.seed)
-            self.set_trait("recipes", {**self.recipes, key: _recipe_entry(self.scenario, self.strength, self._z)})
+            self.set_trait("recipes", {**self.recipes, key: _recipe_entry(scenario, strength, self._z)})
 
     # ----- what the page shows, computed by the package -----
     def policy(self) -> "scaling.DynamicScaler":

@@ -152,6 +152,13 @@ def test_a_key_press_redraws_in_the_page_and_sets_the_model(page):
     page.evaluate("() => M.set('scenario', 'drift')")
     page.wait_for_function("() => JSON.parse(document.querySelector('.ampviz-scaler-figure').dataset.drawn).scenario === 'drift'")
     assert page.eval_on_selector(".ampviz-scaler-scenario", "(s) => s.value") == "drift"
+    # a strength off the slider's positions, set from Python: its recipe arrives first, then the setting
+    lab.scenario, lab.strength = "drift", 0.37
+    page.evaluate("([r]) => { M.set('recipes', r); M.set('strength', 0.37); }", [lab.recipes])
+    page.wait_for_function("() => JSON.parse(document.querySelector('.ampviz-scaler-figure').dataset.drawn).strength === 0.37")
+    y = page.evaluate("() => Array.from(document.querySelector('.ampviz-scaler-figure').data[0].y)")
+    assert y == plain(lab.figure().to_plotly_json()["data"][0]["y"])
+    assert page.eval_on_selector(".ampviz-message", "(m) => m.textContent") == ""
     assert page.errors == []
 
 
