@@ -8,7 +8,8 @@
 import { simulate } from "./scaling.mjs";
 import { rebuild } from "./streams.mjs";
 import { formatG, lostShare, readoutHtml, scaleTraceFigure, scalerLabTitle } from "./scaleplot.mjs";
-import { bytesOf, drawFigure, loadPlotly } from "./figure.mjs";
+import { bytesOf } from "./figure.mjs";
+import { drawLoop, explorerPage, onGrid, row, slider } from "./view_parts.mjs";
 
 export const SETTINGS = ["init_log2", "growth_factor", "backoff_factor", "growth_interval", "scenario", "strength",
   "loss_dtype", "overlay"];
@@ -105,47 +106,9 @@ export function compute(data, settings, cache = new Map()) {
 // ----- the controls -----
 const STRENGTHS = Array.from({ length: 21 }, (_, k) => Number((k * 0.05).toFixed(12)));
 
-function row(label, input, shown) {
-  const div = document.createElement("div");
-  div.className = "ampviz-browser-row";
-  div.style.cssText = "display:flex;align-items:center;gap:8px;margin:4px 0";
-  const name = document.createElement("label");
-  name.textContent = label;
-  name.style.cssText = "width:110px;flex:0 0 110px;text-align:right";
-  div.append(name, input);
-  if (shown) { shown.style.cssText = "width:52px;font-variant-numeric:tabular-nums"; div.append(shown); }
-  return div;
-}
-
-function slider(cls, min, max, step) {
-  const input = document.createElement("input");
-  Object.assign(input, { type: "range", min: String(min), max: String(max), step: String(step) });
-  input.className = cls;
-  input.style.width = "170px";
-  return input;
-}
-
-/** The slider's position nearest ``value`` on its grid (min + k * step), as a number. */
-function onGrid(value, min, step, digits = 12) {
-  return Number((min + Math.round((value - min) / step) * step).toFixed(digits));
-}
-
 export default {
   render({ model, el }) {
-    el.classList.add("ampviz-browser-scaler-lab");
-    // keys pressed on the controls are theirs: JupyterLab's notebook, an ancestor, takes arrow keys
-    // (and cancels their default, the range input's step) unless they stop here
-    const ownKeys = (e) => e.stopPropagation();
-    el.addEventListener("keydown", ownKeys);
-    el.style.cssText = "display:flex;flex-wrap:wrap;align-items:flex-start";
-    const column = document.createElement("div");
-    column.className = "ampviz-controls";
-    column.style.cssText = "width:360px;flex:0 0 360px;margin:0 16px 0 0";
-    const figure = document.createElement("div");
-    figure.className = "ampviz-scaler-figure";
-    figure.style.cssText = "flex:1 1 560px;min-width:560px";
-    el.append(column, figure);
-
+    const { column, figure, message, remove } = explorerPage(el, "ampviz-browser-scaler-lab", "ampviz-scaler-figure");
     const data = shippedData((k) => model.get(k));
     const cache = new Map();
     const inputs = {
@@ -175,9 +138,6 @@ export default {
     const readout = document.createElement("div");
     readout.className = "ampviz-scaler-readout";
     readout.style.lineHeight = "1.35";
-    const message = document.createElement("div");
-    message.className = "ampviz-message";
-    message.style.color = "#b00020";
     column.append(row("log2 init_scale", inputs.init_log2, shown.init_log2),
       row("growth_factor", inputs.growth_factor, shown.growth_factor),
       row("backoff_factor", inputs.backoff_factor, shown.backoff_factor),
@@ -199,47 +159,10 @@ export default {
       for (const o of overlay.options) o.selected = settings.overlay.includes(o.value);
     };
 
-    let alive = true, drawing = false, again = false, shownFigure = null, layoutText = null;
-    const draw = async () => {
-      const start = performance.now();
-      const drawnSettings = { ...settings };
-      let result;
-      try {
-        result = compute(data, settings, cache);
-        message.textContent = "";
-      } catch (e) {
-        message.textContent = String(e.message || e);
-        return;
-      }
-      readout.innerHTML = result.readout;
-      const computed = performance.now();
-      const Plotly = await loadPlotly(model);
-      if (!alive) return;
-      const text = JSON.stringify(result.figure.layout);
-      shownFigure = await drawFigure(Plotly, figure, result.figure.data, result.figure.layout,
-        model.get("config") || { displaylogo: false, responsive: true }, shownFigure, text === layoutText);
-      layoutText = text;
-      // for the bench: how long the page computed, and how long plotly drew (and how)
-      figure.dataset.computeMs = (computed - start).toFixed(1);
-      figure.dataset.drawMs = (performance.now() - computed).toFixed(1);
-      figure.dataset.drawnBy = shownFigure.moved ? "moving" : "redrawing";
-      figure.dataset.drawn = JSON.stringify(drawnSettings);
-      await shownFigure.settled;
-    };
-    // one draw at a time: moves that come while one runs ask for one more draw of the newest settings
-    const schedule = async () => {
-      if (!alive) return;
-      if (drawing) { again = true; return; }
-      drawing = true;
-      try {
-        do { again = false; await draw(); } while (again && alive);
-      } catch (e) {
-        shownFigure = null;
-        message.textContent = "The figure could not be drawn: " + e;
-      } finally {
-        drawing = false;
-      }
-    };
+    const { schedule, stop } = drawLoop(model, figure, message, () => {
+      const drawn = { ...settings };
+      return { ...compute(data, drawn, cache), settings: drawn };
+    }, (result) => { readout.innerHTML = result.readout; });
     const send = (k) => { model.set(k, settings[k]); model.save_changes(); };
     const moved = (k, value) => { settings[k] = value; showSettings(); schedule(); send(k); };
     inputs.init_log2.addEventListener("input", () => moved("init_log2", Math.round(Number(inputs.init_log2.value))));
@@ -264,14 +187,15 @@ export default {
       if (changed) { showSettings(); schedule(); }
     };
     for (const k of SETTINGS) model.on(`change:${k}`, fromModel);
-    model.on("change:recipes", () => { data.recipes = model.get("recipes"); schedule(); });
+    const newRecipes = () => { data.recipes = model.get("recipes"); schedule(); };
+    model.on("change:recipes", newRecipes);
     showSettings();
     schedule();
     return () => {
-      alive = false;
-      el.removeEventListener("keydown", ownKeys);
+      stop();
+      remove();
       for (const k of SETTINGS) model.off(`change:${k}`, fromModel);
-      if (globalThis.Plotly && figure.classList.contains("js-plotly-plot")) globalThis.Plotly.purge(figure);
+      model.off("change:recipes", newRecipes);
     };
   },
 };

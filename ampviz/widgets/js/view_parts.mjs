@@ -1,0 +1,105 @@
+// What every page-computed explorer's front end shares: its page (the controls' column beside the
+// figure, keys kept from JupyterLab), labelled rows and sliders, and the figure drawn one draw at
+// a time, the newest settings winning (as FigureView draws).
+
+import { drawFigure, loadPlotly } from "./figure.mjs";
+
+/** The explorer's page in ``el``: a column of controls 360 pixels wide and the figure beside it
+ *  (under it on a page too narrow for both), as the kernel explorers' ``_beside``. */
+export function explorerPage(el, rootClass, figureClass) {
+  el.classList.add(rootClass);
+  // keys pressed on the controls are theirs: JupyterLab's notebook, an ancestor, takes arrow keys
+  // (and cancels their default, the range input's step) unless they stop here
+  const ownKeys = (e) => e.stopPropagation();
+  el.addEventListener("keydown", ownKeys);
+  el.style.cssText = "display:flex;flex-wrap:wrap;align-items:flex-start";
+  const column = document.createElement("div");
+  column.className = "ampviz-controls";
+  column.style.cssText = "width:360px;flex:0 0 360px;margin:0 16px 0 0";
+  const figure = document.createElement("div");
+  figure.className = figureClass;
+  figure.style.cssText = "flex:1 1 560px;min-width:560px";
+  const message = document.createElement("div");
+  message.className = "ampviz-message";
+  message.style.color = "#b00020";
+  el.append(column, figure);
+  return { column, figure, message, remove: () => el.removeEventListener("keydown", ownKeys) };
+}
+
+/** A labelled row of the controls' column: the label, the control, and what it shows (optional). */
+export function row(label, input, shown) {
+  const div = document.createElement("div");
+  div.className = "ampviz-browser-row";
+  div.style.cssText = "display:flex;align-items:center;gap:8px;margin:4px 0";
+  const name = document.createElement("label");
+  name.textContent = label;
+  name.style.cssText = "width:110px;flex:0 0 110px;text-align:right";
+  div.append(name, input);
+  if (shown) { shown.style.cssText = "width:52px;font-variant-numeric:tabular-nums"; div.append(shown); }
+  return div;
+}
+
+/** A range input from min to max in steps, with a CSS class. */
+export function slider(cls, min, max, step) {
+  const input = document.createElement("input");
+  Object.assign(input, { type: "range", min: String(min), max: String(max), step: String(step) });
+  input.className = cls;
+  input.style.width = "170px";
+  return input;
+}
+
+/** The position nearest ``value`` on a slider's grid (min + k * step), as a decimal names it. */
+export function onGrid(value, min, step, digits = 12) {
+  return Number((min + Math.round((value - min) / step) * step).toFixed(digits));
+}
+
+/** Draws the explorer's figures into ``div``, one draw at a time: ``schedule()`` asks for a draw
+ *  of what ``compute()`` returns then ({figure, settings}, or throws to show a message); asks
+ *  that come while one draw runs are answered by one more draw of the newest settings. After each
+ *  draw ``div`` is marked with the settings drawn and how long computing and drawing took. */
+export function drawLoop(model, div, message, compute, onResult = () => {}) {
+  let alive = true, drawing = false, again = false, shown = null, layoutText = null;
+  const draw = async () => {
+    const start = performance.now();
+    let result;
+    try {
+      result = compute();
+      message.textContent = "";
+    } catch (e) {
+      message.textContent = String(e.message || e);  // the last good figure stays
+      return;
+    }
+    onResult(result);
+    const computed = performance.now();
+    const Plotly = await loadPlotly(model);
+    if (!alive) return;
+    const text = JSON.stringify(result.figure.layout);
+    shown = await drawFigure(Plotly, div, result.figure.data, result.figure.layout,
+      model.get("config") || { displaylogo: false, responsive: true }, shown, text === layoutText);
+    layoutText = text;
+    // for the benches: how long the page computed, how long plotly drew (and how)
+    div.dataset.computeMs = (computed - start).toFixed(1);
+    div.dataset.drawMs = (performance.now() - computed).toFixed(1);
+    div.dataset.drawnBy = shown.moved ? "moving" : "redrawing";
+    div.dataset.drawn = JSON.stringify(result.settings);
+    await shown.settled;
+  };
+  const schedule = async () => {
+    if (!alive) return;
+    if (drawing) { again = true; return; }
+    drawing = true;
+    try {
+      do { again = false; await draw(); } while (again && alive);
+    } catch (e) {
+      shown = null;
+      message.textContent = "The figure could not be drawn: " + e;
+    } finally {
+      drawing = false;
+    }
+  };
+  const stop = () => {
+    alive = false;
+    if (globalThis.Plotly && div.classList.contains("js-plotly-plot")) globalThis.Plotly.purge(div);
+  };
+  return { schedule, stop };
+}
