@@ -30,17 +30,19 @@ SOURCE = "https://github.com/ampviz/ampviz/blob/HEAD/{path}"
 
 #: Kernel explorers that have a page version: the lesson's call, with the same arguments, makes it.
 def _page_explorers() -> dict:
-    from ampviz.widgets.browser_scaler_lab import BrowserScalerLab
+    from ampviz.widgets import BrowserFormatExplorer, BrowserScalerLab
 
-    return {"ScalerLab": BrowserScalerLab, "BrowserScalerLab": BrowserScalerLab}
+    return {"ScalerLab": BrowserScalerLab, "BrowserScalerLab": BrowserScalerLab,
+            "FormatExplorer": BrowserFormatExplorer, "BrowserFormatExplorer": BrowserFormatExplorer}
 
 
 #: The explorer app's tabs that have a page version, and how the site's explorer page makes it
 #: (the app's own ScalerLab runs a million steps: 8 MB of draws for a page, so 100,000 here).
 def _app_tabs() -> dict:
-    from ampviz.widgets.browser_scaler_lab import BrowserScalerLab
+    from ampviz.widgets import BrowserFormatExplorer, BrowserScalerLab
 
-    return {"Loss scaling": lambda: BrowserScalerLab(steps=100_000, scenario="spikes", strength=0.5)}
+    return {"Formats": lambda: BrowserFormatExplorer("fp16", value=0.1),
+            "Loss scaling": lambda: BrowserScalerLab(steps=100_000, scenario="spikes", strength=0.5)}
 
 
 def _kernel_widgets() -> set:

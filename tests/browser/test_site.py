@@ -1,7 +1,8 @@
 """`make site`: the course as static pages, opened from file:// in Chromium with no server and no
 network. Every page loads with no request leaving file:// and no console error; every link inside
-the site resolves (anchors into the guide and glossary too); lesson 06's scaler lab is live in the
-page, and a key press redraws it with the package's numbers; every widget that needs a kernel
+the site resolves (anchors into the guide and glossary too); lesson 06's scaler lab and lesson
+00's format explorer are live in their pages, and a key press or a click redraws them with the
+package's numbers; every widget that needs a kernel
 says so with a Binder link to its notebook."""
 
 import base64
@@ -12,7 +13,7 @@ from urllib.parse import unquote
 import numpy as np
 import pytest
 
-from ampviz.widgets.browser_scaler_lab import BrowserScalerLab
+from ampviz.widgets import BrowserFormatExplorer, BrowserScalerLab
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -73,6 +74,23 @@ def test_widgets_that_need_a_kernel_say_so_with_their_notebooks_binder_link(site
     assert "data-ampviz-explorer" not in (out / "notebooks" / "07_live_training.html").read_text()
 
 
+def test_the_format_explorer_of_lesson_00_is_live_in_its_page(browser, site):
+    out, _ = site
+    page = _open(browser, (out / "notebooks" / "00_start_here.html").as_uri())
+    page.wait_for_selector(".ampviz-format-figure.js-plotly-plot", timeout=60_000)
+    page.locator(".ampviz-bit-0").first.click()  # the lowest mantissa bit of fp16's 0.1
+    page.wait_for_function("() => JSON.parse(document.querySelector('.ampviz-format-figure').dataset.drawn).bits === 0x2e67")
+    lab = BrowserFormatExplorer("fp16", value=0.1)
+    lab.toggle_bit(0)
+    assert lab.bits == 0x2E67
+    # the package's readout as the page's HTML parser keeps it (a table gains its tbody)
+    want = page.evaluate("(h) => { const d = document.createElement('div'); d.innerHTML = h; return d.innerHTML; }",
+                         lab.readout_html())
+    assert page.eval_on_selector(".ampviz-format-readout", "(r) => r.innerHTML") == want
+    assert not page.errors
+    page.close()
+
+
 def _open(browser, url):
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.requests, page.errors = [], []
@@ -87,8 +105,10 @@ def test_every_page_loads_offline_with_no_error(browser, site):
     out, pages = site
     for p in pages:
         page = _open(browser, p.as_uri())
-        if "data-ampviz-explorer" in p.read_text():
-            page.wait_for_selector(".ampviz-scaler-figure.js-plotly-plot", timeout=60_000)
+        mounts = p.read_text().count("data-ampviz-explorer=")
+        if mounts:  # every explorer of the page drawn
+            page.wait_for_function("(n) => document.querySelectorAll('[data-ampviz-explorer] .js-plotly-plot').length === n",
+                                   arg=mounts, timeout=60_000)
         page.wait_for_timeout(100)
         leaving = [u for u in page.requests if not u.startswith("file://")]
         assert not leaving and not page.errors, (p.name, leaving[:3], page.errors[:3])

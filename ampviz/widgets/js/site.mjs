@@ -3,9 +3,10 @@
 // the script element that holds its saved state), with the page's own model: no kernel.
 
 import { pageModel } from "./page_model.mjs";
+import * as formatExplorer from "./format_explorer_view.mjs";
 import * as scalerLab from "./scaler_lab_view.mjs";
 
-export const VIEWS = { BrowserScalerLab: scalerLab };
+export const VIEWS = { BrowserFormatExplorer: formatExplorer, BrowserScalerLab: scalerLab };
 
 /** Mount every marked explorer of the document; returns how many were mounted. */
 export function mountAll(doc = document) {

@@ -4,14 +4,23 @@
 
 import { drawFigure, loadPlotly } from "./figure.mjs";
 
+/** plotly.js's config (ampviz.plots.style's FIGURE_CONFIG: no logo, no upload to Plotly Cloud). */
+export const FIGURE_CONFIG = { displaylogo: false, showSendToCloud: false,
+  modeBarButtonsToRemove: ["sendDataToCloud", "sendChartToCloud"], responsive: true };
+
+/** Keys pressed in ``el`` stay there: JupyterLab's notebook, an ancestor, takes arrow keys (and
+ *  cancels their default, a range input's step) unless they stop. Returns the undoing function. */
+export function keepKeys(el) {
+  const ownKeys = (e) => e.stopPropagation();
+  el.addEventListener("keydown", ownKeys);
+  return () => el.removeEventListener("keydown", ownKeys);
+}
+
 /** The explorer's page in ``el``: a column of controls 360 pixels wide and the figure beside it
  *  (under it on a page too narrow for both), as the kernel explorers' ``_beside``. */
 export function explorerPage(el, rootClass, figureClass) {
   el.classList.add(rootClass);
-  // keys pressed on the controls are theirs: JupyterLab's notebook, an ancestor, takes arrow keys
-  // (and cancels their default, the range input's step) unless they stop here
-  const ownKeys = (e) => e.stopPropagation();
-  el.addEventListener("keydown", ownKeys);
+  const remove = keepKeys(el);
   el.style.cssText = "display:flex;flex-wrap:wrap;align-items:flex-start";
   const column = document.createElement("div");
   column.className = "ampviz-controls";
@@ -23,7 +32,7 @@ export function explorerPage(el, rootClass, figureClass) {
   message.className = "ampviz-message";
   message.style.color = "#b00020";
   el.append(column, figure);
-  return { column, figure, message, remove: () => el.removeEventListener("keydown", ownKeys) };
+  return { column, figure, message, remove };
 }
 
 /** A labelled row of the controls' column: the label, the control, and what it shows (optional). */
@@ -75,7 +84,7 @@ export function drawLoop(model, div, message, compute, onResult = () => {}) {
     if (!alive) return;
     const text = JSON.stringify(result.figure.layout);
     shown = await drawFigure(Plotly, div, result.figure.data, result.figure.layout,
-      model.get("config") || { displaylogo: false, responsive: true }, shown, text === layoutText);
+      model.get("config") || { ...FIGURE_CONFIG }, shown, text === layoutText);
     layoutText = text;
     // for the benches: how long the page computed, how long plotly drew (and how)
     div.dataset.computeMs = (computed - start).toFixed(1);
