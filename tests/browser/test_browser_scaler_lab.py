@@ -8,6 +8,7 @@ import base64
 import json
 from pathlib import Path
 
+import nbformat
 import numpy as np
 import plotly
 import pytest
@@ -16,7 +17,7 @@ from ampviz.widgets.base import _in_column
 from ampviz.widgets.browser_scaler_lab import BrowserScalerLab
 from ampviz.widgets.jsbundle import bundle
 from ampviz.widgets.scaler_lab import readout_html
-from conftest import _JS_HELPERS, js_page
+from conftest import _JS_HELPERS, js_page, jupyter_lab, open_and_run
 from test_js_scaleplot import same_log2
 from test_js_streams import SIG_JS, sig
 
@@ -196,10 +197,6 @@ def test_in_jupyterlab_the_kernel_reads_what_the_page_moved(browser, tmp_path):
     """In JupyterLab, with a kernel: arrow keys move the slider (JupyterLab's notebook takes arrow
     keys that a control lets through), the page redraws at once, and the kernel's lab holds the new
     setting and computes the same run as the page's readout shows."""
-    import nbformat
-
-    from conftest import jupyter_lab, open_and_run
-
     nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3 (ipykernel)",
                                                            "language": "python", "name": "python3"}})
     nb.cells = [nbformat.v4.new_code_cell("from ampviz.widgets import BrowserScalerLab\n"

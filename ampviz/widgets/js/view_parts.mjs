@@ -65,8 +65,10 @@ export function onGrid(value, min, step, digits = 12) {
 /** Draws the explorer's figures into ``div``, one draw at a time: ``schedule()`` asks for a draw
  *  of what ``compute()`` returns then ({figure, settings}, or throws to show a message); asks
  *  that come while one draw runs are answered by one more draw of the newest settings. After each
- *  draw ``div`` is marked with the settings drawn and how long computing and drawing took. */
-export function drawLoop(model, div, message, compute, onResult = () => {}) {
+ *  draw ``div`` is marked with the settings drawn and how long computing and drawing took.
+ *  ``layoutKey``: the text that tells whether a layout is the one drawn before (only then may a
+ *  draw move the traces). */
+export function drawLoop(model, div, message, compute, onResult = () => {}, layoutKey = JSON.stringify) {
   let alive = true, drawing = false, again = false, shown = null, layoutText = null;
   const draw = async () => {
     const start = performance.now();
@@ -82,7 +84,7 @@ export function drawLoop(model, div, message, compute, onResult = () => {}) {
     const computed = performance.now();
     const Plotly = await loadPlotly(model);
     if (!alive) return;
-    const text = JSON.stringify(result.figure.layout);
+    const text = layoutKey(result.figure.layout);
     shown = await drawFigure(Plotly, div, result.figure.data, result.figure.layout,
       model.get("config") || { ...FIGURE_CONFIG }, shown, text === layoutText);
     layoutText = text;

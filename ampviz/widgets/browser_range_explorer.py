@@ -1,0 +1,190 @@
+"""BrowserRangeExplorer: RangeExplorer computed in the browser, with no kernel round trip per move.
+
+The page gets the values (float32, base64) once, and at every scale the slider reaches takes the
+census that ``ampviz.formats.census.census`` takes (``js/range_explorer_view.mjs``: the magnitudes
+sorted once, then a few binary searches that cast values as ``js/census.mjs`` does), and writes
+the readout and draws the figure RangeExplorer shows (``js/censusplot.mjs``: ``plot_census`` and
+RangeExplorer's readout and scale label, bit for bit with the package). A drag repaints at every
+position. Python holds the settings as synced state (``fmt``, ``log2_scale``); ``result``,
+``scale_label()``, ``readout_html()``, ``figure()`` and ``x_range()`` compute, with the package and
+RangeExplorer's own methods, what the page shows for them.
+
+The same front end runs on a static page with no kernel: it needs only the state.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import OrderedDict
+from types import SimpleNamespace
+
+import anywidget
+import numpy as np
+import traitlets
+
+from ampviz.formats import get_format
+from ampviz.formats.census import Profile, census, profile
+from ampviz.plots.style import _template, figure_config
+from ampviz.widgets.base import _Explorer, _shown, _whole
+from ampviz.widgets.figureview import answer_plotly_request
+from ampviz.widgets.jsbundle import bundle
+from ampviz.widgets.range_explorer import RangeExplorer
+
+__all__ = ["BrowserRangeExplorer"]
+
+
+class _Shown:
+    """RangeExplorer's own methods for what it shows (the census, the scale label, the readout, the
+    figure and its x range), over its settings without its widgets: ``_drawn`` reads the slider's
+    value and ends and the dropdown's format, which this holds as plain attributes. RangeExplorer
+    keeps them as methods of the explorer; this reads them from there, so both explorers show the
+    same."""
+
+    FORMAT_CHOICES = RangeExplorer.FORMAT_CHOICES
+    KEPT_DRAWN = RangeExplorer.KEPT_DRAWN
+    fmt = RangeExplorer.fmt
+    x_range = RangeExplorer.x_range
+    _drawn = RangeExplorer._drawn
+    _readout_html = RangeExplorer._readout_html
+    _kept_state = _Explorer._kept_state
+    _keep_state = _Explorer._keep_state
+
+    def __init__(self, prof: Profile, lo: int, hi: int):
+        self.profile = prof
+        self.result = None
+        # lowest and highest binade of the unscaled values (RangeExplorer's, taken as it takes it)
+        bins = census(prof, self.FORMAT_CHOICES[0], 1.0).log2_bins
+        self._bin_extent = (int(bins.min()), int(bins.max())) if len(bins) else None
+        self.scale_slider = SimpleNamespace(value=0, min=lo, max=hi)
+        self.format_dropdown = SimpleNamespace(value=self.FORMAT_CHOICES[0])
+        self._drawn_states = OrderedDict()
+
+    def at(self, fmt: str, log2_scale: int) -> tuple:
+        """(census, scale label, readout, figure) at these settings, as RangeExplorer draws them."""
+        self.format_dropdown.value = fmt
+        self.scale_slider.value = log2_scale
+        return self._drawn()[:4]
+
+
+class _Setting(traitlets.Any):
+    """A setting that takes any value, None included, to the explorer's own check (RangeExplorer's,
+    in its words: a FloatFormat is held by its name, 4.0 as 4); traitlets' Any lets None through
+    unchecked."""
+
+    allow_none = False
+
+
+class BrowserRangeExplorer(anywidget.AnyWidget):
+    """RangeExplorer's controls, readout and figure, computed by the page (see the module's docstring).
+
+    ``BrowserRangeExplorer(values, fmt="fp16", log2_scale=0, log2_scale_range=(-16, 32))`` takes
+    RangeExplorer's arguments (and raises its errors). The page has a scale slider over the whole
+    powers of two from ``2**lo`` to ``2**hi`` (``log2_scale_range``, widened to hold
+    ``log2_scale``) and a format dropdown (fp16, bf16, fp8_e4m3, fp8_e5m2). Assigning
+    ``explorer.log2_scale = 8`` or ``explorer.fmt = "bf16"`` moves the page's control and redraws
+    there; a log2 scale outside the slider's ends is refused.
+    """
+
+    _esm = traitlets.Unicode().tag(sync=True)
+
+    fmt = _Setting("fp16").tag(sync=True)
+    log2_scale = _Setting(0).tag(sync=True)
+
+    #: The values, float32 little-endian, in base64.
+    values = traitlets.Unicode(read_only=True).tag(sync=True)
+    log2_scale_min = traitlets.Int(read_only=True).tag(sync=True)
+    log2_scale_max = traitlets.Int(read_only=True).tag(sync=True)
+    formats = traitlets.List(read_only=True).tag(sync=True)
+    #: plotly's template the figure names (plotly.py fills it in; the page puts it in the layout).
+    template = traitlets.Dict(read_only=True).tag(sync=True)
+    config = traitlets.Dict(read_only=True).tag(sync=True)
+
+    FORMAT_CHOICES = RangeExplorer.FORMAT_CHOICES
+    LOG2_LIMITS = RangeExplorer.LOG2_LIMITS
+    #: The most values the page is sent (8 MB of float32).
+    MAX_VALUES = 2_000_000
+
+    def __init__(self, values, fmt="fp16", log2_scale=0, log2_scale_range=(-16, 32)):
+        # RangeExplorer's own checks, in its order and words: the same arguments give the same errors
+        name = self._format_name(fmt)
+        prof = values if isinstance(values, Profile) else profile(values)
+        if prof.total > self.MAX_VALUES:
+            raise ValueError(f"values must be at most {self.MAX_VALUES:,} here (the page receives 4 bytes per value); "
+                             f"RangeExplorer, computed by the kernel, takes more; got {prof.total:,}")
+        log2_scale = _whole("log2_scale", log2_scale, *self.LOG2_LIMITS)
+        try:
+            lo_given, hi_given = log2_scale_range
+        except (TypeError, ValueError):
+            raise TypeError(f"log2_scale_range must be two whole numbers (lowest, highest), got "
+                            f"{_shown(log2_scale_range)}") from None
+        lo_given = _whole("log2_scale_range[0]", lo_given, *self.LOG2_LIMITS)
+        hi_given = _whole("log2_scale_range[1]", hi_given, *self.LOG2_LIMITS)
+        if lo_given > hi_given:
+            raise ValueError(f"log2_scale_range must be (lowest, highest), got {_shown(log2_scale_range)}")
+        lo, hi = min(lo_given, log2_scale), max(hi_given, log2_scale)
+        super().__init__(_esm=bundle("range_explorer_view"))
+        self.on_msg(answer_plotly_request)  # plotly.js, sent once per page to the first view that asks
+        self.profile = prof
+        self._shown_by = _Shown(prof, lo, hi)
+        v = np.ascontiguousarray(prof.values, dtype=np.dtype("<f4"))
+        with self.hold_trait_notifications():
+            self.set_trait("values", base64.b64encode(v.tobytes()).decode())
+            self.set_trait("log2_scale_min", lo)
+            self.set_trait("log2_scale_max", hi)
+            self.set_trait("formats", list(self.FORMAT_CHOICES))
+            self.set_trait("template", _template("plotly_white"))
+            self.set_trait("config", figure_config())
+            self.fmt = name
+            self.log2_scale = log2_scale
+
+    @classmethod
+    def _format_name(cls, fmt) -> str:
+        name = get_format(fmt).name
+        if name not in cls.FORMAT_CHOICES:
+            raise ValueError(f"RangeExplorer shows {', '.join(cls.FORMAT_CHOICES)}; got {name!r}")
+        return name
+
+    # ----- every setting checked, in RangeExplorer's words -----
+    @traitlets.validate("fmt")
+    def _valid_fmt(self, proposal):
+        try:
+            return self._format_name(proposal["value"])
+        except (TypeError, ValueError) as e:
+            raise traitlets.TraitError(str(e)) from None
+
+    @traitlets.validate("log2_scale")
+    def _valid_log2_scale(self, proposal):
+        try:
+            return _whole("log2_scale", proposal["value"], self.log2_scale_min, self.log2_scale_max)
+        except (TypeError, ValueError) as e:
+            raise traitlets.TraitError(str(e)) from None
+
+    # ----- what the page shows, computed by the package -----
+    def _at(self) -> tuple:
+        return self._shown_by.at(self.fmt, self.log2_scale)
+
+    @property
+    def scale(self) -> float:
+        return 2.0 ** self.log2_scale
+
+    @property
+    def result(self):
+        """The census at the settings: ``census(profile, fmt, 2**log2_scale)``, as RangeExplorer takes it."""
+        return census(self.profile, self.fmt, self.scale)
+
+    def scale_label(self) -> str:
+        """The label beside the slider, as RangeExplorer writes it: "scale = 2^0 = 1"."""
+        return self._at()[1]
+
+    def readout_html(self) -> str:
+        """The readout, as RangeExplorer writes it (of ``result``: no figure made)."""
+        return self._shown_by._readout_html(self.result)
+
+    def figure(self):
+        """The figure the page draws, as RangeExplorer draws it."""
+        return self._at()[3]
+
+    def x_range(self) -> tuple[int, int]:
+        """The figure's x range: the format's window and every bin the slider can reach."""
+        self._shown_by.format_dropdown.value = self.fmt
+        return self._shown_by.x_range()
