@@ -4,11 +4,12 @@
 
 import { pageModel } from "./page_model.mjs";
 import * as formatExplorer from "./format_explorer_view.mjs";
+import * as fp8Lab from "./fp8_lab_view.mjs";
 import * as rangeExplorer from "./range_explorer_view.mjs";
 import * as scalerLab from "./scaler_lab_view.mjs";
 
-export const VIEWS = { BrowserFormatExplorer: formatExplorer, BrowserRangeExplorer: rangeExplorer,
-  BrowserScalerLab: scalerLab };
+export const VIEWS = { BrowserFormatExplorer: formatExplorer, BrowserFp8ScalingLab: fp8Lab,
+  BrowserRangeExplorer: rangeExplorer, BrowserScalerLab: scalerLab };
 
 /** Mount every marked explorer of the document; returns how many were mounted. */
 export function mountAll(doc = document) {
