@@ -30,9 +30,11 @@ SOURCE = "https://github.com/ampviz/ampviz/blob/HEAD/{path}"
 
 #: Kernel explorers that have a page version: the lesson's call, with the same arguments, makes it.
 def _page_explorers() -> dict:
-    from ampviz.widgets import BrowserFormatExplorer, BrowserFp8ScalingLab, BrowserRangeExplorer, BrowserScalerLab
+    from ampviz.widgets import (BrowserBlockExplorer, BrowserFormatExplorer, BrowserFp8ScalingLab, BrowserRangeExplorer,
+                                BrowserScalerLab)
 
-    return {"ScalerLab": BrowserScalerLab, "BrowserScalerLab": BrowserScalerLab,
+    return {"BlockExplorer": BrowserBlockExplorer, "BrowserBlockExplorer": BrowserBlockExplorer,
+            "ScalerLab": BrowserScalerLab, "BrowserScalerLab": BrowserScalerLab,
             "FormatExplorer": BrowserFormatExplorer, "BrowserFormatExplorer": BrowserFormatExplorer,
             "Fp8ScalingLab": BrowserFp8ScalingLab, "BrowserFp8ScalingLab": BrowserFp8ScalingLab,
             "BrowserRangeExplorer": BrowserRangeExplorer}
@@ -41,7 +43,8 @@ def _page_explorers() -> dict:
 #: The explorer app's tabs that have a page version, and how the site's explorer page makes it
 #: (the app's own ScalerLab runs a million steps: 8 MB of draws for a page, so 100,000 here).
 def _app_tabs() -> dict:
-    from ampviz.widgets import BrowserFormatExplorer, BrowserFp8ScalingLab, BrowserRangeExplorer, BrowserScalerLab
+    from ampviz.widgets import (BrowserBlockExplorer, BrowserFormatExplorer, BrowserFp8ScalingLab, BrowserRangeExplorer,
+                                BrowserScalerLab)
     from ampviz.widgets.app import _course_gradients
 
     return {"Formats": lambda: BrowserFormatExplorer("fp16", value=0.1),
@@ -49,7 +52,8 @@ def _app_tabs() -> dict:
             "Ranges": lambda: BrowserRangeExplorer(_course_gradients(0), fmt="fp16", log2_scale=0,
                                                    log2_scale_range=(-16, 36)),
             "Loss scaling": lambda: BrowserScalerLab(steps=100_000, scenario="spikes", strength=0.5),
-            "FP8 scaling": lambda: BrowserFp8ScalingLab(history_len=16, seed=0)}
+            "FP8 scaling": lambda: BrowserFp8ScalingLab(history_len=16, seed=0),
+            "Block scaling": lambda: BrowserBlockExplorer("fp4_e2m1", seed=0)}
 
 
 def _kernel_widgets() -> set:

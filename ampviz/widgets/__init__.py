@@ -12,8 +12,8 @@ the explorer's message line and kept as ``.error``; it never escapes as a traceb
 
 Show an explorer by making it the last expression of a cell, or with ``display(explorer)``.
 
-``BrowserScalerLab``, ``BrowserFormatExplorer``, ``BrowserRangeExplorer`` and
-``BrowserFp8ScalingLab`` are those explorers computed by the page itself (``ampviz.widgets.browser_*``): no kernel round trip per move, and they run on the
+``BrowserFormatExplorer``, ``BrowserRangeExplorer``, ``BrowserScalerLab``,
+``BrowserFp8ScalingLab`` and ``BrowserBlockExplorer`` are those explorers computed by the page itself (``ampviz.widgets.browser_*``): no kernel round trip per move, and they run on the
 course's static site with no kernel at all.
 
 The view is a package, one module per explorer on a shared base (``ampviz.widgets.base``); this
@@ -23,6 +23,7 @@ module gathers them, so ``from ampviz.widgets import ScalerLab`` works as before
 from ampviz.widgets.app import ExplorerApp
 from ampviz.widgets.base import parse_number
 from ampviz.widgets.block_explorer import BlockExplorer
+from ampviz.widgets.browser_block_explorer import BrowserBlockExplorer
 from ampviz.widgets.browser_format_explorer import BrowserFormatExplorer
 from ampviz.widgets.browser_fp8_lab import BrowserFp8ScalingLab
 from ampviz.widgets.browser_range_explorer import BrowserRangeExplorer
@@ -34,5 +35,5 @@ from ampviz.widgets.range_explorer import RangeExplorer
 from ampviz.widgets.ranks_lab import RanksLab
 from ampviz.widgets.scaler_lab import ScalerLab
 
-__all__ = ["BlockExplorer", "BrowserFormatExplorer", "BrowserFp8ScalingLab", "BrowserRangeExplorer", "BrowserScalerLab", "ExplorerApp", "FormatExplorer", "Fp8ScalingLab", "LiveTrainer", "RangeExplorer",
+__all__ = ["BlockExplorer", "BrowserBlockExplorer", "BrowserFormatExplorer", "BrowserFp8ScalingLab", "BrowserRangeExplorer", "BrowserScalerLab", "ExplorerApp", "FormatExplorer", "Fp8ScalingLab", "LiveTrainer", "RangeExplorer",
            "RanksLab", "ScalerLab", "parse_number", "running_trainers"]

@@ -535,7 +535,7 @@ def test_the_view_is_a_package_one_module_per_explorer():
     from ampviz.widgets import BrowserScalerLab
     assert BrowserScalerLab.__module__ == "ampviz.widgets.browser_scaler_lab"
     assert importlib.import_module("ampviz.widgets").__all__ == [
-        "BlockExplorer", "BrowserFormatExplorer", "BrowserFp8ScalingLab", "BrowserRangeExplorer", "BrowserScalerLab",
+        "BlockExplorer", "BrowserBlockExplorer", "BrowserFormatExplorer", "BrowserFp8ScalingLab", "BrowserRangeExplorer", "BrowserScalerLab",
         "ExplorerApp", "FormatExplorer", "Fp8ScalingLab", "LiveTrainer", "RangeExplorer", "RanksLab",
         "ScalerLab", "parse_number", "running_trainers"]
 

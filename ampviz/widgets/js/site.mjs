@@ -3,12 +3,13 @@
 // the script element that holds its saved state), with the page's own model: no kernel.
 
 import { pageModel } from "./page_model.mjs";
+import * as blockExplorer from "./block_explorer_view.mjs";
 import * as formatExplorer from "./format_explorer_view.mjs";
 import * as fp8Lab from "./fp8_lab_view.mjs";
 import * as rangeExplorer from "./range_explorer_view.mjs";
 import * as scalerLab from "./scaler_lab_view.mjs";
 
-export const VIEWS = { BrowserFormatExplorer: formatExplorer, BrowserFp8ScalingLab: fp8Lab,
+export const VIEWS = { BrowserBlockExplorer: blockExplorer, BrowserFormatExplorer: formatExplorer, BrowserFp8ScalingLab: fp8Lab,
   BrowserRangeExplorer: rangeExplorer, BrowserScalerLab: scalerLab };
 
 /** Mount every marked explorer of the document; returns how many were mounted. */
