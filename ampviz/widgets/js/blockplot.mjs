@@ -12,7 +12,7 @@
 // now and then one ulp off for a value that is not a power of two.
 
 import { FORMATS, decode, pow2 } from "./formats.mjs";
-import { formatNumber, log2Scale, log2Ticks } from "./scaleplot.mjs";
+import { LINEAR, WHITE, WHITE_AXIS, formatNumber, log2Scale, log2Ticks } from "./scaleplot.mjs";
 import { escapeHtml, formatPow2, formatShare, pow2Short, withCommas } from "./censusplot.mjs";
 
 /** plot_blocks' colours (blocks.py's BLOCK_COLORS). */
@@ -21,12 +21,6 @@ export const BLOCK_COLORS = Object.freeze({ original: "#000000", dequantized: "#
 
 /** The MX element formats, in the order _block_element_format tries them (MX_ELEMENT_FORMATS). */
 const MX_ELEMENTS = ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1"];
-
-const LINEAR = () => ({ type: "linear" });
-const WHITE_AXIS = () => ({ gridcolor: "#EBF0F8", linecolor: "#EBF0F8", zeroline: false, automargin: true,
-  ticklabeloverflow: "allow" });
-const WHITE = () => ({ paper_bgcolor: "white", plot_bgcolor: "white", font: { color: "#2a3f5f" },
-  hoverlabel: { align: "left" } });
 
 // ----------------------------------------------------------------- exact sums
 const F64 = new Float64Array(1);

@@ -12,7 +12,7 @@
 // step can have, tests/browser/test_browser_fp8_lab.py holds each equal to numpy's).
 
 import { FORMATS } from "./formats.mjs";
-import { formatG, formatNumber, log2Ticks, paddedRange } from "./scaleplot.mjs";
+import { LINEAR, WHITE, WHITE_AXIS, formatG, formatNumber, log2Ticks, paddedRange } from "./scaleplot.mjs";
 import { escapeHtml, formatShare, log2, withCommas } from "./censusplot.mjs";
 
 /** plot_fp8_scaling's colours by series (FP8_COLORS). */
@@ -22,12 +22,6 @@ export const FP8_COLORS = Object.freeze({ amax: "#000000", scale: "#009E73", cei
 const PANELS = 520; // the three panels and the gaps between them, in px
 const SHARE_DOMAIN = 0.28; // the share panel's share of them
 const LONE_TICK_PX = 5; // a lone step's share is drawn this many px above and below it
-
-const LINEAR = () => ({ type: "linear" });
-const WHITE_AXIS = () => ({ gridcolor: "#EBF0F8", linecolor: "#EBF0F8", zeroline: false, automargin: true,
-  ticklabeloverflow: "allow" });
-const WHITE = () => ({ paper_bgcolor: "white", plot_bgcolor: "white", font: { color: "#2a3f5f" },
-  hoverlabel: { align: "left" } });
 
 /** log2 |v| per value (axes.py's _finite_log2), with 0, inf and NaN as NaN. A Float64Array. */
 export function finiteLog2(values) {

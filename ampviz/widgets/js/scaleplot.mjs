@@ -39,10 +39,12 @@ const LANE_PX = 14; // the height of a scaler's lane of skipped steps
 const LOG2_FLOOR = -150; // where a scale of exactly 0 is drawn
 const INF_BITS = 0x7f800000;
 
-const LINEAR = () => ({ type: "linear" });
-const WHITE_AXIS = () => ({ gridcolor: "#EBF0F8", linecolor: "#EBF0F8", zeroline: false, automargin: true,
+/** plotly_white's look spelled out (ampviz.plots.style's _LINEAR, _WHITE_AXIS, _WHITE): a new object
+ *  each call, for the figure builders of every explorer. */
+export const LINEAR = () => ({ type: "linear" });
+export const WHITE_AXIS = () => ({ gridcolor: "#EBF0F8", linecolor: "#EBF0F8", zeroline: false, automargin: true,
   ticklabeloverflow: "allow" });
-const WHITE = () => ({ paper_bgcolor: "white", plot_bgcolor: "white", font: { color: "#2a3f5f" },
+export const WHITE = () => ({ paper_bgcolor: "white", plot_bgcolor: "white", font: { color: "#2a3f5f" },
   hoverlabel: { align: "left" } });
 
 // ----------------------------------------------------------------- exact arithmetic helpers
