@@ -5,8 +5,11 @@ is a failure. JupyterLab runs on a free loopback port with a token, on a copy of
 (the UI never writes into the repository), with its own temporary settings.
 """
 
+import base64
 import contextlib
+import functools
 import json
+import math
 import os
 import shutil
 import socket
@@ -18,7 +21,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import nbformat
+import numpy as np
+import plotly
 import pytest
+
+from ampviz.widgets.jsbundle import bundle
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[2]
@@ -276,3 +284,146 @@ def js_page(browser, extra: dict | None = None, html: str = "<html><body></body>
     page.route("**/*", answer)
     page.goto(JS_ORIGIN + "/")
     return page
+
+
+# ----------------------------------------------------------------- an explorer's page, with no kernel
+@functools.cache
+def _plotly_js() -> str:
+    return (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text()
+
+
+def explorer_test_page(browser, view: str, width: int = 1300, **modules):
+    """A page (``js_page``) with plotly, a root div ``width`` pixels wide, the view module ``view``
+    bundled as ``window.V``, page_model.mjs as ``window.PM`` and each of ``modules`` ({name:
+    module}) as ``window[name]`` (from ``/js/<module>.mjs``), and the in-page helpers in place; the
+    page's console errors and uncaught errors collect in ``page.errors``."""
+    page = js_page(browser, {"/plotly.min.js": ("text/javascript", _plotly_js()),
+                             "/bundle/view.mjs": ("text/javascript", bundle(view))},
+                   '<html><head><script src="/plotly.min.js"></script></head>'
+                   f'<body><div id="root" style="width:{width}px"></div></body></html>')
+    page.errors = []
+    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.evaluate("""async (modules) => { window.V = await import('/bundle/view.mjs');
+        window.PM = await import('/js/page_model.mjs');
+        for (const [name, module] of modules) window[name] = await import(`/js/${module}.mjs`); }""",
+                  list(modules.items()))
+    page.evaluate(_JS_HELPERS)
+    return page
+
+
+def state_of(widget) -> dict:
+    """The widget's synced state, less its private (``_``) keys: what the page's model starts from."""
+    return {k: v for k, v in widget.get_state().items() if not k.startswith("_")}
+
+
+def load_data(page, widget) -> None:
+    """The data ``widget`` ships, as the page reads it, in ``window.D`` (and an empty ``window.CACHE``)."""
+    page.evaluate("(s) => { window.D = V.shippedData((k) => s[k]); window.CACHE = new Map(); }", state_of(widget))
+
+
+def render(page, widget, figure: str) -> None:
+    """The view drawn in the page's root div on a page model of ``widget``'s state (``window.M``),
+    once its figure (CSS selector ``figure``) is drawn by plotly."""
+    page.evaluate("""(s) => { const root = document.getElementById("root"); root.innerHTML = "";
+        window.M = PM.pageModel(s); V.default.render({model: M, el: root}); }""", state_of(widget))
+    page.wait_for_selector(f"{figure}.js-plotly-plot")
+
+
+def drawn(page, figure: str, loads=json.loads) -> dict:
+    """The settings the figure (CSS selector ``figure``) was last drawn at (its ``data-drawn``)."""
+    return loads(page.eval_on_selector(figure, "(d) => d.dataset.drawn"))
+
+
+def wait_drawn(page, figure: str, timeout: float | None = None, **want) -> None:
+    """Until the figure (CSS selector ``figure``) is drawn at settings that include ``want``."""
+    page.wait_for_function("""([sel, want]) => { const d = document.querySelector(sel).dataset.drawn;
+        if (!d) return false; const s = JSON.parse(d); return Object.entries(want).every(([k, v]) => s[k] === v); }""",
+                           arg=[figure, want], timeout=timeout)
+
+
+# ----------------------------------------------------------------- figures as JSON has them
+def unpack(packed: dict) -> np.ndarray:
+    """plotly's packed array ({"bdata", "dtype"}, and "shape" for more than one dimension) as an array."""
+    shape = [int(s) for s in str(packed.get("shape", "-1")).split(",")]
+    return np.frombuffer(base64.b64decode(packed["bdata"]), packed["dtype"]).reshape(shape)
+
+
+def plain(v, nan=None, inf=None):
+    """A figure's value as JSON has it: arrays (plotly's packed ones too, of any shape) and tuples
+    as lists, a NaN as ``nan``, an infinity as the text ``inf`` ("-" before it for -inf; with
+    ``inf`` None, left as it is)."""
+    if isinstance(v, np.ndarray):
+        return plain(v.tolist(), nan, inf)
+    if isinstance(v, dict) and set(v) >= {"bdata", "dtype"}:  # plotly's packed array
+        return plain(unpack(v), nan, inf)
+    if isinstance(v, dict):
+        return {k: plain(x, nan, inf) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [plain(x, nan, inf) for x in v]
+    if isinstance(v, float) and v != v:
+        return nan
+    if isinstance(v, float) and math.isinf(v) and inf is not None:
+        return inf if v > 0 else "-" + inf
+    return v
+
+
+def python_figure(fig, nan=None, inf=None) -> dict:
+    """``fig.to_plotly_json()`` as JSON has it (``plain``), less its template (compared once on its own)."""
+    out = plain(fig.to_plotly_json(), nan, inf)
+    out["layout"].pop("template")
+    return out
+
+
+def figure_dicts(fig, nan=None, inf=None) -> dict:
+    """What ``python_figure`` gives, read from the figure's own trace and layout dicts: the dicts
+    that ``to_plotly_json`` copies (the template too, some 10 ms a figure) and packs, in a fraction
+    of the time."""
+    return plain({"data": fig._data, "layout": {k: v for k, v in fig._layout.items() if k != "template"}}, nan, inf)
+
+
+# ----------------------------------------------------------------- an explorer in JupyterLab, with a kernel
+def python_side_cell(widget: str, names: list, show: str) -> str:
+    """A notebook cell that shows what the kernel reads in an HTML widget of class ``python-side``:
+    ``show`` (lines of Python that set ``python_side.value``) runs at once and whenever the traits
+    ``names`` of the kernel's ``widget`` (a variable's name) change."""
+    body = "".join(f"    {line}\n" for line in show.strip().splitlines())
+    return ("import ipywidgets as W\npython_side = W.HTML()\npython_side.add_class(\"python-side\")\n"
+            f"def show(_=None):\n{body}{widget}.observe(show, names={list(names)!r})\nshow()\npython_side\n")
+
+
+@contextlib.contextmanager
+def lab_notebook_page(browser, tmp_path: Path, cells: list, figure: str, python_side_starts: str):
+    """JupyterLab, with a kernel, on a notebook of the code ``cells`` (in ``tmp_path``), every cell
+    run; yields the page once the figure (CSS selector ``figure``) is drawn and the ``python-side``
+    widget's text starts with ``python_side_starts``; closes the page after."""
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3 (ipykernel)",
+                                                           "language": "python", "name": "python3"}})
+    nb.cells = [nbformat.v4.new_code_cell(cell) for cell in cells]
+    nbformat.write(nb, tmp_path / "explorer.ipynb")
+    with jupyter_lab(tmp_path) as url:
+        page = open_and_run(browser, url, "explorer.ipynb")
+        try:
+            page.wait_for_selector(f"{figure}.js-plotly-plot", timeout=120_000)
+            wait_python_side(page, python_side_starts, timeout=120_000)
+            yield page
+        finally:
+            page.close()
+
+
+def wait_python_side(page, starts: str, timeout: int = 60_000) -> None:
+    """Until the ``python-side`` widget's text starts with ``starts``."""
+    page.wait_for_function("(s) => (document.querySelector('.python-side') || {}).innerText?.startsWith(s)",
+                           arg=starts, timeout=timeout)
+
+
+def python_side(page) -> list:
+    """The ``python-side`` widget's text, split at " | "."""
+    return page.evaluate("() => document.querySelector('.python-side').innerText").split(" | ")
+
+
+def press_keys(control, times: int, key: str = "ArrowRight") -> None:
+    """``times`` presses of ``key`` on ``control`` (a locator), focused first."""
+    control.focus()
+    for _ in range(times):
+        control.press(key)

@@ -11,11 +11,8 @@ shows that a plausible wrong port differs from the Python on this data."""
 import base64
 import json
 import re
-from pathlib import Path
 
-import nbformat
 import numpy as np
-import plotly
 import pytest
 
 from ampviz.formats import FP8_E4M3
@@ -24,28 +21,19 @@ from ampviz.plots import plot_blocks
 from ampviz.plots.blocks import _block_parts
 from ampviz.widgets.block_explorer import BlockExplorer
 from ampviz.widgets.browser_block_explorer import SETTINGS, BrowserBlockExplorer
-from ampviz.widgets.jsbundle import bundle
-from conftest import _JS_HELPERS, js_page, jupyter_lab, open_and_run
+from conftest import (drawn, explorer_test_page, figure_dicts, lab_notebook_page, load_data, plain, press_keys,
+                      python_side, python_side_cell, render, wait_drawn, wait_python_side)
 from test_js_scaleplot import same_log2
 
-PLOTLY = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text()
-HTML = ('<html><head><script src="/plotly.min.js"></script></head>'
-        '<body><div id="root" style="width:1300px"></div></body></html>')
 SCHEMES = [s for _, s in BlockExplorer.SCHEMES]
 BIG_SEED = 987_654_321  # a seed the page holds because the explorer was made with it
+FIGURE = ".ampviz-blocks-figure"
+NONFINITE = {"nan": "NaN", "inf": "Infinity"}  # as ``asJson`` writes them
 
 
 @pytest.fixture(scope="module")
 def page(browser):
-    page = js_page(browser, {"/plotly.min.js": ("text/javascript", PLOTLY),
-                             "/bundle/view.mjs": ("text/javascript", bundle("block_explorer_view"))}, HTML)
-    page.errors = []
-    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
-    page.evaluate("""async () => { window.V = await import('/bundle/view.mjs');
-        window.PM = await import('/js/page_model.mjs'); window.BP = await import('/js/blockplot.mjs');
-        window.BQ = await import('/js/blocks.mjs'); }""")
-    page.evaluate(_JS_HELPERS)
+    page = explorer_test_page(browser, "block_explorer_view", BP="blockplot", BQ="blocks")
     page.evaluate(AS_JSON)
     yield page
     page.close()
@@ -53,7 +41,7 @@ def page(browser):
 
 # ----------------------------------------------------------------- helpers
 #: In-page: ``asJson(value)``, the value as JSON (typed arrays as lists; NaN and the infinities, which
-#: JSON lacks, as the strings "NaN", "Infinity" and "-Infinity", as ``plain`` writes them).
+#: JSON lacks, as the strings "NaN", "Infinity" and "-Infinity", as ``plain(v, **NONFINITE)`` writes them).
 AS_JSON = """() => { window.asJson = (v) => JSON.stringify(v, (k, x) => ArrayBuffer.isView(x) ? Array.from(x)
         : typeof x === "number" && !Number.isFinite(x) ? String(x) : x);
     window.noTemplate = (fig) => ({data: fig.data, layout: {...fig.layout, template: undefined}}); }"""
@@ -63,37 +51,6 @@ def loads(text: str):
     """The page's JSON, whole numbers read as floats: JavaScript writes a float above 2^53 as an
     integer's digits (the shortest that name the double), which only a float reads back as the same."""
     return json.loads(text, parse_int=float)
-
-
-def state_of(ex) -> dict:
-    return {k: v for k, v in ex.get_state().items() if not k.startswith("_")}
-
-
-def load(page, ex) -> None:
-    page.evaluate("(s) => { window.D = V.shippedData((k) => s[k]); }", state_of(ex))
-
-
-def plain(v):
-    """A figure's value as ``asJson`` writes it: arrays (of any shape) as lists, None as null, NaN
-    and the infinities as "NaN", "Infinity", "-Infinity"."""
-    if isinstance(v, np.ndarray):
-        return plain(v.tolist())
-    if isinstance(v, dict) and set(v) >= {"bdata", "dtype"}:  # plotly's packed array
-        return plain(np.frombuffer(base64.b64decode(v["bdata"]), v["dtype"]).reshape(
-            [int(s) for s in str(v.get("shape", "-1")).split(",")]))
-    if isinstance(v, dict):
-        return {k: plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [plain(x) for x in v]
-    if isinstance(v, float) and not np.isfinite(v):
-        return "NaN" if v != v else "Infinity" if v > 0 else "-Infinity"
-    return v
-
-
-def figure_dicts(fig) -> dict:
-    """``fig.to_plotly_json()`` as JSON has it, less its template, read from the figure's own
-    trace and layout dicts (what to_plotly_json copies and packs, in a fraction of the time)."""
-    return plain({"data": fig._data, "layout": {k: v for k, v in fig._layout.items() if k != "template"}})
 
 
 LOG2_KINDS = ("range", "least", "original", "dequantized", "saturated", "flushed")
@@ -116,7 +73,7 @@ def same_figure(fig, got: dict, x, result, where) -> None:
     """The page's figure (JSON, less its template) equals plot_blocks' bit for bit; the log2 of a
     magnitude that is not a power of two may be one ulp from numpy's where numpy's is not correctly
     rounded (same_log2)."""
-    want = figure_dicts(fig)
+    want = figure_dicts(fig, **NONFINITE)
     assert len(want["data"]) == len(got["data"]), where
     parts = _block_parts(x, result)
     for w, g in zip(want["data"], got["data"]):
@@ -168,7 +125,7 @@ def test_random_settings_of_every_control_give_the_packages_row_readout_and_figu
     figure equal BrowserBlockExplorer's (the package's) bit for bit; at some of them the kernel's
     BlockExplorer itself, moved by its controls, shows the same readout and figure."""
     ex = BrowserBlockExplorer(seed=BIG_SEED)
-    load(page, ex)
+    load_data(page, ex)
     rng = np.random.default_rng(0)
     ref = BlockExplorer()
     for batch in range(4):
@@ -197,9 +154,9 @@ def test_figure_dicts_are_what_to_plotly_json_gives():
     """The comparisons read the figure's own dicts: they hold what to_plotly_json gives."""
     for kw in ({}, {"scheme": "nvfp4", "hadamard": True}):
         fig = BrowserBlockExplorer(**kw).figure()
-        want = plain(fig.to_plotly_json())
+        want = plain(fig.to_plotly_json(), **NONFINITE)
         want["layout"].pop("template")
-        assert figure_dicts(fig) == want
+        assert figure_dicts(fig, **NONFINITE) == want
 
 
 def hard_rows(seed: int, n: int = 64 * 16) -> np.ndarray:
@@ -287,7 +244,7 @@ def test_an_axis_over_the_row_alone_would_be_caught(page):
     """BlockExplorer's value axis holds the rows at the outlier slider's ends, so that it stays
     still while the outlier moves: plot_blocks over the row alone moves it."""
     ex = BrowserBlockExplorer()
-    load(page, ex)
+    load_data(page, ex)
     ranges = page.evaluate("""() => Array.from({length: 25}, (_, k) => { const s = {scheme: 'fp8_e4m3', block_size: 32,
         rounding: 'floor', per_tensor_scale: true, data: 'normal', log2_outlier: k, hadamard: false, seed: 0};
         const r = V.compute(D, s); return [r.figure.layout.yaxis.range, BP.plotBlocks(r.x, r.result).layout.yaxis.range]; })""")
@@ -300,7 +257,7 @@ def test_nvfp4_scales_not_rounded_to_float32_would_be_caught(page):
     """An NVFP4 block's scale is the float32 product of the tensor scale and its E4M3 scale: the
     float64 product differs from the package's."""
     ex = BrowserBlockExplorer(scheme="nvfp4")
-    load(page, ex)
+    load_data(page, ex)
     scales = page.evaluate("""() => { const r = V.compute(D, {scheme: 'nvfp4', block_size: 32, rounding: 'floor',
         per_tensor_scale: true, data: 'normal', log2_outlier: 8, hadamard: false, seed: 0});
         return r.figure.layout.meta.scales; }""")
@@ -312,22 +269,6 @@ def test_nvfp4_scales_not_rounded_to_float32_would_be_caught(page):
 
 
 # ----------------------------------------------------------------- in the page, drawn
-def render(page, ex) -> None:
-    page.evaluate("""(s) => { const root = document.getElementById("root"); root.innerHTML = "";
-        window.M = PM.pageModel(s); V.default.render({model: M, el: root}); }""", state_of(ex))
-    page.wait_for_selector(".ampviz-blocks-figure.js-plotly-plot")
-
-
-def drawn(page) -> dict:
-    return loads(page.eval_on_selector(".ampviz-blocks-figure", "(d) => d.dataset.drawn"))
-
-
-def wait_drawn(page, **want) -> None:
-    page.wait_for_function("""(want) => { const d = document.querySelector('.ampviz-blocks-figure').dataset.drawn;
-        if (!d) return false; const s = JSON.parse(d); return Object.entries(want).every(([k, v]) => s[k] === v); }""",
-                           arg=want)
-
-
 def shown_figure(page) -> dict:
     """The figure plotly holds: its traces' x and hover texts, the layout's axes and title."""
     return page.evaluate("""() => { const gd = document.querySelector('.ampviz-blocks-figure');
@@ -336,7 +277,7 @@ def shown_figure(page) -> dict:
 
 
 def python_shown(ex) -> dict:
-    fig = figure_dicts(ex.figure())
+    fig = figure_dicts(ex.figure(), **NONFINITE)
     return {"data": [{"x": t.get("x"), "text": t.get("text"), "hovertext": t.get("hovertext")} for t in fig["data"]],
             "yrange": fig["layout"]["yaxis"]["range"], "y2range": fig["layout"]["yaxis2"]["range"],
             "title": fig["layout"]["title"]["text"]}
@@ -365,13 +306,13 @@ def kernel_controls(**kw) -> dict:
 def test_key_presses_redraw_in_the_page_and_set_the_model(page):
     page.errors.clear()
     ex = BrowserBlockExplorer()
-    render(page, ex)
+    render(page, ex, FIGURE)
     assert shown_figure(page) == python_shown(ex)
     assert controls(page) == kernel_controls()
     page.locator(".ampviz-blocks-outlier").focus()
     for _ in range(3):
         page.keyboard.press("ArrowRight")
-    wait_drawn(page, log2_outlier=11)
+    wait_drawn(page, FIGURE, log2_outlier=11)
     assert page.evaluate("() => M.get('log2_outlier')") == 11
     ex.log2_outlier = 11
     assert page.inner_html(".ampviz-blocks-readout") == parsed(page, ex.readout_html())
@@ -386,7 +327,7 @@ def test_a_drag_of_the_outlier_slider_repaints_and_sets_the_model(page):
     back, each move drawn before the next: every figure drawn is the package's."""
     page.errors.clear()
     ex = BrowserBlockExplorer(scheme="nvfp4", log2_outlier=0, hadamard=True)
-    render(page, ex)
+    render(page, ex, FIGURE)
     seen = page.evaluate("""async () => { const s = document.querySelector(".ampviz-blocks-outlier");
         const fig = document.querySelector(".ampviz-blocks-figure"), drawn = [], readouts = [], moves = [];
         const watch = new MutationObserver(() => drawn.push({k: JSON.parse(fig.dataset.drawn).log2_outlier,
@@ -396,7 +337,7 @@ def test_a_drag_of_the_outlier_slider_repaints_and_sets_the_model(page):
           moves.push(performance.now() - t); readouts.push(document.querySelector(".ampviz-blocks-readout").innerHTML);
           await new Promise(requestAnimationFrame); }
         await new Promise((r) => setTimeout(r, 500)); watch.disconnect(); return {drawn, readouts, moves}; }""")
-    assert drawn(page)["log2_outlier"] == 24 and page.evaluate("() => M.get('log2_outlier')") == 24
+    assert drawn(page, FIGURE, loads)["log2_outlier"] == 24 and page.evaluate("() => M.get('log2_outlier')") == 24
     ks = [d["k"] for d in seen["drawn"]]
     assert set(ks) <= set(range(1, 25)) and ks == sorted(ks) and len(ks) >= 5, ks
     for k, readout in zip(range(1, 25), seen["readouts"]):
@@ -408,7 +349,7 @@ def test_a_drag_of_the_outlier_slider_repaints_and_sets_the_model(page):
           f"{sum(d['by'] == 'moving' for d in seen['drawn'])} of {len(ks)} draws moved the traces")
     for k in range(21, -1, -7):
         page.eval_on_selector(".ampviz-blocks-outlier", "(s, k) => { s.value = String(k); s.dispatchEvent(new Event('input')); }", k)
-        wait_drawn(page, log2_outlier=k)
+        wait_drawn(page, FIGURE, log2_outlier=k)
         ex.log2_outlier = k
         assert shown_figure(page) == python_shown(ex), k
     assert page.errors == []
@@ -417,39 +358,39 @@ def test_a_drag_of_the_outlier_slider_repaints_and_sets_the_model(page):
 def test_a_scheme_a_checkbox_a_seed_and_model_changes_redraw_and_move_the_controls(page):
     page.errors.clear()
     ex = BrowserBlockExplorer(log2_outlier=16)
-    render(page, ex)
+    render(page, ex, FIGURE)
     page.select_option(".ampviz-blocks-scheme", "nvfp4")
-    wait_drawn(page, scheme="nvfp4")
+    wait_drawn(page, FIGURE, scheme="nvfp4")
     assert page.evaluate("() => M.get('scheme')") == "nvfp4"
     assert controls(page) == kernel_controls(scheme="nvfp4")
     page.click(".ampviz-blocks-tensor-scale input")  # NVFP4 with no per-tensor scale
-    wait_drawn(page, per_tensor_scale=False)
+    wait_drawn(page, FIGURE, per_tensor_scale=False)
     page.click(".ampviz-blocks-hadamard input")
-    wait_drawn(page, hadamard=True)
+    wait_drawn(page, FIGURE, hadamard=True)
     ex.scheme, ex.per_tensor_scale, ex.hadamard = "nvfp4", False, True
     assert page.evaluate("() => [M.get('per_tensor_scale'), M.get('hadamard')]") == [False, True]
     assert shown_figure(page) == python_shown(ex)
     assert page.inner_html(".ampviz-blocks-readout") == parsed(page, ex.readout_html())
     # settings changed on the model (as Python changes them) move the controls and redraw
     page.evaluate("() => { M.set('scheme', 'fp6_e3m2'); M.set('data', 'lognormal'); }")
-    wait_drawn(page, scheme="fp6_e3m2", data="lognormal")
+    wait_drawn(page, FIGURE, scheme="fp6_e3m2", data="lognormal")
     assert page.eval_on_selector(".ampviz-blocks-data", "(s) => s.value") == "lognormal"
     assert controls(page) == kernel_controls(scheme="fp6_e3m2", data="lognormal")
     page.select_option(".ampviz-blocks-rounding", "rceil")
     page.select_option(".ampviz-blocks-block-size", "16")
-    wait_drawn(page, rounding="rceil", block_size=16)
+    wait_drawn(page, FIGURE, rounding="rceil", block_size=16)
     ex.scheme, ex.data, ex.rounding, ex.block_size = "fp6_e3m2", "lognormal", "rceil", 16
     assert shown_figure(page) == python_shown(ex)
     # a seed the page holds draws at once; one it lacks waits for Python's rows (a static page: for ever)
     page.fill(".ampviz-blocks-seed", "12")
-    wait_drawn(page, seed=12)
+    wait_drawn(page, FIGURE, seed=12)
     page.fill(".ampviz-blocks-seed", "4000000000")
     assert page.evaluate("() => M.get('seed')") == 4_000_000_000
     assert "seed 4000000000" in page.inner_text(".ampviz-message")
-    assert drawn(page)["seed"] == 12  # the last figure stays
+    assert drawn(page, FIGURE, loads)["seed"] == 12  # the last figure stays
     ex.seed = 4_000_000_000  # Python ships its rows, as the kernel does when the page sets the seed
     page.evaluate("(rows) => M.set('rows', rows)", ex.rows)
-    wait_drawn(page, seed=4_000_000_000)
+    wait_drawn(page, FIGURE, seed=4_000_000_000)
     assert page.inner_text(".ampviz-message") == ""
     assert shown_figure(page) == python_shown(ex)
     assert page.inner_html(".ampviz-blocks-readout") == parsed(page, ex.readout_html())
@@ -460,17 +401,10 @@ def test_a_scheme_a_checkbox_a_seed_and_model_changes_redraw_and_move_the_contro
 
 
 # ----------------------------------------------------------------- in JupyterLab, with a kernel
-PY_SIDE = '''
-import ipywidgets as W
-python_side = W.HTML()
-python_side.add_class("python-side")
-def show(_=None):
-    meta = explorer.figure().layout.meta
-    python_side.value = f"{explorer.seed} {explorer.log2_outlier} | {meta['saturated']:,} | {meta['flushed']:,}"
-explorer.observe(show, names=["seed", "log2_outlier"])
-show()
-python_side
-'''
+PY_SIDE = python_side_cell("explorer", ["seed", "log2_outlier"], '''
+meta = explorer.figure().layout.meta
+python_side.value = f"{explorer.seed} {explorer.log2_outlier} | {meta['saturated']:,} | {meta['flushed']:,}"
+''')
 
 
 def page_counts(page) -> list:
@@ -482,32 +416,16 @@ def test_in_jupyterlab_the_kernel_reads_what_the_page_moved(browser, tmp_path):
     """In JupyterLab, with a kernel: arrow keys move the outlier slider, the page redraws at once
     and the kernel's explorer holds the new setting and counts what the page's readout shows; a
     seed typed in the page reaches the kernel, which ships its row, and the page draws it."""
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3 (ipykernel)",
-                                                           "language": "python", "name": "python3"}})
-    nb.cells = [nbformat.v4.new_code_cell("from ampviz.widgets.browser_block_explorer import BrowserBlockExplorer\n"
-                                          "explorer = BrowserBlockExplorer(scheme='fp4_e2m1')\nexplorer"),
-                nbformat.v4.new_code_cell(PY_SIDE)]
-    nbformat.write(nb, tmp_path / "blocks.ipynb")
-    with jupyter_lab(tmp_path) as url:
-        page = open_and_run(browser, url, "blocks.ipynb")
-        page.wait_for_selector(".ampviz-blocks-figure.js-plotly-plot", timeout=120_000)
-        page.wait_for_function("() => (document.querySelector('.python-side') || {}).innerText?.startsWith('0 8 |')",
-                               timeout=120_000)
-        slider = page.locator(".ampviz-blocks-outlier").first
-        slider.focus()
-        slider.press("ArrowRight")
-        slider.press("ArrowRight")
-        page.wait_for_function("() => JSON.parse(document.querySelector('.ampviz-blocks-figure').dataset.drawn)"
-                               ".log2_outlier === 10")
-        page.wait_for_function("() => document.querySelector('.python-side').innerText.startsWith('0 10 |')",
-                               timeout=60_000)
-        py = page.evaluate("() => document.querySelector('.python-side').innerText").split(" | ")
+    cells = ["from ampviz.widgets.browser_block_explorer import BrowserBlockExplorer\n"
+             "explorer = BrowserBlockExplorer(scheme='fp4_e2m1')\nexplorer", PY_SIDE]
+    with lab_notebook_page(browser, tmp_path, cells, FIGURE, "0 8 |") as page:
+        press_keys(page.locator(".ampviz-blocks-outlier").first, 2)
+        wait_drawn(page, FIGURE, log2_outlier=10)
+        wait_python_side(page, "0 10 |")
+        py = python_side(page)
         assert page_counts(page) == py[1:], (page_counts(page), py)
         page.locator(".ampviz-blocks-seed").first.fill("31337")
-        page.wait_for_function("() => JSON.parse(document.querySelector('.ampviz-blocks-figure').dataset.drawn)"
-                               ".seed === 31337", timeout=60_000)
-        page.wait_for_function("() => document.querySelector('.python-side').innerText.startsWith('31337 10 |')",
-                               timeout=60_000)
-        py = page.evaluate("() => document.querySelector('.python-side').innerText").split(" | ")
+        wait_drawn(page, FIGURE, timeout=60_000, seed=31337)
+        wait_python_side(page, "31337 10 |")
+        py = python_side(page)
         assert page_counts(page) == py[1:], (page_counts(page), py)
-        page.close()

@@ -31,11 +31,8 @@ import json
 import math
 import struct
 import zlib
-from decimal import Decimal, localcontext
-from pathlib import Path
 
 import numpy as np
-import plotly
 import pytest
 
 from ampviz.formats import ALL_FORMATS, CATEGORIES
@@ -45,25 +42,17 @@ from ampviz.widgets import FormatExplorer
 from ampviz.widgets.base import _parse_bits, parse_number
 from ampviz.widgets.browser_format_explorer import BrowserFormatExplorer, _Shown
 from ampviz.widgets.jsbundle import bundle
-from conftest import _JS_HELPERS, js_page
+from conftest import explorer_test_page, render, state_of
+from test_js_scaleplot import correctly_rounded_log2
 
-PLOTLY = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text()
-HTML = ('<html><head><script src="/plotly.min.js"></script></head>'
-        '<body><div id="root" style="width:1000px"></div></body></html>')
 SMALL = [n for n, f in ALL_FORMATS.items() if f.bits <= 16]
 CHUNK = 1024
+FIGURE = ".ampviz-format-figure"
 
 
 @pytest.fixture(scope="module")
 def page(browser):
-    page = js_page(browser, {"/plotly.min.js": ("text/javascript", PLOTLY),
-                             "/bundle/view.mjs": ("text/javascript", bundle("format_explorer_view"))}, HTML)
-    page.errors = []
-    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
-    page.evaluate("""async () => { window.V = await import('/bundle/view.mjs'); window.PM = await import('/js/page_model.mjs');
-        window.F = await import('/js/formats.mjs'); window.SP = await import('/js/scaleplot.mjs'); }""")
-    page.evaluate(_JS_HELPERS)
+    page = explorer_test_page(browser, "format_explorer_view", width=1000, F="formats", SP="scaleplot")
     load(page, "VP")
     page.evaluate(JS_CHECKS)
     yield page
@@ -530,15 +519,7 @@ def test_a_click_and_a_typed_pattern_set_what_python_sets(page):
 
 
 # ----------------------------------------------------------------- the figure
-def correctly_rounded_log2(x: float, y: float) -> bool:
-    """Whether y is the double nearest log2(x) (60 significant digits decide)."""
-    with localcontext() as ctx:
-        ctx.prec = 60
-        t = Decimal(x).ln() / Decimal(2).ln()
-        off = abs(Decimal(y) - t)
-        return all(off <= abs(Decimal(float(np.nextafter(y, d))) - t) for d in (-np.inf, np.inf))
-
-
+# (``correctly_rounded_log2``: test_js_scaleplot's)
 LOG2_ULPS = []  # (x, Python's log2, the page's) where the page's is the correctly rounded one, one ulp off
 
 
@@ -648,20 +629,6 @@ def test_neighbours_of_negative_values_unflipped_would_be_caught(page):
 
 
 # ----------------------------------------------------------------- the page
-def state_of(ex) -> dict:
-    return {k: v for k, v in ex.get_state().items() if not k.startswith("_")}
-
-
-def render(page, ex) -> None:
-    page.evaluate("""(s) => { const root = document.getElementById("root"); root.innerHTML = "";
-        window.M = PM.pageModel(s); V.default.render({model: M, el: root}); }""", state_of(ex))
-    page.wait_for_selector(".ampviz-format-figure.js-plotly-plot")
-
-
-def drawn(page) -> dict:
-    return json.loads(page.eval_on_selector(".ampviz-format-figure", "(d) => d.dataset.drawn || 'null'"))
-
-
 def wait_drawn(page, ex) -> None:
     want = {"fmt": ex.fmt, "bits": ex.bits, "typed": ex.typed}
     page.wait_for_function("(w) => document.querySelector('.ampviz-format-figure').dataset.drawn === JSON.stringify(w)",
@@ -706,7 +673,7 @@ def shows(page, ex) -> None:
 def test_a_click_a_decimal_a_pattern_and_a_format_redraw_and_set_the_model(page):
     page.errors.clear()
     ex = BrowserFormatExplorer("fp16", 0.1)
-    render(page, ex)
+    render(page, ex, FIGURE)
     shows(page, ex)
     page.click(".ampviz-bit-0")
     ex.toggle_bit(0)
@@ -737,7 +704,7 @@ def test_a_click_a_decimal_a_pattern_and_a_format_redraw_and_set_the_model(page)
 def test_what_does_not_read_is_said_and_changes_nothing(page):
     page.errors.clear()
     ex = BrowserFormatExplorer("fp8_e4m3", 3.0)
-    render(page, ex)
+    render(page, ex, FIGURE)
     page.fill(".ampviz-decimal-input", "2^^3")
     page.press(".ampviz-decimal-input", "Enter")
     message = page.inner_text(".ampviz-message")
@@ -760,7 +727,7 @@ def test_what_does_not_read_is_said_and_changes_nothing(page):
 def test_keys_and_a_drag_of_60_positions_redraw_at_every_position(page):
     page.errors.clear()
     ex = BrowserFormatExplorer("fp16", 1.0)
-    render(page, ex)
+    render(page, ex, FIGURE)
     page.focus(".ampviz-bits-slider")
     for _ in range(3):
         page.keyboard.press("ArrowRight")
@@ -800,7 +767,7 @@ def test_keys_and_a_drag_of_60_positions_redraw_at_every_position(page):
 def test_a_wide_formats_slider_walks_its_top_16_bits(page):
     page.errors.clear()
     ex = BrowserFormatExplorer("fp32", 1.0)
-    render(page, ex)
+    render(page, ex, FIGURE)
     shows(page, ex)
     assert page.eval_on_selector(".ampviz-bits-slider", "(s) => [s.max, s.value]") == ["65535", str(0x3F80)]
     page.focus(".ampviz-bits-slider")
@@ -813,7 +780,7 @@ def test_a_wide_formats_slider_walks_its_top_16_bits(page):
 def test_settings_changed_on_the_model_redraw_the_page(page):
     page.errors.clear()
     ex = BrowserFormatExplorer("fp16", 1.0)
-    render(page, ex)
+    render(page, ex, FIGURE)
     for change in (lambda: ex.set_format("fp8_e5m2"), lambda: ex.set_decimal("0.3"), lambda: ex.set_bits(0x7C),
                    lambda: ex.set_format("e8m0"), lambda: ex.set_value(-2.5)):
         change()

@@ -9,36 +9,24 @@ a plausible wrong port differs from the Python on this data."""
 
 import base64
 import json
-from pathlib import Path
 
-import nbformat
 import numpy as np
-import plotly
 import pytest
 
 from ampviz.widgets.base import _in_column
 from ampviz.widgets.browser_fp8_lab import BrowserFp8ScalingLab
 from ampviz.widgets.fp8_lab import Fp8ScalingLab
-from ampviz.widgets.jsbundle import bundle
-from conftest import _JS_HELPERS, js_page, jupyter_lab, open_and_run
+from conftest import (drawn, explorer_test_page, lab_notebook_page, load_data, press_keys, python_figure,
+                      python_side, python_side_cell, render, wait_drawn, wait_python_side)
 
-PLOTLY = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text()
-HTML = ('<html><head><script src="/plotly.min.js"></script></head>'
-        '<body><div id="root" style="width:1300px"></div></body></html>')
 SETTINGS = ("recipe", "history_len", "algo", "margin", "fmt", "spike_log2", "nonfinite", "seed")
 FIGURE = ".ampviz-fp8-figure"
+NONFINITE = {"inf": "inf"}  # as ``asJson`` writes an infinity (a NaN: null)
 
 
 @pytest.fixture(scope="module")
 def page(browser):
-    page = js_page(browser, {"/plotly.min.js": ("text/javascript", PLOTLY),
-                             "/bundle/view.mjs": ("text/javascript", bundle("fp8_lab_view"))}, HTML)
-    page.errors = []
-    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
-    page.evaluate("""async () => { window.V = await import('/bundle/view.mjs');
-        window.PM = await import('/js/page_model.mjs'); window.FP = await import('/js/fp8plot.mjs'); }""")
-    page.evaluate(_JS_HELPERS)
+    page = explorer_test_page(browser, "fp8_lab_view", FP="fp8plot")
     page.evaluate(AS_JSON)
     yield page
     page.close()
@@ -49,16 +37,8 @@ def lab():
     return BrowserFp8ScalingLab()
 
 
-def state_of(lab) -> dict:
-    return {k: v for k, v in lab.get_state().items() if not k.startswith("_")}
-
-
-def load(page, lab) -> None:
-    page.evaluate("(s) => { window.D = V.shippedData((k) => s[k]); window.CACHE = new Map(); }", state_of(lab))
-
-
 #: In-page: ``asJson(value)``, the value as JSON has it (typed arrays as lists, NaN as null), with an
-#: infinity as "inf" or "-inf" (JSON has none; ``plain`` writes Python's so).
+#: infinity as "inf" or "-inf" (JSON has none; ``python_figure(fig, **NONFINITE)`` writes Python's so).
 AS_JSON = """() => { window.asJson = (v) => JSON.stringify(v, (k, x) => ArrayBuffer.isView(x) ? Array.from(x)
       : typeof x === "number" && (x === Infinity || x === -Infinity) ? (x > 0 ? "inf" : "-inf") : x);
     window.noTemplate = (fig) => ({data: fig.data, layout: {...fig.layout, template: undefined}}); }"""
@@ -103,7 +83,7 @@ NUMBERS = """(all) => all.map((s) => { const a = V.acting(s), stream = V.streamO
 
 
 def test_many_random_settings_give_the_packages_stream_run_and_readout(page, lab):
-    load(page, lab)
+    load_data(page, lab)
     rng = np.random.default_rng(0)
     checked = 0
     for _ in range(2):
@@ -130,37 +110,13 @@ def test_many_random_settings_give_the_packages_stream_run_and_readout(page, lab
     assert page.errors == []
 
 
-def plain(v):
-    """A figure's value as JSON has it: arrays as lists, NaN as None."""
-    if isinstance(v, np.ndarray):
-        return [plain(x) for x in v.tolist()]
-    if isinstance(v, dict) and set(v) >= {"bdata", "dtype"}:  # plotly's packed array
-        return plain(np.frombuffer(base64.b64decode(v["bdata"]), v["dtype"]).reshape(v.get("shape", -1)))
-    if isinstance(v, dict):
-        return {k: plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [plain(x) for x in v]
-    if isinstance(v, float) and v != v:
-        return None
-    if isinstance(v, float) and abs(v) == float("inf"):
-        return "inf" if v > 0 else "-inf"
-    return v
-
-
-def python_figure(fig) -> dict:
-    """``fig.to_plotly_json()`` as JSON has it, less its template (compared once on its own)."""
-    out = plain(fig.to_plotly_json())
-    out["layout"].pop("template")
-    return out
-
-
 FIGURES = """(all) => all.map((s) => asJson(noTemplate(V.compute(D, s, CACHE).figure)))"""
 
 
 def test_the_figure_is_fp8_scaling_labs_at_random_settings(page, lab):
     """The page's figure equals BrowserFp8ScalingLab.figure() (Fp8ScalingLab's _drawn) at random
     settings of every control, and the kernel's lab, moved by its own controls, draws the same."""
-    load(page, lab)
+    load_data(page, lab)
     rng = np.random.default_rng(1)
     settings = [random_settings(rng) for _ in range(16)]
     settings[0].update(recipe="current", nonfinite="nan")  # NaN scales: gaps in every scale line
@@ -170,7 +126,7 @@ def test_the_figure_is_fp8_scaling_labs_at_random_settings(page, lab):
     kinds = set()
     for k, (s, g) in enumerate(zip(settings, got)):
         move(lab, s)
-        want = python_figure(lab.figure())
+        want = python_figure(lab.figure(), **NONFINITE)
         assert json.loads(g) == want, s
         kinds |= {t["meta"]["kind"] for t in want["data"]}
         if k < 6:  # the kernel's lab at the same settings
@@ -178,7 +134,7 @@ def test_the_figure_is_fp8_scaling_labs_at_random_settings(page, lab):
                             ("margin", "margin_slider"), ("fmt", "fmt_dropdown"), ("spike_log2", "spike_slider"),
                             ("nonfinite", "nonfinite_dropdown"), ("seed", "seed_input")):
                 getattr(ref, w).value = s[name]
-            assert python_figure(ref.figure) == want, s
+            assert python_figure(ref.figure, **NONFINITE) == want, s
             assert ref.readout.value == lab.readout_html(), s
     assert "nonfinite" in kinds
     template = page.evaluate("() => V.compute(D, {recipe: 'delayed', history_len: 1024, algo: 'max', margin: 0, "
@@ -201,22 +157,6 @@ def test_every_share_a_step_can_have_sits_where_numpy_puts_it(page):
 
 
 # ----------------------------------------------------------------- in the page, drawn
-def render(page, lab) -> None:
-    page.evaluate("""(s) => { const root = document.getElementById("root"); root.innerHTML = "";
-        window.M = PM.pageModel(s); V.default.render({model: M, el: root}); }""", state_of(lab))
-    page.wait_for_selector(f"{FIGURE}.js-plotly-plot")
-
-
-def drawn(page) -> dict:
-    return json.loads(page.eval_on_selector(FIGURE, "(d) => d.dataset.drawn"))
-
-
-def wait_drawn(page, **want) -> None:
-    page.wait_for_function("""([sel, want]) => { const d = document.querySelector(sel).dataset.drawn;
-        if (!d) return false; const s = JSON.parse(d); return Object.entries(want).every(([k, v]) => s[k] === v); }""",
-                           arg=[FIGURE, want])
-
-
 def shown_figure(page) -> dict:
     """The figure plotly holds: its traces' points and the layout's axes ranges and title."""
     return json.loads(page.evaluate("""(sel) => { const gd = document.querySelector(sel);
@@ -225,7 +165,7 @@ def shown_figure(page) -> dict:
 
 
 def python_shown(lab) -> dict:
-    fig = python_figure(lab.figure())
+    fig = python_figure(lab.figure(), **NONFINITE)
     return {"data": [{"x": t.get("x"), "y": t["y"]} for t in fig["data"]], "y1": fig["layout"]["yaxis"]["range"],
             "y2": fig["layout"]["yaxis2"].get("range"), "title": fig["layout"]["title"]["text"]}
 
@@ -233,12 +173,12 @@ def python_shown(lab) -> dict:
 def test_a_key_press_and_a_drag_redraw_in_the_page_and_set_the_model(page):
     page.errors.clear()
     lab = BrowserFp8ScalingLab(spike_log2=8, seed=1)
-    render(page, lab)
+    render(page, lab, FIGURE)
     assert shown_figure(page) == python_shown(lab)
     page.locator(".ampviz-fp8-margin").focus()
     for _ in range(3):
         page.keyboard.press("ArrowRight")
-    wait_drawn(page, margin=3)
+    wait_drawn(page, FIGURE, margin=3)
     assert page.evaluate("() => M.get('margin')") == 3
     lab.margin = 3
     assert shown_figure(page) == python_shown(lab)
@@ -252,7 +192,7 @@ def test_a_key_press_and_a_drag_redraw_in_the_page_and_set_the_model(page):
         for (let k = 0; k <= 16; k++) { const t = performance.now(); s.value = String(k); s.dispatchEvent(new Event("input"));
           moves.push(performance.now() - t); await new Promise(requestAnimationFrame); }
         await new Promise((r) => setTimeout(r, 500)); watch.disconnect(); return {drawn, moves}; }""")
-    assert drawn(page)["spike_log2"] == 16 and page.evaluate("() => M.get('spike_log2')") == 16
+    assert drawn(page, FIGURE)["spike_log2"] == 16 and page.evaluate("() => M.get('spike_log2')") == 16
     ks = [d["k"] for d in seen["drawn"]]
     assert set(ks) <= set(range(17)) and ks == sorted(ks) and len(ks) >= 3, ks
     assert any(d["by"] == "moving" for d in seen["drawn"])  # the axes hold still: only the lines move
@@ -268,11 +208,11 @@ def test_the_other_controls_and_a_model_change_redraw_and_set_the_model(page):
     page.errors.clear()
     lab = BrowserFp8ScalingLab(history_len=16)
     ref = Fp8ScalingLab(history_len=16)
-    render(page, lab)
+    render(page, lab, FIGURE)
     # a length typed into the history box: a power of two as the kernel's lab reads it
     page.fill(".ampviz-fp8-history-input", "2^7")
     page.press(".ampviz-fp8-history-input", "Enter")
-    wait_drawn(page, history_len=128)
+    wait_drawn(page, FIGURE, history_len=128)
     assert page.evaluate("() => M.get('history_len')") == 128
     assert page.eval_on_selector(".ampviz-fp8-history", "(s) => s.value") == "7"
     # text that is not a length: the kernel's lab's message, and the box shows the length in use
@@ -285,20 +225,20 @@ def test_the_other_controls_and_a_model_change_redraw_and_set_the_model(page):
         assert page.input_value(".ampviz-fp8-history-input") == "128"
     # current scaling: history, algo and margin act on delayed scaling only, and are disabled
     page.select_option(".ampviz-fp8-recipe", "current")
-    wait_drawn(page, recipe="current")
+    wait_drawn(page, FIGURE, recipe="current")
     assert page.evaluate("() => M.get('recipe')") == "current"
     assert page.evaluate("""() => ['history', 'history-input', 'algo', 'margin'].map((c) =>
         document.querySelector('.ampviz-fp8-' + c).disabled)""") == [True] * 4
     for cls, value, name in ((".ampviz-fp8-fmt", "fp8_e5m2", "fmt"), (".ampviz-fp8-nonfinite", "nan", "nonfinite")):
         page.select_option(cls, value)
-        wait_drawn(page, **{name: value})
+        wait_drawn(page, FIGURE, **{name: value})
         assert page.evaluate(f"() => M.get('{name}')") == value
     lab.history_len, lab.recipe, lab.fmt, lab.nonfinite = 128, "current", "fp8_e5m2", "nan"
     assert shown_figure(page) == python_shown(lab)
     assert page.inner_html(".ampviz-fp8-readout") == lab.readout_html()
     # settings changed on the model (as Python changes them) move the controls and redraw
     page.evaluate("() => { M.set('recipe', 'delayed'); M.set('algo', 'most_recent'); }")
-    wait_drawn(page, recipe="delayed", algo="most_recent")
+    wait_drawn(page, FIGURE, recipe="delayed", algo="most_recent")
     assert page.eval_on_selector(".ampviz-fp8-algo", "(s) => [s.value, s.disabled]") == ["most_recent", False]
     lab.recipe, lab.algo = "delayed", "most_recent"
     assert shown_figure(page) == python_shown(lab)
@@ -308,16 +248,16 @@ def test_the_other_controls_and_a_model_change_redraw_and_set_the_model(page):
 def test_a_seed_the_page_lacks_is_drawn_when_its_stream_arrives(page):
     page.errors.clear()
     lab = BrowserFp8ScalingLab(seed=2)
-    render(page, lab)
+    render(page, lab, FIGURE)
     page.fill(".ampviz-fp8-seed", "77")
     page.press(".ampviz-fp8-seed", "Enter")
     page.wait_for_function("() => document.querySelector('.ampviz-message').textContent.includes('seed 77')")
     assert page.evaluate("() => M.get('seed')") == 77
-    assert drawn(page)["seed"] == 2  # the last figure stays
+    assert drawn(page, FIGURE)["seed"] == 2  # the last figure stays
     lab.seed = 77  # as the kernel takes the page's setting: the stream is shipped, then the seed
     assert "77" in lab.streams
     page.evaluate("(s) => M.set('streams', s)", lab.streams)
-    wait_drawn(page, seed=77)
+    wait_drawn(page, FIGURE, seed=77)
     assert page.eval_on_selector(".ampviz-message", "(m) => m.textContent") == ""
     assert shown_figure(page) == python_shown(lab)
     assert page.inner_html(".ampviz-fp8-readout") == lab.readout_html()
@@ -333,7 +273,7 @@ def test_a_seed_the_page_lacks_is_drawn_when_its_stream_arrives(page):
 def test_axes_from_the_run_alone_would_be_caught(page, lab):
     """The lab's axes hold the runs at the spike slider's ends: a figure whose axes hold only the
     run shown would move its ranges as the spike moves."""
-    load(page, lab)
+    load_data(page, lab)
     settings = [dict(zip(SETTINGS, ("delayed", 1024, "max", 0, "fp8_e4m3", k, "none", 0))) for k in (0, 4, 8, 12)]
     got = page.evaluate("""(all) => all.map((s) => { const r = V.compute(D, s, CACHE);
         const alone = FP.fp8Figure(r.trace, {legendCounts: false}).layout;
@@ -341,7 +281,7 @@ def test_axes_from_the_run_alone_would_be_caught(page, lab):
     differ = 0
     for s, g in zip(settings, got):
         move(lab, s)
-        layout = python_figure(lab.figure())["layout"]
+        layout = python_figure(lab.figure(), **NONFINITE)["layout"]
         differ += g != [layout["yaxis"]["range"], layout["yaxis2"]["range"]]
     assert differ > 0
 
@@ -349,7 +289,7 @@ def test_axes_from_the_run_alone_would_be_caught(page, lab):
 def test_a_spike_as_the_drift_times_two_to_the_k_would_be_caught(page, lab):
     """A spike step's magnitude is f32(2^(walk + k)), not the drift's float32 magnitude times 2^k:
     rebuilt so, some spike steps' magnitudes differ from lab_stream's."""
-    load(page, lab)
+    load_data(page, lab)
     differ = 0
     for seed in BrowserFp8ScalingLab.SHIPPED_SEEDS:
         got = page.evaluate("""(seed) => { const s0 = V.streamOf(D, seed, 0, 'none'), out = [];
@@ -374,7 +314,7 @@ def test_run_ends_at_the_changes_only_would_be_caught(page, lab):
     """The scale's step line goes through the first and last step of each run: through the
     changes alone, its points would differ from plot_fp8_scaling's."""
     lab.recipe, lab.seed, lab.spike_log2, lab.nonfinite, lab.history_len = "delayed", 0, 8, "none", 16
-    want = python_figure(lab.figure())["data"]
+    want = python_figure(lab.figure(), **NONFINITE)["data"]
     runs = next(t["x"] for t in want if t["meta"]["kind"] == "scale")
     scale = np.asarray(lab.trace.scale)
     changes = [0] + (np.flatnonzero(scale[1:] != scale[:-1]) + 1).tolist() + [scale.size - 1]
@@ -382,42 +322,22 @@ def test_run_ends_at_the_changes_only_would_be_caught(page, lab):
 
 
 # ----------------------------------------------------------------- in JupyterLab, with a kernel
-PY_SIDE = '''
-import ipywidgets as W
-python_side = W.HTML()
-python_side.add_class("python-side")
-def show(_=None):
-    t = lab.trace
-    python_side.value = f"{lab.spike_log2} | {t.saturated_steps:,} | {int((t.underflowed > 0).sum()):,}"
-lab.observe(show, names=["spike_log2"])
-show()
-python_side
-'''
+PY_SIDE = python_side_cell("lab", ["spike_log2"], '''
+t = lab.trace
+python_side.value = f"{lab.spike_log2} | {t.saturated_steps:,} | {int((t.underflowed > 0).sum()):,}"
+''')
 
 
 def test_in_jupyterlab_the_kernel_reads_what_the_page_moved(browser, tmp_path):
     """In JupyterLab, with a kernel: arrow keys move the spike slider (JupyterLab's notebook takes
     arrow keys that a control lets through), the page redraws at once, and the kernel's lab holds
     the new spike and counts what the page's readout shows."""
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3 (ipykernel)",
-                                                           "language": "python", "name": "python3"}})
-    nb.cells = [nbformat.v4.new_code_cell("from ampviz.widgets.browser_fp8_lab import BrowserFp8ScalingLab\n"
-                                          "lab = BrowserFp8ScalingLab(history_len=16)\nlab"),
-                nbformat.v4.new_code_cell(PY_SIDE)]
-    nbformat.write(nb, tmp_path / "fp8.ipynb")
-    with jupyter_lab(tmp_path) as url:
-        page = open_and_run(browser, url, "fp8.ipynb")
-        page.wait_for_selector(f"{FIGURE}.js-plotly-plot", timeout=120_000)
-        page.wait_for_function("() => (document.querySelector('.python-side') || {}).innerText?.startsWith('8 |')",
-                               timeout=120_000)
-        slider = page.locator(".ampviz-fp8-spike").first
-        slider.focus()
-        slider.press("ArrowRight")
-        slider.press("ArrowRight")
-        page.wait_for_function(f"() => JSON.parse(document.querySelector('{FIGURE}').dataset.drawn).spike_log2 === 10")
-        page.wait_for_function("() => document.querySelector('.python-side').innerText.startsWith('10 |')",
-                               timeout=60_000)
-        py = page.evaluate("() => document.querySelector('.python-side').innerText").split(" | ")
+    cells = ["from ampviz.widgets.browser_fp8_lab import BrowserFp8ScalingLab\n"
+             "lab = BrowserFp8ScalingLab(history_len=16)\nlab", PY_SIDE]
+    with lab_notebook_page(browser, tmp_path, cells, FIGURE, "8 |") as page:
+        press_keys(page.locator(".ampviz-fp8-spike").first, 2)
+        wait_drawn(page, FIGURE, spike_log2=10)
+        wait_python_side(page, "10 |")
+        py = python_side(page)
         readout = page.evaluate("() => document.querySelector('.ampviz-fp8-readout').innerText")
         assert f"steps that saturate: {py[1]} of 2,000" in readout and f"(any: {py[2]})" in readout, (readout, py)
-        page.close()

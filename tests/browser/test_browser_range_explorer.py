@@ -13,11 +13,8 @@ import base64
 import html
 import json
 import math
-from pathlib import Path
 
-import nbformat
 import numpy as np
-import plotly
 import pytest
 
 from ampviz.formats import ALL_FORMATS
@@ -26,26 +23,17 @@ from ampviz.plots import census_x_range, format_pow2, format_share, plot_census
 from ampviz.plots.style import _template
 from ampviz.widgets import RangeExplorer
 from ampviz.widgets.browser_range_explorer import BrowserRangeExplorer
-from ampviz.widgets.jsbundle import bundle
-from conftest import _JS_HELPERS, js_page, jupyter_lab, open_and_run
+from conftest import (drawn, explorer_test_page, figure_dicts, lab_notebook_page, load_data, press_keys,
+                      python_figure, python_side, python_side_cell, render, wait_drawn, wait_python_side)
 
-PLOTLY = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text()
-HTML = ('<html><head><script src="/plotly.min.js"></script></head>'
-        '<body><div id="root" style="width:1100px"></div></body></html>')
 FORMATS = BrowserRangeExplorer.FORMAT_CHOICES
 NEG_NAN = np.array([0xFFC00000], np.uint32).view(np.float32)[0]
+FIGURE = ".ampviz-census-figure"
 
 
 @pytest.fixture(scope="module")
 def page(browser):
-    page = js_page(browser, {"/plotly.min.js": ("text/javascript", PLOTLY),
-                             "/bundle/view.mjs": ("text/javascript", bundle("range_explorer_view"))}, HTML)
-    page.errors = []
-    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
-    page.evaluate("""async () => { window.V = await import('/bundle/view.mjs');
-        window.PM = await import('/js/page_model.mjs'); window.CP = await import('/js/censusplot.mjs'); }""")
-    page.evaluate(_JS_HELPERS)
+    page = explorer_test_page(browser, "range_explorer_view", width=1100, CP="censusplot")
     page.evaluate(AS_JSON)
     yield page
     page.close()
@@ -113,43 +101,8 @@ REF_POSITIONS = (-16, 0, 13, 32)
 
 
 # ----------------------------------------------------------------- helpers
-def state_of(ex) -> dict:
-    return {k: v for k, v in ex.get_state().items() if not k.startswith("_")}
-
-
-def load(page, ex) -> None:
-    page.evaluate("(s) => { window.D = V.shippedData((k) => s[k]); }", state_of(ex))
-
-
-def plain(v):
-    """A figure's value as JSON has it: arrays as lists, NaN as None."""
-    if isinstance(v, np.ndarray):
-        return [None if isinstance(x, float) and x != x else x for x in v.tolist()]
-    if isinstance(v, dict) and set(v) >= {"bdata", "dtype"}:  # plotly's packed array
-        return plain(np.frombuffer(base64.b64decode(v["bdata"]), v["dtype"]).reshape(v.get("shape", -1)))
-    if isinstance(v, dict):
-        return {k: plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [plain(x) for x in v]
-    if isinstance(v, float) and v != v:
-        return None
-    return v
-
-
-def python_figure(fig) -> dict:
-    """``fig.to_plotly_json()`` as JSON has it, less its template (compared once on its own)."""
-    out = plain(fig.to_plotly_json())
-    out["layout"].pop("template")
-    return out
-
-
-def figure_dicts(fig) -> dict:
-    """What ``python_figure`` gives, read from the figure's own trace and layout dicts: the dicts
-    that ``to_plotly_json`` copies (the template too, some 10 ms a figure) and packs, so that a
-    test can compare a figure at every slider position in time. Where both are read they are
-    checked equal."""
-    return plain({"data": fig._data, "layout": {k: v for k, v in fig._layout.items() if k != "template"}})
-
+# (figures are compared as ``figure_dicts`` reads them, so that a test can compare a figure at every
+# slider position in time; where both are read, they are checked equal to ``python_figure``'s)
 
 #: In-page: ``asJson(value)``, the value as JSON has it (typed arrays as lists, NaN as null): a
 #: page sends one string far faster than Playwright walks a large object.
@@ -181,7 +134,7 @@ def test_every_position_of_every_format_gives_the_packages_census_readout_and_fi
     for name, make in VALUE_SETS.items():
         values = make()
         ex = BrowserRangeExplorer(values)
-        load(page, ex)
+        load_data(page, ex)
         ref = RangeExplorer(values)  # moved by its own controls: what the kernel's explorer shows
         every = list(range(ex.log2_scale_min, ex.log2_scale_max + 1))
         assert len(every) == 49
@@ -217,7 +170,7 @@ def test_the_census_equals_the_packages_at_every_power_of_two_in_every_format(pa
     to 0 or overflows to inf, and edges that fall inside float32's subnormal range."""
     values = np.concatenate([mixed(3, 2_000), edges(range(-149, 128, 3))])
     ex = BrowserRangeExplorer(values, log2_scale_range=(-149, 127))
-    load(page, ex)
+    load_data(page, ex)
     got = json.loads(page.evaluate("""(names) => asJson(names.map((fmt) => { const out = [];
         for (let k = -149; k <= 127; k++) { const r = V.censusAt(D.prepared, fmt, k);
           out.push({counts: r.counts, bins: r.log2Bins, binCounts: r.log2Counts, total: r.total, scale: r.scale}); }
@@ -299,7 +252,7 @@ def test_the_log2_of_every_format_constant_is_pythons(page):
 
 def test_bad_settings_are_refused_in_one_line(page):
     ex = BrowserRangeExplorer(np.float32([1.0, 2.0]))
-    load(page, ex)
+    load_data(page, ex)
     errors = page.evaluate("""() => [{fmt: 'fp32', log2_scale: 0}, {fmt: 'fp16', log2_scale: 33},
         {fmt: 'fp16', log2_scale: 1.5}].map((s) => { try { V.compute(D, s); return null; } catch (e) { return e.message; } })""")
     assert errors == ["RangeExplorer shows fp16, bf16, fp8_e4m3, fp8_e5m2; got 'fp32'",
@@ -307,21 +260,6 @@ def test_bad_settings_are_refused_in_one_line(page):
 
 
 # ----------------------------------------------------------------- in the page, drawn
-def render(page, ex) -> None:
-    page.evaluate("""(s) => { const root = document.getElementById("root"); root.innerHTML = "";
-        window.M = PM.pageModel(s); V.default.render({model: M, el: root}); }""", state_of(ex))
-    page.wait_for_selector(".ampviz-census-figure.js-plotly-plot")
-
-
-def drawn(page) -> dict:
-    return json.loads(page.eval_on_selector(".ampviz-census-figure", "(d) => d.dataset.drawn"))
-
-
-def wait_drawn(page, fmt, k) -> None:
-    page.wait_for_function("""([fmt, k]) => { const d = document.querySelector('.ampviz-census-figure').dataset.drawn;
-        if (!d) return false; const s = JSON.parse(d); return s.fmt === fmt && s.log2_scale === k; }""", arg=[fmt, k])
-
-
 def shown_figure(page) -> dict:
     """The figure plotly holds: its traces' points and the layout's axes and title."""
     return page.evaluate("""() => { const gd = document.querySelector('.ampviz-census-figure');
@@ -340,12 +278,12 @@ def python_shown(ex) -> dict:
 def test_a_key_press_redraws_in_the_page_and_sets_the_model(page):
     page.errors.clear()
     ex = BrowserRangeExplorer(gradients(6))
-    render(page, ex)
+    render(page, ex, FIGURE)
     assert shown_figure(page) == python_shown(ex)
     page.locator(".ampviz-scale-slider").focus()
     for _ in range(3):
         page.keyboard.press("ArrowRight")
-    wait_drawn(page, "fp16", 3)
+    wait_drawn(page, FIGURE, fmt="fp16", log2_scale=3)
     assert page.evaluate("() => M.get('log2_scale')") == 3
     ex.log2_scale = 3
     assert page.inner_html(".ampviz-census-readout") == ex.readout_html()
@@ -362,7 +300,7 @@ def test_a_drag_of_the_whole_slider_repaints_at_every_position_and_sets_the_mode
     page.errors.clear()
     values = mixed(7)
     ex = BrowserRangeExplorer(values, log2_scale=-16)
-    render(page, ex)
+    render(page, ex, FIGURE)
     seen = page.evaluate("""async () => { const s = document.querySelector(".ampviz-scale-slider");
         const fig = document.querySelector(".ampviz-census-figure"), drawn = [], readouts = [], moves = [];
         const watch = new MutationObserver(() => drawn.push({k: JSON.parse(fig.dataset.drawn).log2_scale,
@@ -373,7 +311,7 @@ def test_a_drag_of_the_whole_slider_repaints_at_every_position_and_sets_the_mode
           readouts.push([document.querySelector(".ampviz-census-readout").innerHTML, document.querySelector(".ampviz-scale-label").innerHTML]);
           await new Promise(requestAnimationFrame); }
         await new Promise((r) => setTimeout(r, 500)); watch.disconnect(); return {drawn, readouts, moves}; }""")
-    assert drawn(page) == {"fmt": "fp16", "log2_scale": 32}
+    assert drawn(page, FIGURE) == {"fmt": "fp16", "log2_scale": 32}
     assert page.evaluate("() => M.get('log2_scale')") == 32
     ks = [d["k"] for d in seen["drawn"]]
     assert set(ks) <= set(range(-15, 33)) and ks == sorted(ks) and len(ks) >= 10, ks
@@ -387,7 +325,7 @@ def test_a_drag_of_the_whole_slider_repaints_at_every_position_and_sets_the_mode
     # slowly back down, three positions a move: each drawn before the next move
     for k in range(29, -17, -3):
         page.eval_on_selector(".ampviz-scale-slider", "(s, k) => { s.value = String(k); s.dispatchEvent(new Event('input')); }", k)
-        wait_drawn(page, "fp16", k)
+        wait_drawn(page, FIGURE, fmt="fp16", log2_scale=k)
         ex.log2_scale = k
         assert shown_figure(page) == python_shown(ex), k
     assert page.evaluate("() => M.get('log2_scale')") == -16
@@ -397,10 +335,10 @@ def test_a_drag_of_the_whole_slider_repaints_at_every_position_and_sets_the_mode
 def test_a_format_change_and_a_model_change_redraw_and_move_the_controls(page):
     page.errors.clear()
     ex = BrowserRangeExplorer(mixed(8, 3_000), log2_scale=5, log2_scale_range=(-4, 12))
-    render(page, ex)
+    render(page, ex, FIGURE)
     assert page.eval_on_selector(".ampviz-scale-slider", "(s) => [s.min, s.max, s.value]") == ["-4", "12", "5"]
     page.select_option(".ampviz-format-dropdown", "bf16")
-    wait_drawn(page, "bf16", 5)
+    wait_drawn(page, FIGURE, fmt="bf16", log2_scale=5)
     assert page.evaluate("() => M.get('fmt')") == "bf16"
     assert page.eval_on_selector(".ampviz-census-figure", "(d) => d.dataset.drawnBy") == "redrawing"
     ex.fmt = "bf16"
@@ -408,10 +346,10 @@ def test_a_format_change_and_a_model_change_redraw_and_move_the_controls(page):
     assert page.inner_html(".ampviz-census-readout") == ex.readout_html()
     # settings changed on the model (as Python changes them) move the controls and redraw
     page.evaluate("() => M.set('log2_scale', -3)")
-    wait_drawn(page, "bf16", -3)
+    wait_drawn(page, FIGURE, fmt="bf16", log2_scale=-3)
     assert page.eval_on_selector(".ampviz-scale-slider", "(s) => s.value") == "-3"
     page.evaluate("() => M.set('fmt', 'fp8_e4m3')")
-    wait_drawn(page, "fp8_e4m3", -3)
+    wait_drawn(page, FIGURE, fmt="fp8_e4m3", log2_scale=-3)
     assert page.eval_on_selector(".ampviz-format-dropdown", "(s) => s.value") == "fp8_e4m3"
     ex.fmt, ex.log2_scale = "fp8_e4m3", -3
     assert shown_figure(page) == python_shown(ex)
@@ -427,7 +365,7 @@ def test_a_category_from_the_exact_product_would_be_caught(page):
     to max (not past it), would land in the wrong band."""
     x = edges()
     ex = BrowserRangeExplorer(x)
-    load(page, ex)
+    load_data(page, ex)
     got = page.evaluate("""() => { const out = []; const m = D.prepared.magnitudes;
         const f32 = (b) => new Float32Array(new Uint32Array([b]).buffer)[0];
         for (const fmt of D.formats) { const F = CP.bandEdges(fmt);
@@ -447,7 +385,7 @@ def test_a_histogram_of_the_float32_product_would_be_caught(page):
     """Bins of the float32 product (rounded, flushed to 0 or overflowed) instead of the exact one
     differ at the scales where products leave float32's normal range."""
     ex = BrowserRangeExplorer(mixed(9, 4_000), log2_scale_range=(-149, 127))
-    load(page, ex)
+    load_data(page, ex)
     got = page.evaluate("""() => { const m = D.prepared.magnitudes, out = [];
         const f32 = (b) => new Float32Array(new Uint32Array([b]).buffer)[0];
         for (const k of [-149, -120, -60, 0, 60, 100, 127]) { const bins = new Map();
@@ -466,7 +404,7 @@ def test_subnormal_values_binned_by_their_exponent_field_would_be_caught(page):
     """A float32 subnormal's exponent field is 0 whatever its binade: binned by the field alone,
     the 100 subnormal values of the mixed set would all fall in one bar."""
     ex = BrowserRangeExplorer(mixed(10))
-    load(page, ex)
+    load_data(page, ex)
     got = page.evaluate("""() => { const bins = new Map();
         for (const b of D.prepared.magnitudes) { if (b === 0 || b >= 0x7f800000) continue;
           const e = (b >>> 23) - 127; bins.set(e, (bins.get(e) || 0) + 1); }
@@ -491,7 +429,7 @@ def test_bars_coloured_by_their_left_edge_would_be_caught(page):
     """A binade's bar takes the band of its middle: by its left edge, the binade that starts at the
     underflow boundary would be drawn as underflow."""
     ex = BrowserRangeExplorer(gradients(12))
-    load(page, ex)
+    load_data(page, ex)
     bands = page.evaluate("""() => { const fig = V.compute(D, {fmt: 'fp16', log2_scale: 0}).figure, out = {};
         for (const t of fig.data) if (t.meta.kind === 'bars') out[t.meta.band] = Array.from(t.x).filter((x, i) => i % 5 === 0);
         return out; }""")
@@ -517,55 +455,34 @@ def test_a_hover_that_says_1_value_would_be_caught(page):
     """plot_census's hover says "1 values" for a binade of one value (the page writes it so too):
     a port that wrote the singular would differ from the package."""
     ex = BrowserRangeExplorer(np.float32([1e-8, 1e-3, 1.0]))
-    load(page, ex)
+    load_data(page, ex)
     hover = page.evaluate("() => V.compute(D, {fmt: 'fp16', log2_scale: 0}).figure.data[0].hovertext")
     assert hover == python_figure(ex.figure())["data"][0]["hovertext"]
     assert all("<br>1 values (" in h for h in hover)
 
 
 # ----------------------------------------------------------------- in JupyterLab, with a kernel
-PY_SIDE = '''
-import ipywidgets as W
-python_side = W.HTML()
-python_side.add_class("python-side")
-def show(_=None):
-    r = explorer.result
-    python_side.value = f"{explorer.fmt} {explorer.log2_scale} | {r.counts['underflow']:,} | {r.counts['normal']:,}"
-explorer.observe(show, names=["fmt", "log2_scale"])
-show()
-python_side
-'''
+PY_SIDE = python_side_cell("explorer", ["fmt", "log2_scale"], '''
+r = explorer.result
+python_side.value = f"{explorer.fmt} {explorer.log2_scale} | {r.counts['underflow']:,} | {r.counts['normal']:,}"
+''')
 
 
 def test_in_jupyterlab_the_kernel_reads_what_the_page_moved(browser, tmp_path):
     """In JupyterLab, with a kernel: arrow keys move the slider (JupyterLab's notebook takes arrow
     keys that a control lets through), the page redraws at once, and the kernel's explorer holds
     the new scale and counts what the page's readout shows."""
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3 (ipykernel)",
-                                                           "language": "python", "name": "python3"}})
-    nb.cells = [nbformat.v4.new_code_cell(
-        "import numpy as np\nfrom ampviz.widgets.browser_range_explorer import BrowserRangeExplorer\n"
-        "rng = np.random.default_rng(0)\n"
-        "explorer = BrowserRangeExplorer(np.exp2(-np.abs(rng.normal(0, 8, 20_000))).astype(np.float32) / 64)\n"
-        "explorer"), nbformat.v4.new_code_cell(PY_SIDE)]
-    nbformat.write(nb, tmp_path / "range.ipynb")
-    with jupyter_lab(tmp_path) as url:
-        page = open_and_run(browser, url, "range.ipynb")
-        page.wait_for_selector(".ampviz-census-figure.js-plotly-plot", timeout=120_000)
-        page.wait_for_function("() => (document.querySelector('.python-side') || {}).innerText?.startsWith('fp16 0 |')",
-                               timeout=120_000)
-        slider = page.locator(".ampviz-scale-slider").first
-        slider.focus()
-        slider.press("ArrowRight")
-        slider.press("ArrowRight")
-        page.wait_for_function("() => JSON.parse(document.querySelector('.ampviz-census-figure').dataset.drawn)"
-                               ".log2_scale === 2")
-        page.wait_for_function("() => document.querySelector('.python-side').innerText.startsWith('fp16 2 |')",
-                               timeout=60_000)
-        py = page.evaluate("() => document.querySelector('.python-side').innerText").split(" | ")
+    cells = ["import numpy as np\nfrom ampviz.widgets.browser_range_explorer import BrowserRangeExplorer\n"
+             "rng = np.random.default_rng(0)\n"
+             "explorer = BrowserRangeExplorer(np.exp2(-np.abs(rng.normal(0, 8, 20_000))).astype(np.float32) / 64)\n"
+             "explorer", PY_SIDE]
+    with lab_notebook_page(browser, tmp_path, cells, FIGURE, "fp16 0 |") as page:
+        press_keys(page.locator(".ampviz-scale-slider").first, 2)
+        wait_drawn(page, FIGURE, log2_scale=2)
+        wait_python_side(page, "fp16 2 |")
+        py = python_side(page)
         counts = page.evaluate("() => Array.from(document.querySelectorAll('.ampviz-census-readout small'))"
                                ".map((s) => s.innerText)")
         # the readout's counts: "(underflow)", "(subnormal)", "(normal)", "(overflow)", then "of 20,000 values"
         assert counts[0] == f"({py[1]})" and counts[2] == f"({py[2]})", (counts, py)
-        page.close()
 

@@ -4,48 +4,28 @@ the page computes equal the package's at the same settings bit for bit; the figu
 ScalerLab's; a key press or a drag redraws in the page and sets the model Python reads, and a
 setting changed on the model moves the control."""
 
-import base64
 import json
-from pathlib import Path
 
-import nbformat
 import numpy as np
-import plotly
 import pytest
 
 from ampviz.widgets.base import _in_column
 from ampviz.widgets.browser_scaler_lab import BrowserScalerLab
-from ampviz.widgets.jsbundle import bundle
 from ampviz.widgets.scaler_lab import readout_html
-from conftest import _JS_HELPERS, js_page, jupyter_lab, open_and_run
+from conftest import (drawn, explorer_test_page, lab_notebook_page, load_data, plain, press_keys, python_side,
+                      python_side_cell, render, wait_drawn, wait_python_side)
 from test_js_scaleplot import same_log2
 from test_js_streams import SIG_JS, sig
 
-PLOTLY = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text()
-HTML = ('<html><head><script src="/plotly.min.js"></script></head>'
-        '<body><div id="root" style="width:1300px"></div></body></html>')
 SCENARIOS = ["steady", "drift", "spikes", "bursts", "warmup"]
+FIGURE = ".ampviz-scaler-figure"
 
 
 @pytest.fixture(scope="module")
 def page(browser):
-    page = js_page(browser, {"/plotly.min.js": ("text/javascript", PLOTLY),
-                             "/bundle/view.mjs": ("text/javascript", bundle("scaler_lab_view"))}, HTML)
-    page.errors = []
-    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
-    page.evaluate("async () => { window.V = await import('/bundle/view.mjs'); window.PM = await import('/js/page_model.mjs'); }")
-    page.evaluate(_JS_HELPERS)
+    page = explorer_test_page(browser, "scaler_lab_view")
     yield page
     page.close()
-
-
-def state_of(lab) -> dict:
-    return {k: v for k, v in lab.get_state().items() if not k.startswith("_")}
-
-
-def load(page, lab) -> None:
-    page.evaluate("(s) => { window.D = V.shippedData((k) => s[k]); window.CACHE = new Map(); }", state_of(lab))
 
 
 def random_settings(rng, presets) -> dict:
@@ -61,7 +41,7 @@ def random_settings(rng, presets) -> dict:
 
 def test_a_thousand_random_settings_give_the_packages_numbers(page):
     lab = BrowserScalerLab(steps=2_000, seed=3)
-    load(page, lab)
+    load_data(page, lab)
     rng = np.random.default_rng(0)
     presets = list(lab.presets)
     for batch in range(10):
@@ -85,21 +65,6 @@ def test_a_thousand_random_settings_give_the_packages_numbers(page):
             assert g["readout"] == _in_column(readout_html(traces, lab.marks)), s
 
 
-def plain(v):
-    """A figure's value as JSON has it: arrays as lists, NaN as None."""
-    if isinstance(v, np.ndarray):
-        return [None if isinstance(x, float) and x != x else x for x in v.tolist()]
-    if isinstance(v, dict) and set(v) >= {"bdata", "dtype"}:  # plotly's packed array
-        return plain(np.frombuffer(base64.b64decode(v["bdata"]), v["dtype"]).reshape(v.get("shape", -1)))
-    if isinstance(v, dict):
-        return {k: plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [plain(x) for x in v]
-    if isinstance(v, float) and v != v:
-        return None
-    return v
-
-
 @pytest.mark.parametrize("kw", [
     {},
     {"scenario": "bursts", "strength": 0.85, "overlay": ("DeepSpeed", "Megatron", "jmp"), "growth_interval": 100},
@@ -108,7 +73,7 @@ def plain(v):
 ])
 def test_the_figure_is_scaler_labs(page, kw):
     lab = BrowserScalerLab(steps=30_000, **kw)
-    load(page, lab)
+    load_data(page, lab)
     settings = {k: getattr(lab, k) for k in ("init_log2", "growth_factor", "backoff_factor", "growth_interval",
                                              "scenario", "strength", "loss_dtype", "overlay")}
     got = json.loads(page.evaluate("""(s) => JSON.stringify(V.compute(D, s, CACHE).figure,
@@ -126,37 +91,27 @@ def test_the_figure_is_scaler_labs(page, kw):
         assert a == b
 
 
-def render(page, lab) -> None:
-    page.evaluate("""(s) => { const root = document.getElementById("root"); root.innerHTML = "";
-        window.M = PM.pageModel(s); V.default.render({model: M, el: root}); }""", state_of(lab))
-    page.wait_for_selector(".ampviz-scaler-figure.js-plotly-plot")
-
-
-def drawn(page) -> dict:
-    return json.loads(page.eval_on_selector(".ampviz-scaler-figure", "(d) => d.dataset.drawn"))
-
-
 def test_a_key_press_redraws_in_the_page_and_sets_the_model(page):
     page.errors.clear()
     lab = BrowserScalerLab(steps=20_000, strength=0.5)
-    render(page, lab)
+    render(page, lab, FIGURE)
     slider = page.locator(".ampviz-scaler-strength")
     slider.focus()
     for _ in range(3):
         page.keyboard.press("ArrowRight")
-    page.wait_for_function("() => JSON.parse(document.querySelector('.ampviz-scaler-figure').dataset.drawn).strength === 0.65")
+    wait_drawn(page, FIGURE, strength=0.65)
     assert page.evaluate("() => M.get('strength')") == 0.65
     lab.strength = 0.65
     y = page.evaluate("() => Array.from(document.querySelector('.ampviz-scaler-figure').data[0].y)")
     assert y == plain(lab.figure().to_plotly_json()["data"][0]["y"])
     # a setting changed on the model (as Python changes it) moves the control and redraws
     page.evaluate("() => M.set('scenario', 'drift')")
-    page.wait_for_function("() => JSON.parse(document.querySelector('.ampviz-scaler-figure').dataset.drawn).scenario === 'drift'")
+    wait_drawn(page, FIGURE, scenario="drift")
     assert page.eval_on_selector(".ampviz-scaler-scenario", "(s) => s.value") == "drift"
     # a strength off the slider's positions, set from Python: its recipe arrives first, then the setting
     lab.scenario, lab.strength = "drift", 0.37
     page.evaluate("([r]) => { M.set('recipes', r); M.set('strength', 0.37); }", [lab.recipes])
-    page.wait_for_function("() => JSON.parse(document.querySelector('.ampviz-scaler-figure').dataset.drawn).strength === 0.37")
+    wait_drawn(page, FIGURE, strength=0.37)
     y = page.evaluate("() => Array.from(document.querySelector('.ampviz-scaler-figure').data[0].y)")
     assert y == plain(lab.figure().to_plotly_json()["data"][0]["y"])
     assert page.eval_on_selector(".ampviz-message", "(m) => m.textContent") == ""
@@ -166,59 +121,37 @@ def test_a_key_press_redraws_in_the_page_and_sets_the_model(page):
 def test_a_drag_draws_the_last_position_and_only_real_settings(page):
     page.errors.clear()
     lab = BrowserScalerLab(steps=20_000, strength=0.0)
-    render(page, lab)
+    render(page, lab, FIGURE)
     seen = page.evaluate("""async () => { const s = document.querySelector(".ampviz-scaler-strength");
         const fig = document.querySelector(".ampviz-scaler-figure"), seen = new Set();
         const watch = new MutationObserver(() => seen.add(JSON.parse(fig.dataset.drawn).strength));
         watch.observe(fig, {attributes: true, attributeFilter: ["data-drawn"]});
         for (let k = 1; k <= 20; k++) { s.value = String(k * 0.05); s.dispatchEvent(new Event("input")); await new Promise(requestAnimationFrame); }
         await new Promise((r) => setTimeout(r, 1500)); watch.disconnect(); return [...seen]; }""")
-    assert drawn(page)["strength"] == 1.0
+    assert drawn(page, FIGURE)["strength"] == 1.0
     grid = {round(k * 0.05, 12) for k in range(21)}
     assert set(seen) <= grid and len(seen) >= 5, seen
     assert page.errors == []
 
 
-PY_SIDE = '''
-import ipywidgets as W
+PY_SIDE = python_side_cell("lab", ["backoff_factor"], '''
 from ampviz.plots import format_number
-python_side = W.HTML()
-python_side.add_class("python-side")
-def show(_=None):
-    t = lab.traces[0]
-    python_side.value = f"{lab.backoff_factor!r} | {int(t.skipped.sum()):,} | {format_number(t.final.scale)}"
-lab.observe(show, names=["backoff_factor"])
-show()
-python_side
-'''
+t = lab.traces[0]
+python_side.value = f"{lab.backoff_factor!r} | {int(t.skipped.sum()):,} | {format_number(t.final.scale)}"
+''')
 
 
 def test_in_jupyterlab_the_kernel_reads_what_the_page_moved(browser, tmp_path):
     """In JupyterLab, with a kernel: arrow keys move the slider (JupyterLab's notebook takes arrow
     keys that a control lets through), the page redraws at once, and the kernel's lab holds the new
     setting and computes the same run as the page's readout shows."""
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3 (ipykernel)",
-                                                           "language": "python", "name": "python3"}})
-    nb.cells = [nbformat.v4.new_code_cell("from ampviz.widgets import BrowserScalerLab\n"
-                                          "lab = BrowserScalerLab(steps=20_000)\nlab"),
-                nbformat.v4.new_code_cell(PY_SIDE)]
-    nbformat.write(nb, tmp_path / "lab.ipynb")
-    with jupyter_lab(tmp_path) as url:
-        page = open_and_run(browser, url, "lab.ipynb")
-        page.wait_for_selector(".ampviz-scaler-figure.js-plotly-plot", timeout=120_000)
-        page.wait_for_function("() => (document.querySelector('.python-side') || {}).innerText?.startsWith('0.5 |')",
-                               timeout=120_000)
-        slider = page.locator(".ampviz-scaler-backoff").first
-        slider.focus()
-        slider.press("ArrowRight")
-        slider.press("ArrowRight")
-        page.wait_for_function("() => JSON.parse(document.querySelector('.ampviz-scaler-figure').dataset.drawn)"
-                               ".backoff_factor === 0.51")
-        page.wait_for_function("() => document.querySelector('.python-side').innerText.startsWith('0.51 |')",
-                               timeout=60_000)
-        py = page.evaluate("() => document.querySelector('.python-side').innerText").split(" | ")
+    cells = ["from ampviz.widgets import BrowserScalerLab\nlab = BrowserScalerLab(steps=20_000)\nlab", PY_SIDE]
+    with lab_notebook_page(browser, tmp_path, cells, FIGURE, "0.5 |") as page:
+        press_keys(page.locator(".ampviz-scaler-backoff").first, 2)
+        wait_drawn(page, FIGURE, backoff_factor=0.51)
+        wait_python_side(page, "0.51 |")
+        py = python_side(page)
         cells = page.evaluate("() => Array.from(document.querySelectorAll('.ampviz-scaler-readout td'))"
                               ".slice(0, 4).map((c) => c.innerText)")
         assert cells[0] == "your settings"
         assert cells[1].split(" ")[0] == py[1] and cells[2] == py[2], (cells, py)
-        page.close()

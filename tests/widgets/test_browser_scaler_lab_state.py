@@ -12,20 +12,7 @@ from hypothesis import given, settings, strategies as st
 from ampviz.scaling import recipes, synth
 from ampviz.widgets import ScalerLab
 from ampviz.widgets.browser_scaler_lab import STRENGTHS, BrowserScalerLab, _key
-
-
-def same_figure(a, b):
-    ja, jb = a.to_plotly_json(), b.to_plotly_json()
-    assert len(ja["data"]) == len(jb["data"])
-    for ta, tb in zip(ja["data"], jb["data"]):
-        assert ta.keys() == tb.keys()
-        for k in ta:
-            va, vb = ta[k], tb[k]
-            if isinstance(va, np.ndarray) or isinstance(vb, np.ndarray):
-                assert np.array_equal(np.asarray(va), np.asarray(vb), equal_nan=True), k
-            else:
-                assert va == vb, k
-    assert ja["layout"] == jb["layout"]
+from browser_state_helpers import same_figure_arrays  # tests/widgets/, on the path as pytest runs
 
 
 @pytest.mark.parametrize("kw", [
@@ -43,7 +30,7 @@ def test_it_shows_what_scaler_lab_shows(kw):
     for a, b in zip(lab.lost, ref.lost, strict=True):
         assert np.array_equal(a, b)
     assert lab.readout_html() == ref._readout_html()
-    same_figure(lab.figure(), ref.figure)
+    same_figure_arrays(lab.figure(), ref.figure)
 
 
 def test_a_moved_setting_is_read_by_python():
