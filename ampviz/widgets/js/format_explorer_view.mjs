@@ -192,17 +192,21 @@ export default {
       buttonsFor = f.name;
     };
 
+    const written = new WeakMap(); // what each element was last given (HTML, or a button's colour)
     // everything but the figure, at once; ``source``: the control the learner is using (left as it is)
     const show = (source = null) => {
       const r = compute({ ...state, formats });
       shown = r;
       const f = FORMATS[r.fmt];
       if (buttonsFor !== r.fmt) buildButtons(f);
+      // only what changed is written: every write makes the page lay itself out again, and a
+      // JupyterLab page is large
       r.buttons.forEach((b, j) => {
         const e = buttons[j];
-        e.textContent = b.label;
-        e.style.background = b.color;
-        e.style.fontWeight = b.on ? "bold" : "normal";
+        if (e.textContent !== b.label) e.textContent = b.label;
+        if (written.get(e) !== b.color) { e.style.background = b.color; written.set(e, b.color); }
+        const weight = b.on ? "bold" : "normal";
+        if (e.style.fontWeight !== weight) e.style.fontWeight = weight;
       });
       if (source !== dropdown) dropdown.value = r.fmt;
       if (source !== decimal) decimal.value = r.decimal;
@@ -210,9 +214,9 @@ export default {
       slider.max = String(r.slider.max);
       if (source !== slider) slider.value = String(r.slider.position);
       sliderNote.textContent = r.slider.shift ? `top ${SLIDER_BITS} bits` : `pattern ${r.bits} of ${r.slider.max}`;
-      legend.innerHTML = r.legend;
-      bitsLine.innerHTML = r.bitsHtml;
-      readout.innerHTML = r.readout;
+      for (const [el, html] of [[legend, r.legend], [bitsLine, r.bitsHtml], [readout, r.readout]]) {
+        if (written.get(el) !== html) { el.innerHTML = html; written.set(el, html); }
+      }
       readout.dataset.state = JSON.stringify({ fmt: r.fmt, bits: r.bits, typed: state.typed });
       return r;
     };
