@@ -14,7 +14,7 @@ import { mxQuantize, nvfp4Quantize } from "./blocks.mjs";
 import { explorerTitle, hadamardTransform, inColumn, plotBlocks, readoutHtml } from "./blockplot.mjs";
 import { withCommas } from "./censusplot.mjs";
 import { bytesOf } from "./figure.mjs";
-import { drawLoop, explorerPage, row, slider } from "./view_parts.mjs";
+import { drawLoop, explorerPage, followModel, row, slider } from "./view_parts.mjs";
 
 export const SETTINGS = ["scheme", "block_size", "rounding", "per_tensor_scale", "data", "log2_outlier", "hadamard",
   "seed"];
@@ -214,26 +214,16 @@ export default {
     });
     seed.addEventListener("change", () => { seed.value = String(settings.seed); }); // on leaving: the seed in use
     // a setting changed from Python
-    const fromModel = () => {
-      let changed = false;
-      for (const k of SETTINGS) {
-        const v = model.get(k);
-        if (v !== settings[k]) { settings[k] = v; changed = true; }
-      }
-      if (changed) { showSettings(); refresh(); schedule(); }
-    };
-    for (const k of SETTINGS) model.on(`change:${k}`, fromModel);
     // a new seed's rows, shipped by Python
-    const newRows = () => { data.rows = model.get("rows"); refresh(); schedule(); };
-    model.on("change:rows", newRows);
+    const unfollow = followModel(model, SETTINGS, settings, () => { showSettings(); refresh(); schedule(); },
+      { rows: (r) => { data.rows = r; refresh(); schedule(); } });
     showSettings();
     refresh();
     schedule();
     return () => {
       stop();
       remove();
-      for (const k of SETTINGS) model.off(`change:${k}`, fromModel);
-      model.off("change:rows", newRows);
+      unfollow();
     };
   },
 };

@@ -11,7 +11,7 @@ import { fp8Figure, fp8Readout } from "./fp8plot.mjs";
 import { withCommas } from "./censusplot.mjs";
 import { parseNumber, pyStrip, shownText } from "./valueplot.mjs";
 import { bytesOf } from "./figure.mjs";
-import { drawLoop, explorerPage, row, slider } from "./view_parts.mjs";
+import { drawLoop, explorerPage, followModel, row, slider } from "./view_parts.mjs";
 
 export const SETTINGS = ["recipe", "history_len", "algo", "margin", "fmt", "spike_log2", "nonfinite", "seed"];
 const DELAYED_ONLY = ["history_len", "algo", "margin"];
@@ -193,25 +193,15 @@ export default {
       showSettings();
     });
     // a setting changed from Python
-    const fromModel = () => {
-      let changed = false;
-      for (const k of SETTINGS) {
-        const v = model.get(k);
-        if (v !== settings[k]) { settings[k] = v; changed = true; }
-      }
-      if (changed) { showSettings(); schedule(); }
-    };
-    for (const k of SETTINGS) model.on(`change:${k}`, fromModel);
     // a seed's stream shipped by the kernel (after the page asked for that seed): drawn when it comes
-    const newStreams = () => { data.streams = model.get("streams"); schedule(); };
-    model.on("change:streams", newStreams);
+    const unfollow = followModel(model, SETTINGS, settings, () => { showSettings(); schedule(); },
+      { streams: (s) => { data.streams = s; schedule(); } });
     showSettings();
     schedule();
     return () => {
       stop();
       remove();
-      for (const k of SETTINGS) model.off(`change:${k}`, fromModel);
-      model.off("change:streams", newStreams);
+      unfollow();
     };
   },
 };

@@ -17,7 +17,7 @@
 import { FORMATS, cast, float32FromBits, pow2 } from "./formats.mjs";
 import { CATEGORIES, censusXRange, rangeExplorerFigure, readoutHtml, scaleLabel, withCommas } from "./censusplot.mjs";
 import { bytesOf } from "./figure.mjs";
-import { drawLoop, keepKeys } from "./view_parts.mjs";
+import { drawLoop, followModel, keepKeys } from "./view_parts.mjs";
 
 export const SETTINGS = ["fmt", "log2_scale"];
 
@@ -220,22 +220,14 @@ export default {
     slider.addEventListener("input", () => moved("log2_scale", Math.round(Number(slider.value))));
     dropdown.addEventListener("change", () => moved("fmt", dropdown.value));
     // a setting changed from Python
-    const fromModel = () => {
-      let changed = false;
-      for (const k of SETTINGS) {
-        const v = model.get(k);
-        if (v !== settings[k]) { settings[k] = v; changed = true; }
-      }
-      if (changed) { showSettings(); refresh(); schedule(); }
-    };
-    for (const k of SETTINGS) model.on(`change:${k}`, fromModel);
+    const unfollow = followModel(model, SETTINGS, settings, () => { showSettings(); refresh(); schedule(); });
     showSettings();
     refresh();
     schedule();
     return () => {
       stop();
       dropKeys();
-      for (const k of SETTINGS) model.off(`change:${k}`, fromModel);
+      unfollow();
     };
   },
 };

@@ -9,7 +9,7 @@ import { simulate } from "./scaling.mjs";
 import { rebuild } from "./streams.mjs";
 import { formatG, lostShare, readoutHtml, scaleTraceFigure, scalerLabTitle } from "./scaleplot.mjs";
 import { bytesOf } from "./figure.mjs";
-import { drawLoop, explorerPage, onGrid, row, slider } from "./view_parts.mjs";
+import { drawLoop, explorerPage, followModel, onGrid, row, slider } from "./view_parts.mjs";
 
 export const SETTINGS = ["init_log2", "growth_factor", "backoff_factor", "growth_interval", "scenario", "strength",
   "loss_dtype", "overlay"];
@@ -178,24 +178,14 @@ export default {
     loss.addEventListener("change", () => moved("loss_dtype", loss.value));
     overlay.addEventListener("change", () => moved("overlay", [...overlay.selectedOptions].map((o) => o.value)));
     // a setting changed from Python
-    const fromModel = () => {
-      let changed = false;
-      for (const k of SETTINGS) {
-        const v = model.get(k);
-        if (JSON.stringify(v) !== JSON.stringify(settings[k])) { settings[k] = v; changed = true; }
-      }
-      if (changed) { showSettings(); schedule(); }
-    };
-    for (const k of SETTINGS) model.on(`change:${k}`, fromModel);
-    const newRecipes = () => { data.recipes = model.get("recipes"); schedule(); };
-    model.on("change:recipes", newRecipes);
+    const unfollow = followModel(model, SETTINGS, settings, () => { showSettings(); schedule(); },
+      { recipes: (r) => { data.recipes = r; schedule(); } });
     showSettings();
     schedule();
     return () => {
       stop();
       remove();
-      for (const k of SETTINGS) model.off(`change:${k}`, fromModel);
-      model.off("change:recipes", newRecipes);
+      unfollow();
     };
   },
 };

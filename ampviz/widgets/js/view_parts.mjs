@@ -114,3 +114,21 @@ export function drawLoop(model, div, message, compute, onResult = () => {}, layo
   };
   return { schedule, stop };
 }
+
+/** Follows the model (Python's side of the settings): when any of ``keys`` changes there,
+ *  ``settings`` takes the new values and ``onChange()`` runs once; ``shipped`` ({trait: f}) hands
+ *  each data trait Python ships later to its f. Returns the function that stops following. */
+export function followModel(model, keys, settings, onChange, shipped = {}) {
+  const fromModel = () => {
+    let changed = false;
+    for (const k of keys) {
+      const v = model.get(k);
+      if (JSON.stringify(v) !== JSON.stringify(settings[k])) { settings[k] = v; changed = true; }
+    }
+    if (changed) onChange();
+  };
+  const handlers = [...keys.map((k) => [k, fromModel]),
+    ...Object.entries(shipped).map(([k, f]) => [k, () => f(model.get(k))])];
+  for (const [k, h] of handlers) model.on(`change:${k}`, h);
+  return () => { for (const [k, h] of handlers) model.off(`change:${k}`, h); };
+}
