@@ -14,7 +14,7 @@ import { mxQuantize, nvfp4Quantize } from "./blocks.mjs";
 import { explorerTitle, hadamardTransform, inColumn, plotBlocks, readoutHtml } from "./blockplot.mjs";
 import { withCommas } from "./censusplot.mjs";
 import { bytesOf } from "./figure.mjs";
-import { drawLoop, explorerPage, followModel, row, slider } from "./view_parts.mjs";
+import { explorerPage, followModel, readoutFirst, row, slider } from "./view_parts.mjs";
 
 export const SETTINGS = ["scheme", "block_size", "rounding", "per_tensor_scale", "data", "log2_outlier", "hadamard",
   "seed"];
@@ -156,7 +156,6 @@ export default {
 
     // the page's settings: the model's, until a control moves
     const settings = Object.fromEntries(SETTINGS.map((k) => [k, model.get(k)]));
-    let latest = null; // what the settings give: computed at once on every move, drawn when plotly is free
     const showSettings = () => {
       scheme.value = settings.scheme;
       block.value = String(settings.block_size);
@@ -175,23 +174,9 @@ export default {
       outlier.disabled = on.outlierDisabled;
     };
     // the readout follows every move at once; plotly's draw follows when it is free
-    const refresh = () => {
-      try {
-        latest = { settings: { ...settings }, result: compute(data, settings) };
-        message.textContent = "";
-      } catch (e) {
-        latest = null;
-        message.textContent = String(e.message || e);
-        return;
-      }
-      readout.innerHTML = latest.result.readout;
-    };
-    // the layout's meta (the blocks' numbers, for a reader of the figure) changes at every move and
-    // plotly draws nothing from it: a move that changes only the points and the meta moves the traces
-    const { schedule, stop } = drawLoop(model, figure, message, () => {
-      if (!latest) throw new Error(message.textContent);
-      return { figure: latest.result.figure, settings: latest.settings };
-    }, () => {}, (layout) => JSON.stringify({ ...layout, meta: undefined }));
+    const { refresh, schedule, stop } = readoutFirst(model, figure, message,
+      () => ({ settings: { ...settings }, result: compute(data, settings) }),
+      (result) => { readout.innerHTML = result.readout; });
     const moved = (k, value) => {
       settings[k] = value;
       showSettings();

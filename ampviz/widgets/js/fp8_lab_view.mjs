@@ -192,8 +192,8 @@ export default {
       }
       showSettings();
     });
-    // a setting changed from Python
-    // a seed's stream shipped by the kernel (after the page asked for that seed): drawn when it comes
+    // a setting changed from Python; a seed's stream shipped by the kernel (after the page asked
+    // for that seed): drawn when it comes
     const unfollow = followModel(model, SETTINGS, settings, () => { showSettings(); schedule(); },
       { streams: (s) => { data.streams = s; schedule(); } });
     showSettings();

@@ -17,7 +17,7 @@
 import { FORMATS, cast, float32FromBits, pow2 } from "./formats.mjs";
 import { CATEGORIES, censusXRange, rangeExplorerFigure, readoutHtml, scaleLabel, withCommas } from "./censusplot.mjs";
 import { bytesOf } from "./figure.mjs";
-import { drawLoop, followModel, keepKeys } from "./view_parts.mjs";
+import { followModel, keepKeys, readoutFirst } from "./view_parts.mjs";
 
 export const SETTINGS = ["fmt", "log2_scale"];
 
@@ -181,7 +181,6 @@ export default {
 
     // the page's settings: the model's, until a control moves
     const settings = Object.fromEntries(SETTINGS.map((k) => [k, model.get(k)]));
-    let latest = null; // what the settings give: computed at once on every move, drawn when plotly is free
     const showSettings = () => {
       slider.value = String(settings.log2_scale);
       shown.textContent = String(settings.log2_scale);
@@ -189,26 +188,9 @@ export default {
     };
     // the readout and the label follow every move at once (the census, readout and figure take
     // well under a millisecond; plotly's draw, which follows when it is free, some 10-30)
-    const refresh = () => {
-      try {
-        latest = { settings: { ...settings }, result: compute(data, settings) };
-        message.textContent = "";
-      } catch (e) {
-        latest = null;
-        message.textContent = String(e.message || e);
-        return;
-      }
-      readout.innerHTML = latest.result.readout;
-      label.innerHTML = latest.result.label;
-    };
-
-    // the layout as drawn: its meta (the census's numbers, for a reader of the figure) changes at
-    // every move and plotly draws nothing from it, so a move that changes only the points and the
-    // meta moves the traces (as FigureView, which sends no meta, does for RangeExplorer)
-    const { schedule, stop } = drawLoop(model, figure, message, () => {
-      if (!latest) throw new Error(message.textContent);
-      return { figure: latest.result.figure, settings: latest.settings };
-    }, () => {}, (layout) => JSON.stringify({ ...layout, meta: undefined }));
+    const { refresh, schedule, stop } = readoutFirst(model, figure, message,
+      () => ({ settings: { ...settings }, result: compute(data, settings) }),
+      (result) => { readout.innerHTML = result.readout; label.innerHTML = result.label; });
     const moved = (k, value) => {
       settings[k] = value;
       showSettings();

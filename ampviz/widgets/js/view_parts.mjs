@@ -132,3 +132,28 @@ export function followModel(model, keys, settings, onChange, shipped = {}) {
   for (const [k, h] of handlers) model.on(`change:${k}`, h);
   return () => { for (const [k, h] of handlers) model.off(`change:${k}`, h); };
 }
+
+/** An explorer whose readout follows every move at once while its figure is drawn when plotly is
+ *  free: ``refresh()`` computes (``compute()``, throwing to show a message) and shows the result
+ *  (``show(result)``); ``schedule()`` draws the last result computed. The layout's meta (numbers
+ *  for a reader of the figure, which plotly draws nothing from) is no part of whether a draw may
+ *  move the traces. */
+export function readoutFirst(model, div, message, compute, show) {
+  let latest = null;
+  const refresh = () => {
+    try {
+      latest = compute();
+      message.textContent = "";
+    } catch (e) {
+      latest = null;
+      message.textContent = String(e.message || e);
+      return;
+    }
+    show(latest.result);
+  };
+  const { schedule, stop } = drawLoop(model, div, message, () => {
+    if (!latest) throw new Error(message.textContent);
+    return { figure: latest.result.figure, settings: latest.settings };
+  }, () => {}, (layout) => JSON.stringify({ ...layout, meta: undefined }));
+  return { refresh, schedule, stop };
+}
