@@ -6,8 +6,9 @@ joins an entry module and every module it imports (``import {a, b} from "./x.mjs
 as X from "./x.mjs"``) into one text: each imported module runs inside a function of its own
 (its private names stay private) and hands back its exports, and the entry keeps its own
 ``export`` statements. The modules use only those two import forms and ``export function``,
-``export async function``, ``export const`` and ``export default`` (an imported module's default is its ``default``);
-anything else is an error.
+``export async function``, ``export const``, ``export default`` (an imported module's default is its ``default``)
+and ``export { a, b as c };`` (names the module declares or imports, as a module re-exports what it
+imports); anything else is an error.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ JS_DIR = Path(__file__).parent / "js"
 
 _IMPORT = re.compile(r'^import\s+(?:\{([^}]*)\}|\*\s+as\s+(\w+))\s+from\s+"\./([\w-]+)\.mjs";\s*$', re.M)
 _EXPORT = re.compile(r"^export\s+(?:async\s+function\*?|function\*?|const|let|class)\s+(\w+)", re.M)
+_EXPORT_LIST = re.compile(r"^export\s*\{([^}]*)\}\s*;?[ \t]*$", re.M)
 
 
 def _source(name: str) -> str:
@@ -67,19 +69,30 @@ def _linked(text: str) -> str:
     return _IMPORT.sub(replace, text)
 
 
+def _unexported(text: str) -> tuple[str, list[str]]:
+    """``text`` without its ``export`` keywords and export lists, and what it exported: each name, or
+    ``"c: b"`` for ``b as c`` (an object literal's entries), the default as ``default``."""
+    names = _EXPORT.findall(text)
+    body = _EXPORT.sub(lambda m: m.group(0)[len("export "):], text)
+    for m in _EXPORT_LIST.finditer(body):
+        for item in (n.strip() for n in m.group(1).split(",")):
+            local, _, name = (w.strip() for w in item.partition(" as "))
+            if item:
+                names.append(f"{name}: {local}" if name and name != local else local)
+    body = _EXPORT_LIST.sub("", body)
+    body, defaults = re.subn(r"^export default\b", "const __ampviz_default =", body, flags=re.M)
+    return body, names + (["default: __ampviz_default"] if defaults else [])
+
+
 @lru_cache(maxsize=None)
 def bundle(entry: str) -> str:
     """One ES module: ``entry`` (a module of ``ampviz/widgets/js``, by name) with every module it
     imports defined before it."""
     parts = []
     for name in _order(entry)[:-1]:
-        text = _linked(_source(name))
-        names = _EXPORT.findall(text)
-        body = _EXPORT.sub(lambda m: m.group(0)[len("export "):], text)
-        body, defaults = re.subn(r"^export default\b", "const __ampviz_default =", body, flags=re.M)
-        names += ["default: __ampviz_default"] if defaults else []
+        body, names = _unexported(_linked(_source(name)))
         if re.search(r"^export\b", body, re.M):
-            raise ValueError(f"cannot bundle an export of {name}.mjs: use export function or export const")
+            raise ValueError(f"cannot bundle an export of {name}.mjs: use export function, export const or export {{ a, b }}")
         parts.append(f"// ----- {name}.mjs\nconst __ampviz_{name.replace('-', '_')} = (() => {{\n{body}\n"
                      f"return {{ {', '.join(names)} }};\n}})();\n")
     parts.append(f"// ----- {entry}.mjs\n{_linked(_source(entry))}")
@@ -91,9 +104,5 @@ def classic(entry: str, name: str) -> str:
     """``bundle(entry)`` as a classic script (for a page opened from ``file://``, where a module
     script cannot be loaded from a file): its exports become ``window[name]``, the default export
     as ``window[name].default``."""
-    text = bundle(entry)
-    names = _EXPORT.findall(text.split(f"// ----- {entry}.mjs\n", 1)[1])
-    body = _EXPORT.sub(lambda m: m.group(0)[len("export "):], text)
-    body, defaults = re.subn(r"^export default\b", "const __ampviz_default =", body, flags=re.M)
-    exported = names + (["default: __ampviz_default"] if defaults else [])
+    body, exported = _unexported(bundle(entry))  # (the modules before the entry export nothing any more)
     return f"window.{name} = (() => {{\n{body}\nreturn {{ {', '.join(exported)} }};\n}})();\n"

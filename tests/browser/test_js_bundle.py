@@ -44,13 +44,37 @@ def test_the_classic_script_carries_a_default_export(page):
     assert "default" in keys and "drawFigure" in keys
 
 
+def test_a_module_exports_a_list_of_its_names_and_what_it_imports(page, tmp_path, monkeypatch):
+    """``export { a, b as c };``: names declared in the module or imported into it (a re-export),
+    in a bundled module, in the entry, and in the classic script."""
+    monkeypatch.setattr(jsbundle, "JS_DIR", tmp_path)
+    (tmp_path / "low.mjs").write_text('export function twice(x) { return 2 * x; }\n')
+    (tmp_path / "mid.mjs").write_text('import { twice } from "./low.mjs";\nconst three = 3;\n'
+                                      'export { twice, three as drei };\n')
+    (tmp_path / "top.mjs").write_text('import { drei, twice } from "./mid.mjs";\nconst six = twice(drei);\n'
+                                      'export { six, twice as double };\nexport const one = 1;\n')
+    jsbundle.bundle.cache_clear()
+    jsbundle.classic.cache_clear()
+    try:
+        module, classic = jsbundle.bundle("top"), jsbundle.classic("top", "Top")
+    finally:
+        jsbundle.bundle.cache_clear()
+        jsbundle.classic.cache_clear()
+    got = page.evaluate("""async ([module, classic]) => {
+        const m = await import(URL.createObjectURL(new Blob([module], {type: "text/javascript"})));
+        eval(classic);
+        const shown = (x) => Object.keys(x).sort().map((k) => [k, typeof x[k] === "function" ? x[k](5) : x[k]]);
+        return [shown(m), shown(window.Top)]; }""", [module, classic])
+    assert got[0] == got[1] == [["double", 10], ["one", 1], ["six", 6]]
+
+
 def test_what_it_cannot_link_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(jsbundle, "JS_DIR", tmp_path)
     (tmp_path / "a.mjs").write_text('import { b } from "./b.mjs";\nexport const a = 1;\n')
     (tmp_path / "b.mjs").write_text('import { a } from "./a.mjs";\nexport const b = 2;\n')
     (tmp_path / "c.mjs").write_text('import x from "./a.mjs";\nexport const c = 3;\n')
     (tmp_path / "d.mjs").write_text('import { e } from "./e.mjs";\nexport const d = e;\n')
-    (tmp_path / "e.mjs").write_text('const e = 1;\nexport { e };\n')
+    (tmp_path / "e.mjs").write_text('export var e = 1;\n')
     for entry, words in (("a", "import each other in a circle: a -> b -> a"), ("c", "cannot bundle the import"),
                          ("zz", "no browser module 'zz'"), ("d", "cannot bundle an export of e.mjs")):
         jsbundle.bundle.cache_clear()

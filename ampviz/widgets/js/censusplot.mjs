@@ -2,33 +2,29 @@
 // ampviz.plots.plot_census and RangeExplorer, exactly.
 //
 // A port of ampviz/plots/census.py (plot_census, census_x_range, _count_label, SMALL_BAR_KEY), of
-// what it calls in ampviz/plots/formats.py (band_edges, the band hovers, _past_max, _log2_window)
-// and ampviz/plots/text.py (format_pow2, format_share, format_shares, _pow2_short), the colours of
-// ampviz/plots/style.py, and RangeExplorer's readout, swatches, title and scale label
-// (ampviz/widgets/range_explorer.py). A census is {fmt, scale, total, counts, log2Bins, log2Counts}
-// (census.mjs's, with the format's name).
+// ampviz/plots/text.py's format_share and format_shares, the band opacity of ampviz/plots/style.py,
+// and RangeExplorer's readout, swatches, title and scale label (ampviz/widgets/range_explorer.py);
+// what it calls of ampviz/plots/formats.py and text.py (band_edges, the band hovers, _past_max,
+// _log2_window, format_pow2, _pow2_short) and the colours are plottext.mjs's, exported here too. A
+// census is {fmt, scale, total, counts, log2Bins, log2Counts} (census.mjs's, with the format's name).
 //
 // Exact where Python is: log2 is scaleplot.mjs's correctly rounded one (every constant a census
 // figure takes the log2 of is a power of two or a format's max or overflow boundary, where the C
 // library's log2 is correctly rounded too); Python's "{:.3g}" and "{:.2f}" round the exact decimal
-// value of a double half to even (toPrecision and toFixed round ties up), so both are done here on
-// the exact decimal digits; "{:,}" is written digit by digit.
+// value of a double half to even (toPrecision and toFixed round ties up), so both are done on the
+// exact decimal digits (scaleplot.mjs's formatG, plottext.mjs's formatFixed); "{:,}" is written
+// digit by digit.
 
-import { FORMATS, frexpExponent, ldexp } from "./formats.mjs";
-import { formatG, formatNumber, log2Scale } from "./scaleplot.mjs";
+import { BAND_CATEGORIES, CATEGORY_COLORS, bandEdges, bandHover, escapeHtml, formatFixed, formatOf } from "./plottext.mjs";
+import { formatPow2, log2, log2Window, pastMax, pow2Short, withCommas } from "./plottext.mjs";
+import { formatG } from "./scaleplot.mjs";
+
+export { BAND_CATEGORIES, CATEGORY_COLORS, bandEdges, bandHover, escapeHtml, formatFixed, formatPow2, log2, log2Window,
+  pastMax, pow2Short, withCommas };
 
 // ----------------------------------------------------------------- constants (style.py, census.py)
-/** Each category's colour (style.py's CATEGORY_COLORS). */
-export const CATEGORY_COLORS = Object.freeze({
-  zero: "#999999", underflow: "#0072B2", subnormal: "#56B4E9", normal: "#009E73", overflow: "#D55E00",
-  nan: "#CC79A7",
-});
-
 /** The census's categories, in ampviz.formats.CATEGORIES' order. */
 export const CATEGORIES = Object.freeze(["zero", "underflow", "subnormal", "normal", "overflow", "nan"]);
-
-/** The categories drawn as bands on the axis (style.py's BAND_CATEGORIES). */
-export const BAND_CATEGORIES = Object.freeze(["underflow", "subnormal", "normal", "overflow"]);
 
 /** How opaque the bands are drawn (style.py's BAND_OPACITY), and as Python's str() writes it. */
 export const BAND_OPACITY = 0.18;
@@ -42,95 +38,7 @@ const HEADROOM = 1.45; // the count axis reaches this many times the tallest bar
 const MARGIN_PX = { l: 60, r: 30 };
 const PLOT_PX = 560; // the narrowest plot area the band labels are placed for
 
-// ----------------------------------------------------------------- exact text helpers
-const F64 = new Float64Array(1);
-const U32 = new Uint32Array(F64.buffer); // little-endian: U32[1] holds the sign and exponent
-
-/** An integer with thousands separators, as Python's "{:,}". */
-export function withCommas(n) {
-  const s = String(Math.abs(n)).replace(/\B(?=(\d{3})+(?!\d))/g, ",");
-  return n < 0 ? "-" + s : s;
-}
-
-/** Python's html.escape (quotes included). */
-export function escapeHtml(s) {
-  return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
-    .replace(/"/g, "&quot;").replace(/'/g, "&#x27;");
-}
-
-/** log2 of a finite x > 0, correctly rounded (exact for powers of two). */
-export function log2(x) {
-  return log2Scale([x])[0];
-}
-
-/** [frac, e] with x = frac * 2**e, frac in [0.5, 1) (Python's math.frexp), for finite x > 0. */
-function frexp(x) {
-  const e = frexpExponent(x);
-  return [ldexp(x, -e), e];
-}
-
-/** The exact decimal digits of a finite a > 0: a = digits * 10^exp10, exp10 <= 0. */
-function exactDecimal(a) {
-  F64[0] = a;
-  const biased = (U32[1] >>> 20) & 0x7ff;
-  let m = (BigInt(U32[1] & 0xfffff) << 32n) | BigInt(U32[0]);
-  let e = -1074;
-  if (biased > 0) { m |= 1n << 52n; e = biased - 1075; }
-  if (e >= 0) return { digits: m << BigInt(e), exp10: 0 };
-  return { digits: m * 5n ** BigInt(-e), exp10: e };
-}
-
-/** x as Python's "{:.<p>f}" writes a finite float: the exact value rounded to p decimals, ties to even. */
-export function formatFixed(x, p = 2) {
-  F64[0] = x;
-  const sign = U32[1] >>> 31 ? "-" : "";
-  const a = Math.abs(x);
-  let n = 0n; // round(a * 10^p)
-  if (a > 0) {
-    const { digits, exp10 } = exactDecimal(a);
-    const shift = exp10 + p;
-    if (shift >= 0) n = digits * 10n ** BigInt(shift);
-    else {
-      const d = 10n ** BigInt(-shift), q = digits / d, r2 = 2n * (digits % d);
-      n = r2 > d || (r2 === d && q % 2n === 1n) ? q + 1n : q;
-    }
-  }
-  const text = n.toString().padStart(p + 1, "0");
-  return sign + (p ? `${text.slice(0, text.length - p)}.${text.slice(text.length - p)}` : text);
-}
-
 // ----------------------------------------------------------------- text.py
-/** x as a power of two and a decimal (text.py's format_pow2): "2^-24 ≈ 5.96e-08", "2^0 = 1",
- *  "(2 - 2^-10)·2^15 = 65504", otherwise "0.1 ≈ 2^-3.32". */
-export function formatPow2(x, digits = 3) {
-  x = Number(x);
-  if (x === 0 || !Number.isFinite(x)) return formatNumber(x);
-  const sign = x < 0 ? "-" : "";
-  const a = Math.abs(x);
-  const dec = formatNumber(a, digits);
-  const rel = Number(dec) === a ? "=" : "≈";
-  const [frac, e] = frexp(a);
-  if (frac === 0.5) return `${sign}2^${e - 1} ${rel} ${sign}${dec}`;
-  const rest = 2.0 - 2.0 * frac;
-  if (rest > 0) {
-    const [dfrac, de] = frexp(rest);
-    if (dfrac === 0.5 && de - 1 <= -2) return `${sign}(2 - 2^${de - 1})·2^${e - 1} ${rel} ${sign}${dec}`;
-  }
-  const l = log2(a);
-  const shown = Math.abs(l) >= 0.005 ? formatFixed(l, 2) : formatG(l, 2);
-  return `${sign}${dec} ≈ ${sign}2^${shown}`;
-}
-
-/** "2^-24" for a power of two, else the short decimal (text.py's _pow2_short). */
-export function pow2Short(x) {
-  x = Number(x);
-  if (x > 0 && x < Infinity) {  // a negative x has a negative fraction: never 0.5
-    const [frac, e] = frexp(x);
-    if (frac === 0.5) return `2^${e - 1}`;
-  }
-  return formatNumber(x);
-}
-
 /** A share as a percentage with 3 significant digits (text.py's format_share): never a nonzero
  *  share as 0% or a share below one as 100% ("<0.01%", ">99.9%"). */
 export function formatShare(fraction) {
@@ -163,84 +71,6 @@ export function formatShares(result) {
 /** "1 value" / "1,000 values" (census.py's _count_label). */
 export function countLabel(n) {
   return `${withCommas(n)} value` + (n === 1 ? "" : "s");
-}
-
-// ----------------------------------------------------------------- formats.py
-function formatOf(fmt) {
-  const f = typeof fmt === "string" ? FORMATS[fmt] : fmt;
-  if (!f || !FORMATS[f.name]) throw new TypeError(`fmt must be one of ${Object.keys(FORMATS).join(", ")}, not ${String(fmt)}`);
-  return f;
-}
-
-/** Whether the format has subnormals (E8M0, powers of two only, has none). */
-function hasSubnormals(f) {
-  return f.kind !== "e8m0";
-}
-
-/** Each band's magnitude edges [lo, hi] (formats.py's band_edges). */
-export function bandEdges(fmt) {
-  const f = formatOf(fmt);
-  const sub = hasSubnormals(f) ? [f.underflowBoundary, f.smallestNormal] : [f.underflowBoundary, f.underflowBoundary];
-  return {
-    underflow: [0, f.underflowBoundary],
-    subnormal: sub,
-    normal: [sub[1], f.overflowBoundary],
-    overflow: [f.overflowBoundary, Infinity],
-  };
-}
-
-/** What a cast does in a band, as its hover says (formats.py's _band_hover). */
-export function bandHover(fmt, category) {
-  const f = formatOf(fmt), name = f.name, p2 = formatPow2, num = formatNumber;
-  if (category === "underflow") {
-    if (!hasSubnormals(f)) {
-      return `${name} underflow: 0 < |x| ≤ ${p2(f.underflowBoundary)} becomes its smallest value ${p2(f.smallestNormal)} (no zero)`;
-    }
-    return `${name} underflow: 0 < |x| ≤ ${p2(f.underflowBoundary)} becomes 0`;
-  }
-  if (category === "subnormal" && !hasSubnormals(f)) return `${name} has no subnormals: every value is a power of two`;
-  if (category === "normal" && !hasSubnormals(f)) {
-    return `${name}: ${p2(f.underflowBoundary)} < |x| < ${num(f.overflowBoundary)} rounds to a power of two<br>`
-      + `${p2(f.smallestNormal)} … ${p2(f.max)}, no sign, no mantissa`;
-  }
-  if (category === "subnormal") {
-    return `${name} subnormal: ${p2(f.underflowBoundary)} < |x| < ${p2(f.smallestNormal)}<br>grid spacing `
-      + `${p2(f.smallestSubnormal)} (the smallest subnormal), fewer than ${f.mantissaBits + 1} significant bits`;
-  }
-  if (category === "normal") {
-    return `${name} normal: ${p2(f.smallestNormal)} ≤ |x| < ${num(f.overflowBoundary)}<br>max ${p2(f.max)}, `
-      + `${f.mantissaBits + 1} significant bits`;
-  }
-  if (f.kind === "fn") {
-    return `${name} overflow: |x| > ${num(f.overflowBoundary)} saturates to max = ${num(f.max)} (no inf)<br>`
-      + "in torch's cast and CUDA's saturating one; ml_dtypes' cast gives NaN";
-  }
-  if (f.kind === "finite") {
-    return `${name} overflow: |x| ≥ ${num(f.overflowBoundary)} saturates to max = ${num(f.max)}<br>`
-      + "no inf and no NaN: every pattern is a number";
-  }
-  if (f.kind === "fnuz" || f.kind === "e8m0") {
-    return `${name} overflow: |x| ≥ ${num(f.overflowBoundary)} becomes NaN (no inf)<br>in torch's and ml_dtypes' `
-      + `casts; a saturating cast gives max = ${num(f.max)}`;
-  }
-  return `${name} overflow: |x| ≥ ${num(f.overflowBoundary)} becomes inf`;
-}
-
-/** What a cast does past the format's range, in a few words (formats.py's _past_max). */
-export function pastMax(fmt) {
-  const f = formatOf(fmt);
-  if (f.kind === "fn") return `saturates to ${formatNumber(f.max)} (ml_dtypes: NaN)`;
-  if (f.kind === "finite") return `saturates to max ${formatNumber(f.max)}`;
-  if (f.kind === "fnuz" || f.kind === "e8m0") return "becomes NaN";
-  return "becomes inf";
-}
-
-/** An x range (log2 units) holding every band edge of the formats plus a margin (formats.py's _log2_window). */
-export function log2Window(fmts, margin = 5.0, step = 10) {
-  const fs = fmts.map(formatOf);
-  const lo = Math.min(...fs.map((f) => log2(f.underflowBoundary))) - margin;
-  const hi = Math.max(...fs.map((f) => log2(f.overflowBoundary))) + margin;
-  return [Math.floor(lo / step) * step, Math.ceil(hi / step) * step];
 }
 
 // ----------------------------------------------------------------- census.py

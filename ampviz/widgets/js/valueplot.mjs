@@ -1,11 +1,13 @@
 // FormatExplorer's figure, readout and input parsing in the browser: the same text and numbers as
 // the Python package, exactly.
 //
-// A port of plot_value and its band traces (ampviz/plots/formats.py), format_pow2 and _pow2_short
-// (ampviz/plots/text.py), the colours of ampviz/plots/style.py, parse_number and _parse_bits
-// (ampviz/widgets/base.py), FloatFormat.neighbours and .ulp (ampviz/formats/spec.py and
-// beyond_ieee.py), and FormatExplorer's readout (_readout_html, _bits_html, _error_text,
-// _category_note, _fields_text) and field legend (ampviz/widgets/format_explorer.py).
+// A port of plot_value and its band traces (ampviz/plots/formats.py), the field colours of
+// ampviz/plots/style.py, parse_number and _parse_bits (ampviz/widgets/base.py), FloatFormat.neighbours
+// and .ulp (ampviz/formats/spec.py and beyond_ieee.py), and FormatExplorer's readout (_readout_html,
+// _bits_html, _error_text, _category_note, _fields_text) and field legend
+// (ampviz/widgets/format_explorer.py); what it calls of ampviz/plots/text.py and formats.py
+// (format_pow2, _pow2_short, band_edges, the band hovers, _past_min, _past_max, _log2_window) and the
+// category colours are plottext.mjs's, exported here too.
 //
 // Python floats are float64, as JavaScript numbers are; the casts go through float32 as in
 // formats.mjs. Text is Python's: repr(float) (the shortest digits that round-trip, which
@@ -19,19 +21,18 @@
 // Python's version are read here and refused there).
 // tests/browser/test_browser_format_explorer.py holds every export to the Python it ports.
 
-import { FORMATS, cast, castBits32, decode, encode, fields, frexpExponent, ldexp, pow2, quantize } from "./formats.mjs";
-import { formatG, formatNumber, log2Scale } from "./scaleplot.mjs";
+import { FORMATS, cast, castBits32, decode, encode, fields, frexpExponent, pow2, quantize } from "./formats.mjs";
+import { BAND_CATEGORIES, CATEGORY_COLORS, bandEdges, bandHover, escapeHtml, formatFixed, formatPow2 } from "./plottext.mjs";
+import { log2, log2Window, pastMax, pastMin, pow2Short, withCommas } from "./plottext.mjs";
+import { formatG, formatNumber } from "./scaleplot.mjs";
+
+export { BAND_CATEGORIES, CATEGORY_COLORS, bandEdges, bandHover, escapeHtml, formatFixed, formatPow2, pow2Short };
 
 // ----------------------------------------------------------------- constants (style.py, base.py)
-/** One colour per category (style.py's CATEGORY_COLORS). */
-export const CATEGORY_COLORS = Object.freeze({ zero: "#999999", underflow: "#0072B2", subnormal: "#56B4E9",
-  normal: "#009E73", overflow: "#D55E00", nan: "#CC79A7" });
 /** One colour per field of a bit pattern (style.py's FIELD_COLORS). */
 export const FIELD_COLORS = Object.freeze({ sign: "#CC79A7", exponent: "#56B4E9", mantissa: "#E69F00" });
 /** Light tints of FIELD_COLORS for bits that are 0 (base.py's _FIELD_TINTS). */
 export const FIELD_TINTS = Object.freeze({ sign: "#F3DDE9", exponent: "#DDEFFA", mantissa: "#FAEBCC" });
-/** The categories a magnitude can land in, left to right on a log2 axis (style.py's BAND_CATEGORIES). */
-export const BAND_CATEGORIES = Object.freeze(["underflow", "subnormal", "normal", "overflow"]);
 /** Where plot_value draws its markers: a row above the band row (formats.py's _VALUE_MARK_Y). */
 const VALUE_MARK_Y = 0.45;
 
@@ -58,34 +59,6 @@ const U32 = new Uint32Array(F64.buffer); // little-endian: U32[1] holds the sign
 
 const isNegative = (x) => { F64[0] = x; return U32[1] >>> 31 === 1; }; // -0 included
 
-/** log2 of a finite a > 0, correctly rounded (scaleplot.mjs's). */
-function log2(a) {
-  return log2Scale([a])[0];
-}
-
-/** A finite double as (m, e) with BigInt m: |x| = m * 2**e exactly. */
-function exactParts(x) {
-  F64[0] = x;
-  const biased = (U32[1] >>> 20) & 0x7ff;
-  let m = (BigInt(U32[1] & 0xfffff) << 32n) | BigInt(U32[0]);
-  if (biased > 0) m |= 1n << 52n;
-  return [m, biased > 0 ? biased - 1075 : -1074];
-}
-
-/** Python's "{:.<n>f}": the exact value rounded to n decimals, ties to even; "-0.00" keeps its sign. */
-export function formatFixed(x, n) {
-  if (Number.isNaN(x)) return "nan";
-  if (!Number.isFinite(x)) return x > 0 ? "inf" : "-inf";
-  const [m, e] = exactParts(x);
-  let num = m * 10n ** BigInt(n), den = 1n;
-  if (e >= 0) num <<= BigInt(e); else den <<= BigInt(-e);
-  let q = num / den;
-  const twice = 2n * (num - q * den);
-  if (twice > den || (twice === den && q % 2n === 1n)) q += 1n;
-  const s = q.toString().padStart(n + 1, "0");
-  return (isNegative(x) ? "-" : "") + (n ? `${s.slice(0, -n)}.${s.slice(-n)}` : s);
-}
-
 /** Python's repr of a float: "0.1", "100.0", "1e-05", "1.5e+16", "-0.0", "inf", "nan". */
 export function reprFloat(x) {
   x = Number(x);
@@ -110,17 +83,6 @@ export function reprFloat(x) {
   return `${sign}${mant}e${exp < 0 ? "-" : "+"}${String(Math.abs(exp)).padStart(2, "0")}`;
 }
 
-/** Python's html.escape (quotes included). */
-export function escapeHtml(s) {
-  return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
-    .replace(/"/g, "&quot;").replace(/'/g, "&#x27;");
-}
-
-/** An integer with thousands separators, as Python's "{:,}". */
-function withCommas(n) {
-  return String(n).replace(/\B(?=(\d{3})+(?!\d))/g, ",");
-}
-
 /** Python's format(n, "0<width>b"). */
 function binary(n, width) {
   return n.toString(2).padStart(width, "0");
@@ -130,33 +92,6 @@ function binary(n, width) {
 export function hexText(fmt, bits) {
   const f = format(fmt);
   return "0x" + bits.toString(16).toUpperCase().padStart(Math.floor((f.bits + 3) / 4), "0");
-}
-
-// ----------------------------------------------------------------- text.py
-/** x as a power of two and a decimal (text.py's format_pow2): "2^-24 ≈ 5.96e-08", "2^0 = 1",
- *  "(2 - 2^-10)·2^15 = 65504", otherwise "0.1 ≈ 2^-3.32". */
-export function formatPow2(x, digits = 3) {
-  x = Number(x);
-  if (x === 0 || !Number.isFinite(x)) return formatNumber(x);
-  const sign = x < 0 ? "-" : "";
-  const a = Math.abs(x);
-  const dec = formatNumber(a, digits);
-  const rel = Number(dec) === a ? "=" : "≈";
-  const e = frexpExponent(a), frac = ldexp(a, -e); // a = frac * 2**e, frac in [0.5, 1)
-  if (frac === 0.5) return `${sign}2^${e - 1} ${rel} ${sign}${dec}`;
-  const d = 2 - 2 * frac; // exact
-  const de = frexpExponent(d), dfrac = ldexp(d, -de);
-  if (dfrac === 0.5 && de - 1 <= -2) return `${sign}(2 - 2^${de - 1})·2^${e - 1} ${rel} ${sign}${dec}`;
-  const l = log2(a);
-  const shown = Math.abs(l) >= 0.005 ? formatFixed(l, 2) : formatG(l, 2);
-  return `${sign}${dec} ≈ ${sign}2^${shown}`;
-}
-
-/** "2^-24" for a power of two, else the short decimal (text.py's _pow2_short). */
-export function pow2Short(x) {
-  x = Number(x);
-  if (x > 0 && Number.isFinite(x) && ldexp(x, -frexpExponent(x)) === 0.5) return `2^${frexpExponent(x) - 1}`;
-  return formatNumber(x); // (a negative power of two too: frexp's fraction is -0.5 there)
 }
 
 // ----------------------------------------------------------------- Python's str, repr and whitespace
@@ -527,76 +462,6 @@ export function readoutHtml(fmt, bits, typed = null) {
 }
 
 // ----------------------------------------------------------------- plot_value (formats.py)
-/** Magnitude edges [lo, hi] of each band (formats.py's band_edges). */
-export function bandEdges(fmt) {
-  const f = format(fmt);
-  const ub = f.underflowBoundary;
-  return {
-    underflow: [0, ub],
-    subnormal: hasSign(f) ? [ub, f.smallestNormal] : [ub, ub],
-    normal: [hasSign(f) ? f.smallestNormal : ub, f.overflowBoundary],
-    overflow: [f.overflowBoundary, Infinity],
-  };
-}
-
-function pastMin(f) {
-  return hasSign(f) ? "becomes 0" : `becomes ${pow2Short(f.smallestNormal)}`;
-}
-
-function pastMax(f) {
-  const kind = specials(f);
-  if (kind === "fn") return `saturates to ${formatNumber(f.max)} (ml_dtypes: NaN)`;
-  if (kind === "finite") return `saturates to max ${formatNumber(f.max)}`;
-  if (kind === "fnuz" || kind === "fnu") return "becomes NaN";
-  return "becomes inf";
-}
-
-/** The hover text of a band (formats.py's _band_hover). */
-export function bandHover(fmt, category) {
-  const f = format(fmt), name = f.name, kind = specials(f);
-  if (category === "underflow") {
-    if (!hasSign(f)) {
-      return `${name} underflow: 0 < |x| ≤ ${formatPow2(f.underflowBoundary)} becomes its smallest ` +
-        `value ${formatPow2(f.smallestNormal)} (no zero)`;
-    }
-    return `${name} underflow: 0 < |x| ≤ ${formatPow2(f.underflowBoundary)} becomes 0`;
-  }
-  if (category === "subnormal" && !hasSign(f)) return `${name} has no subnormals: every value is a power of two`;
-  if (category === "normal" && !hasSign(f)) {
-    return `${name}: ${formatPow2(f.underflowBoundary)} < |x| < ${formatNumber(f.overflowBoundary)} ` +
-      `rounds to a power of two<br>${formatPow2(f.smallestNormal)} … ${formatPow2(f.max)}, no sign, no mantissa`;
-  }
-  if (category === "subnormal") {
-    return `${name} subnormal: ${formatPow2(f.underflowBoundary)} < |x| < ${formatPow2(f.smallestNormal)}` +
-      `<br>grid spacing ${formatPow2(f.smallestSubnormal)} (the smallest subnormal), fewer than ` +
-      `${f.mantissaBits + 1} significant bits`;
-  }
-  if (category === "normal") {
-    return `${name} normal: ${formatPow2(f.smallestNormal)} ≤ |x| < ${formatNumber(f.overflowBoundary)}` +
-      `<br>max ${formatPow2(f.max)}, ${f.mantissaBits + 1} significant bits`;
-  }
-  if (kind === "fn") {
-    return `${name} overflow: |x| > ${formatNumber(f.overflowBoundary)} saturates to max = ${formatNumber(f.max)} ` +
-      "(no inf)<br>in torch's cast and CUDA's saturating one; ml_dtypes' cast gives NaN";
-  }
-  if (kind === "finite") {
-    return `${name} overflow: |x| ≥ ${formatNumber(f.overflowBoundary)} saturates to max = ${formatNumber(f.max)}` +
-      "<br>no inf and no NaN: every pattern is a number";
-  }
-  if (kind === "fnuz" || kind === "fnu") {
-    return `${name} overflow: |x| ≥ ${formatNumber(f.overflowBoundary)} becomes NaN (no inf)<br>in torch's and ` +
-      `ml_dtypes' casts; a saturating cast gives max = ${formatNumber(f.max)}`;
-  }
-  return `${name} overflow: |x| ≥ ${formatNumber(f.overflowBoundary)} becomes inf`;
-}
-
-/** An x range (in log2 units) holding the format's band edges plus a margin (formats.py's _log2_window). */
-function log2Window(f, margin, step) {
-  const lo = log2(f.underflowBoundary) - margin;
-  const hi = log2(f.overflowBoundary) + margin;
-  return [Math.floor(lo / step) * step + 0, Math.ceil(hi / step) * step + 0]; // + 0: never -0
-}
-
 /** One bar trace per band category of one format, at y = ``y`` and ``width`` thick (formats.py's
  *  _band_traces for one format, as plot_value draws it). */
 function bandTraces(f, [loX, hiX], y, width) {
@@ -646,7 +511,7 @@ export function distinctTexts(values, others = [], digits = 3) {
 export function plotValue(fmt, value, typed = null) {
   const f = format(fmt);
   const stored = quantize(f, value);
-  const xRange = log2Window(f, 5, 5);
+  const xRange = log2Window([f], 5, 5);
   const [loX, hiX] = xRange;
   const log2Pos = (v) => {
     const a = Math.abs(v);
