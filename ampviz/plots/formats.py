@@ -249,14 +249,55 @@ def _distinct_texts(values, others=(), digits: int = 3) -> list:
     return [repr(float(v)) for v in values]
 
 
+#: Where the zoom panel puts its values: this many gaps either side of the stored value (a gap:
+#: the larger of the spaces from the stored value to its neighbours), unless a typed number lies
+#: further out.
+ZOOM_REACH = 1.4
+#: A typed number's value is written under it only this many gaps from every other point.
+_TYPED_ROOM = 1 / 3
+
+
+def _zoom(f, stored: float, typed) -> tuple:
+    """The zoom panel's points, (label, value, position, colour, symbol) each, and its x range.
+
+    A point's position is its distance from the stored value in gaps, ``(v - stored) / gap``: the
+    neighbours sit at -1 and +1 (-0.5 below a power of two, where the grid's spacing halves), a
+    typed number within half a gap. So the panel's axis stays where it is from one pattern to the
+    next, and moving through the patterns only moves its points and texts.
+    """
+    points = []
+    below, above = f.neighbours(stored)
+    for label, v, color, symbol in (
+        ("below", below, "#777777", "line-ns-open"),
+        ("stored", stored, "black", "diamond"),
+        ("above", above, "#777777", "line-ns-open"),
+    ):
+        if math.isfinite(v):
+            points.append([label, v, color, symbol])
+    if typed is not None and math.isfinite(float(typed)) and float(typed) != stored:
+        points.append(["typed", float(typed), "#E69F00", "x"])
+    gaps = [abs(v - stored) for label, v, _, _ in points if label in ("below", "above")]
+    gap = max(gaps) if gaps else 1.0
+    zoom = [(label, v, (v - stored) / gap, color, symbol) for label, v, color, symbol in points]
+    xs = [x for _, _, x, _, _ in zoom]
+    if min(xs) >= -1.0 and max(xs) <= 1.0:
+        x_range = [-ZOOM_REACH, ZOOM_REACH]
+    else:  # a typed number far out (past a saturating format's max): every point in view
+        lo, hi = min(-1.0, *xs), max(1.0, *xs)
+        x_range = [lo - 0.15 * (hi - lo), hi + 0.15 * (hi - lo)]
+    return zoom, x_range
+
+
 def plot_value(fmt, value, typed=None) -> go.Figure:
     """Where ``value`` sits in ``fmt``: on top, the format's bands on a log2 axis with a marker
     above the band row at the stored value (and at ``typed``, the number before rounding, when
-    given); below, a linear zoom on the stored value and its neighbours below and above
-    (``fmt.neighbours``), with ``typed`` between them, its ticks at those values.
+    given); below, a zoom on the stored value between its neighbours below and above
+    (``fmt.neighbours``), with ``typed`` among them, each value written out under it.
 
-    A stored 0 is marked at the left end of the axis and inf (or a value past it) at the right
-    end; markers are never clipped at the edges.
+    The zoom is drawn in gaps from the stored value (see ``_zoom``), so from one bit pattern to the
+    next only the markers and texts move: the layout stays the same within a format (a browser
+    redraws nothing else). A stored 0 is marked at the left end of the top axis and inf (or a value
+    past it) at the right end; markers are never clipped at the edges.
     """
     f = get_format(fmt)
     stored = float(f.quantize(value))
@@ -294,18 +335,9 @@ def plot_value(fmt, value, typed=None) -> go.Figure:
         })
 
     annotations = []
-    zoom = []
+    zoom, zoom_range = ([], [-ZOOM_REACH, ZOOM_REACH])
     if math.isfinite(stored):
-        below, above = f.neighbours(stored)
-        for label, v, color, symbol in (
-            ("below", below, "#777777", "line-ns-open"),
-            ("stored", stored, "black", "diamond"),
-            ("above", above, "#777777", "line-ns-open"),
-        ):
-            if math.isfinite(v):
-                zoom.append((label, v, color, symbol))
-        if typed is not None and math.isfinite(float(typed)) and float(typed) != stored:
-            zoom.append(("typed", float(typed), "#E69F00", "x"))
+        zoom, zoom_range = _zoom(f, stored, typed)
     else:
         why = "NaN is not on the number line" if math.isnan(stored) else (
             f"{format_number(stored)}: beyond max = {format_number(f.max)}"
@@ -314,11 +346,11 @@ def plot_value(fmt, value, typed=None) -> go.Figure:
             {"name": "zoom", "text": why, "x": 0.5, "y": 0.15, "xref": "paper", "yref": "paper",
              "showarrow": False, "font": {"size": 12}}
         )
-    for label, v, color, symbol in zoom:
+    for label, v, x, color, symbol in zoom:
         traces.append({
             "type": "scatter",
             "name": label,
-            "x": [v],
+            "x": [x],
             "y": [0],
             "mode": "markers+text",
             "text": [label],
@@ -326,6 +358,31 @@ def plot_value(fmt, value, typed=None) -> go.Figure:
             "marker": {"symbol": symbol, "size": 14, "color": color, "line": {"width": 2, "color": color}},
             "hovertext": [f"{label}: {v!r}"],
             "hoverinfo": "text",
+            "showlegend": False,
+            "cliponaxis": False,
+            "xaxis": "x2",
+            "yaxis": "y2",
+        })
+    if zoom:
+        # each value written out as a number ("65504", not "6.55e+4") under its marker, where an
+        # axis has its tick labels; a typed value too close to the others to give its number room
+        # is named by its marker only
+        values = {}
+        for label, v, x, _, _ in zoom:
+            room = min(abs(x - w) for k, _, w, _, _ in zoom if k != "typed")
+            if label != "typed" or room > _TYPED_ROOM:
+                values.setdefault(v, x)
+        shown = sorted(values)
+        traces.append({
+            "type": "scatter",
+            "name": "values",
+            "x": [values[v] for v in shown],
+            "y": [-1.0] * len(shown),
+            "mode": "text",
+            "text": _distinct_texts(shown, [v for _, v, _, _, _ in zoom]),
+            "textposition": "bottom center",
+            "textfont": {"size": 12, "color": "#444444"},
+            "hoverinfo": "skip",
             "showlegend": False,
             "cliponaxis": False,
             "xaxis": "x2",
@@ -339,22 +396,19 @@ def plot_value(fmt, value, typed=None) -> go.Figure:
         "showlegend": False,
         "annotations": annotations,
         "uniformtext": {"minsize": 9, "mode": "hide"},
-        "title": {"text": f"{f.name}: {format_pow2(stored, digits=6)}", "x": 0.01, "font": {"size": 13}},
+        "title": {"text": f"{f.name}: the stored value on the format's range, and between its neighbours",
+                  "x": 0.01, "font": {"size": 13}},
         "xaxis": {"range": list(x_range), "tickprefix": "2^", "zeroline": False, "domain": [0, 1],
                   **_LABELS_AS_THEY_ARE, **_LINEAR},
         "yaxis": {"domain": [0.6, 1.0], "range": [-0.3, 0.65], "tickvals": [0], "ticktext": [f.name],
                   "showgrid": False, "zeroline": False, "fixedrange": True, **_LABELS_AS_THEY_ARE, **_LINEAR},
-        "xaxis2": {"anchor": "y2", "domain": [0, 1], "zeroline": False, **_LABELS_AS_THEY_ARE, **_LINEAR},
-        "yaxis2": {"domain": [0.0, 0.4], "visible": False, "range": [-1, 1.2], **_LINEAR},
+        # the zoom's axis in gaps from the stored value: no ticks (the values are written under
+        # their markers), a line through the markers
+        "xaxis2": {"anchor": "y2", "domain": [0, 1], "range": zoom_range, "showgrid": False,
+                   "showticklabels": False, "zeroline": False, **_LABELS_AS_THEY_ARE, **_LINEAR},
+        "yaxis2": {"domain": [0.0, 0.4], "visible": False, "range": [-1, 1.2], "fixedrange": True, **_LINEAR},
+        "shapes": [{"type": "line", "xref": "x2 domain", "x0": 0, "x1": 1, "yref": "y2", "y0": 0, "y1": 0,
+                    "line": {"color": "#cccccc", "width": 1}, "layer": "below"}] if zoom else [],
         "meta": {"fmt": f.name, "stored": stored if math.isfinite(stored) else None},
     }
-    if zoom:
-        xs = [v for _, v, _, _ in zoom]
-        span = max(xs) - min(xs) or f.ulp(stored) or f.smallest_subnormal
-        layout["xaxis2"]["range"] = [min(xs) - 0.15 * span, max(xs) + 0.15 * span]
-        # ticks at the values themselves, written out as numbers ("65504", not "6.55e+4"); a typed
-        # value too close to the stored one to give its number room is named by its marker only
-        ticks = sorted({v for label, v, _, _ in zoom
-                        if label != "typed" or min(abs(v - w) for k, w, _, _ in zoom if k != "typed") > span / 6})
-        layout["xaxis2"].update(tickvals=ticks, ticktext=_distinct_texts(ticks, xs))
     return _figure(traces, layout)

@@ -152,11 +152,11 @@ MOVE = """async ([first, second, sameLayout, fresh]) => {
 
 
 def _most_moved(a, b) -> int:
-    """The index of the trace whose y differs most between figures ``a`` and ``b``."""
+    """The index of the trace whose points (y, then x) differ most between figures ``a`` and ``b``."""
     def gap(s, t):
         s, t = np.asarray(s if s is not None else [], np.float64), np.asarray(t if t is not None else [], np.float64)
         return np.inf if s.shape != t.shape else float(np.nansum(np.abs(s - t)))
-    return int(np.argmax([gap(s.y, t.y) for s, t in zip(a.data, b.data)]))
+    return int(np.argmax([gap(s.y, t.y) * 1e6 + gap(s.x, t.x) for s, t in zip(a.data, b.data)]))
 
 
 def _scaler_figures() -> list:
@@ -209,6 +209,18 @@ def _fp8_emptying_figures() -> list:
     return _fp8_filling_figures()[::-1]
 
 
+def _format_figures() -> list:
+    """FormatExplorer's figure at 0.1 and at 0.2 in fp16: one layout (the zoom is drawn in gaps from
+    the stored value), its band bars as they were (drawn opaque: left as drawn), the markers and the
+    values written under the zoom's markers moved."""
+    from ampviz.plots import plot_value
+
+    figs = [plot_value("fp16", 0.1), plot_value("fp16", 0.2)]
+    texts = [[t.text for t in f.data if t.name == "values"] for f in figs]
+    assert texts[0] != texts[1]
+    return figs
+
+
 def _range_figures() -> list:
     """A RangeExplorer scale move from 2^-8 to 2^3 over the beam model's gradients: bars change
     bands (the subnormal band's outline and its mark of a bar too short to see fill), every
@@ -230,9 +242,9 @@ def _range_figures() -> list:
 
 
 @pytest.mark.parametrize("figures", [_scaler_figures, _fp8_figures, _block_figures, _fp8_filling_figures,
-                                     _fp8_emptying_figures, _range_figures])
+                                     _fp8_emptying_figures, _range_figures, _format_figures])
 def test_a_move_of_points_only_draws_the_pixels_of_a_full_redraw(browser, figures):
-    """A ScalerLab, Fp8ScalingLab, BlockExplorer or RangeExplorer move that keeps the layout is drawn by moving the traces
+    """A ScalerLab, Fp8ScalingLab, BlockExplorer, RangeExplorer or FormatExplorer move that keeps the layout is drawn by moving the traces
     (Plotly.animate, no redraw); the pixels, the hover's numbers and the points plotly holds equal
     a full redraw of the new figure. A move that leaves one trace out (the one whose points change
     most) draws other pixels."""
@@ -306,8 +318,12 @@ def test_only_points_on_fixed_axes_take_the_fast_path(browser):
     """FigureView's test for a points-only move: any change but a trace's points and hover values,
     another trace type, an axis without a fixed range or shown at another (zoomed) range, a trace
     hidden from the legend, a trace that empties or fills, or another number of traces takes a
-    full redraw."""
+    full redraw. A move moves every trace (plotly's animate takes away those it is not given): a
+    bar whose points stay may be among them where a move draws it as a full redraw does (an opaque
+    colour, no outline); one whose points change takes a full redraw."""
     line = {"type": "scatter", "x": [0, 1], "y": [1, 2], "name": "a", "customdata": [1, 2]}
+    bar = {"type": "bar", "x": [0, 1], "y": [1, 2], "name": "b", "opacity": 0.85,
+           "marker": {"color": "#009E73", "line": {"width": 0}, "pattern": {"shape": [""]}}}
     fixed = {"xaxis": {"range": [0, 1]}, "yaxis": {"range": [0, 3]}, "yaxis2": {"range": [0, 1]}}
     matched = {**fixed, "xaxis2": {"range": [0, 1], "matches": "x"}}
     cases = [
@@ -339,9 +355,23 @@ def test_only_points_on_fixed_axes_take_the_fast_path(browser):
         ([{**line, "showlegend": False}], [{**line, "x": [], "y": [], "customdata": [], "showlegend": False}], fixed,
          False),
         ([{**line, "text": ["a", "b"]}], [{**line, "text": ["c", "d"], "y": [2, 1]}], fixed, True),  # a text trace's texts
+        # a bar drawn opaque that stays beside a line that moves: only the line is moved
+        ([bar, line], [bar, {**line, "y": [2, 1]}], fixed, [0, 1]),
+        ([bar, line], [{**bar, "x": [1, 0]}, {**line, "y": [2, 1]}], fixed, False),
+        ([bar, line], [bar, line], fixed, []),  # nothing to move
+        # a bar whose edges a full redraw rounds to whole pixels: a translucent colour, an outline
+        ([{**bar, "marker": {"color": "rgba(0,0,0,0.5)", "line": {"width": 0}}}, line],
+         [{**bar, "marker": {"color": "rgba(0,0,0,0.5)", "line": {"width": 0}}}, {**line, "y": [2, 1]}], fixed, False),
+        ([{**bar, "marker": {"color": "#000000", "line": {"width": 1}}}, line],
+         [{**bar, "marker": {"color": "#000000", "line": {"width": 1}}}, {**line, "y": [2, 1]}], fixed, False),
+        # hatched (fp8_e4m3's overflow band, which saturates): a move lays the pattern otherwise
+        ([{**bar, "marker": {"color": "#000000", "line": {"width": 0}, "pattern": {"shape": ["/"]}}}, line],
+         [{**bar, "marker": {"color": "#000000", "line": {"width": 0}, "pattern": {"shape": ["/"]}}},
+          {**line, "y": [2, 1]}], fixed, False),
     ]
     zoomed = {**fixed, "xaxis": {"range": [0.2, 0.6]}}  # as plotly holds it after a zoom
-    cases = [(before, data, layout, {**fixed, **matched}, None, want) for before, data, layout, want in cases] + [
+    cases = [(before, data, layout, {**fixed, **matched}, None, [0] if want is True else want)
+             for before, data, layout, want in cases] + [
         ([line], [{**line, "y": [2, 1]}], fixed, zoomed, None, False),
         ([line], [{**line, "y": [2, 1]}], fixed, fixed, [{**line, "visible": "legendonly"}], False)]
     page = browser.new_page()

@@ -345,14 +345,74 @@ def test_figures_are_deterministic_and_carry_no_uids():
 
 # ----- one value -----
 def _zoom_points(fig):
-    return {t.name: t.x[0] for t in fig.data if getattr(t, "xaxis", None) == "x2"}
+    """The zoom's markers: {name: value}, the value as its hover writes it (repr: exact)."""
+    return {t.name: float(t.hovertext[0].split(": ")[1]) for t in fig.data
+            if getattr(t, "xaxis", None) == "x2" and t.name != "values"}
+
+
+def _zoom_positions(fig):
+    """The zoom's markers: {name: position}, in gaps from the stored value."""
+    return {t.name: t.x[0] for t in fig.data if getattr(t, "xaxis", None) == "x2" and t.name != "values"}
+
+
+def _zoom_values(fig):
+    """The values written under the zoom's markers: {position: text}."""
+    (values,) = [t for t in fig.data if t.name == "values"]
+    return dict(zip(values.x, values.text))
 
 
 def test_plot_value_zoom_shows_neighbours_stored_and_typed():
     fmt = get_format("fp16")
     fig = plot_value(fmt, 0.1, typed=0.1)
     below, above = fmt.neighbours(0.1)
-    assert _zoom_points(fig) == {"below": below, "stored": fmt.quantize(0.1), "above": above, "typed": 0.1}
+    stored = float(fmt.quantize(0.1))
+    assert _zoom_points(fig) == {"below": below, "stored": stored, "above": above, "typed": 0.1}
+    # drawn in gaps from the stored value: the neighbours one gap (2^-14 here) either side
+    gap = 2.0**-14
+    assert above - stored == stored - below == gap
+    assert _zoom_positions(fig) == {"below": -1.0, "stored": 0.0, "above": 1.0, "typed": (0.1 - stored) / gap}
+    assert fig.layout.xaxis2.range == (-1.4, 1.4)
+    # below a power of two the grid's spacing halves: the neighbour below sits half a gap away
+    assert _zoom_positions(plot_value(fmt, 1.0)) == {"below": -0.5, "stored": 0.0, "above": 1.0}
+    assert _zoom_positions(plot_value(fmt, 0.0)) == {"below": -1.0, "stored": 0.0, "above": 1.0}
+    assert _zoom_positions(plot_value(fmt, fmt.max)) == {"below": -1.0, "stored": 0.0}
+    # a typed number past a saturating format's max, far out: the range holds every point
+    fig = plot_value("fp4_e2m1", 1000.0, typed=1000.0)
+    lo, hi = fig.layout.xaxis2.range
+    assert _zoom_positions(fig) == {"below": -1.0, "stored": 0.0, "typed": (1000.0 - 6.0) / 2.0}
+    assert lo < -1.0 and hi > 497.0
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "e8m0", "fp32"])
+def test_plot_value_keeps_its_layout_within_a_format(name):
+    """Within a format, every stored number's figure has the same layout (less meta, which holds
+    the stored value): moving through the patterns only moves the markers and texts, which a
+    browser draws without redrawing the axes. NaN and inf say why the zoom is empty instead."""
+    fmt = get_format(name)
+    rng = np.random.default_rng(0)
+    patterns = rng.integers(0, 2**min(fmt.bits, 16), 300) << max(0, fmt.bits - 16)
+
+    def layout(v, typed=None):
+        out = plot_value(fmt, v, typed=typed).to_plotly_json()["layout"]
+        out.pop("meta")
+        return json.dumps(out, sort_keys=True)
+
+    first = None
+    for bits in patterns:
+        v = float(fmt.decode(int(bits)))
+        if not math.isfinite(v):
+            assert "annotations" in json.loads(layout(v))
+            continue
+        first = first or layout(v)
+        assert layout(v) == first, (name, int(bits), v)
+        # a number typed that rounds to it, half a gap off at most, keeps it too
+        below, above = fmt.neighbours(v)
+        if math.isfinite(above) and above > v:
+            assert layout(v + (above - v) / 3, typed=v + (above - v) / 3) == first
+    # a plausible wrong zoom, in the values themselves, would move its range on every pattern
+    a, b = plot_value(fmt, 1.0), plot_value(fmt, 3.0)
+    assert a.layout.xaxis2.range == b.layout.xaxis2.range
+    assert [t.x[0] for t in a.data if t.name == "below"] != [float(fmt.neighbours(1.0)[0])]
 
 
 def test_plot_value_specials_explain_themselves():
@@ -760,17 +820,19 @@ def test_plot_value_markers_sit_above_the_band_row_and_never_clip():
     assert [t.x[0] for t in inf.data if t.name == "stored"][0] > math.log2(get_format("fp16").overflow_boundary)
 
 
-def test_zoom_ticks_are_the_values_written_out():
+def test_zoom_values_are_written_out_under_their_markers():
     fig = plot_value("fp16", 65519.0, typed=65519.0)
-    assert list(fig.layout.xaxis2.tickvals) == [65472.0, 65504.0, 65519.0]
-    assert list(fig.layout.xaxis2.ticktext) == ["65472", "65504", "65519"]  # not "6.547e+4"
+    assert list(_zoom_values(fig).values()) == ["65472", "65504", "65519"]  # not "6.547e+4"
+    assert list(_zoom_values(fig)) == [-1.0, 0.0, 15 / 32]  # under below, stored and typed
+    assert fig.layout.xaxis2.showticklabels is False  # the axis itself writes nothing
     fig = plot_value("fp16", 0.1, typed=0.1)
-    stored = get_format("fp16").quantize(0.1)
-    text = dict(zip(fig.layout.xaxis2.tickvals, fig.layout.xaxis2.ticktext))
-    assert text[0.1] == "0.1" and text[stored] == "0.099976" and len(set(text.values())) == 4
-    # a typed value too close to draw its own tick: the stored one still never reads as it
+    positions = _zoom_positions(fig)
+    text = _zoom_values(fig)
+    assert text[positions["typed"]] == "0.1" and text[0.0] == "0.099976" and len(set(text.values())) == 4
+    # a typed value too close to write its own: the stored one still never reads as it
     fig = plot_value("fp32", 0.1, typed=0.1)
-    assert "0.1" not in fig.layout.xaxis2.ticktext and 0.1 not in fig.layout.xaxis2.tickvals
+    assert abs(_zoom_positions(fig)["typed"]) < 1 / 3
+    assert "0.1" not in _zoom_values(fig).values() and len(_zoom_values(fig)) == 3
 
 
 def test_log2_axes_read_as_powers_of_two():
@@ -923,7 +985,7 @@ def test_plot_value_marks_every_pattern_of_a_new_format_at_its_value(name):
         if math.isnan(v):
             assert top == [] and zoom == [] and fig.layout.meta["stored"] is None
             continue
-        assert fig.layout.meta["stored"] == v and zoom[0].x[0] == v
+        assert fig.layout.meta["stored"] == v and zoom[0].x[0] == 0.0 and zoom[0].hovertext[0] == f"stored: {v!r}"
         assert top[0].x[0] == (lo + 1.0 if v == 0 else math.log2(abs(v)))
 
 

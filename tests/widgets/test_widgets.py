@@ -22,7 +22,9 @@ GRADS[:5] = 0.0
 
 
 def zoom_points(fig):
-    return {t.name: t.x[0] for t in fig.data if getattr(t, "xaxis", None) == "x2"}
+    """The zoom's markers: {name: value}, the value as its hover writes it (repr: exact)."""
+    return {t.name: float(t.hovertext[0].split(": ")[1]) for t in fig.data
+            if getattr(t, "xaxis", None) == "x2" and t.name != "values"}
 
 
 def css(widget):

@@ -66,25 +66,56 @@ function movable(trace) {
   return type === "scatter" || (type === "bar" && trace.opacity === 0);
 }
 
-// ``drawn``: the figure as plotly holds it now (``layout``: its axes' ranges as shown; ``data``:
-// its traces, with a trace the learner hid from the legend marked so)
+// Whether trace ``b`` has the points of trace ``a`` (every point key the same, element by element).
+function samePoints(a, b) {
+  for (const k of POINT_KEYS) {
+    const u = a[k], v = b[k];
+    if (u === v) continue;
+    if (u === undefined || v === undefined || u === null || v === null || u.length !== v.length) return false;
+    for (let i = 0; i < u.length; i++) {
+      if (!Object.is(u[i], v[i]) && JSON.stringify(u[i]) !== JSON.stringify(v[i])) return false;
+    }
+  }
+  return true;
+}
+
+// The traces a move draws by moving them (their indices), or false where the move needs a full
+// redraw. A move redraws every trace of the figure (plotly's animate takes away those it is not
+// given), so every trace must be movable, or stay as it was where it may be drawn again as it was
+// (a bar drawn opaque with no outline, FormatExplorer's bands). No index: nothing changed.
+// A bar trace that a move draws again as a full redraw drew it, where its points stay: an opaque
+// colour, no outline and no hatching (plotly rounds the edges of other bars to whole pixels in a
+// full redraw only, and lays a hatching's pattern anew)
+function redrawnAlike(trace) {
+  const marker = trace.marker || {}, line = marker.line || {}, pattern = marker.pattern || {};
+  const shapes = pattern.shape === undefined ? [] : [].concat(pattern.shape);
+  return movable(trace) || (trace.type === "bar" && typeof marker.color === "string" && marker.color.startsWith("#")
+    && line.width === 0 && shapes.every((s) => s === ""));
+}
+
+// ``drawn``: the figure as plotly holds it now (``layout``: its axes' ranges as shown; ``data``: its
+// traces, with a trace the learner hid from the legend marked so)
 function pointsOnly(before, data, layout, drawn) {
   if (!before || before.data.length !== data.length || drawn.data.length !== data.length) return false;
+  let changed = false;
   for (let i = 0; i < data.length; i++) {
     const a = before.data[i], b = data[i];
     if (drawn.data[i].visible !== b.visible) return false;  // a full redraw shows it again, as before
+    for (const k of new Set([...Object.keys(a), ...Object.keys(b)])) {
+      if (POINT_KEYS.includes(k) ? !(k in b) : JSON.stringify(a[k]) !== JSON.stringify(b[k])) return false;
+    }
+    const same = samePoints(a, b);
+    changed ||= !same;
+    if (same && redrawnAlike(b)) continue;
     // a trace that empties: moved, it would keep its last markers drawn (plotly removes a point
     // that has no place only in a full redraw)
     if (pointCount(a) > 0 && pointCount(b) === 0) return false;
     // an empty trace has no legend entry: one in the legend that fills changes it
     if (b.showlegend !== false && pointCount(a) === 0 && pointCount(b) > 0) return false;
     if (!movable(a) || !movable(b)) return false;
-    for (const k of new Set([...Object.keys(a), ...Object.keys(b)])) {
-      if (POINT_KEYS.includes(k) ? !(k in b) : JSON.stringify(a[k]) !== JSON.stringify(b[k])) return false;
-    }
     if (!fixedAxis(layout, drawn, b.xaxis, "x") || !fixedAxis(layout, drawn, b.yaxis, "y")) return false;
   }
-  return true;
+  return changed ? data.map((_, i) => i) : [];
 }
 
 // Draw ``data`` and ``layout`` into ``div``; ``before``: what the last call drew (its return
@@ -95,11 +126,12 @@ function pointsOnly(before, data, layout, drawn) {
 export async function drawFigure(Plotly, div, data, layout, config, before, sameLayout) {
   const moving = sameLayout && div._transitionData && div._fullLayout && Array.isArray(div.data)
     && pointsOnly(before, data, layout, {layout: div._fullLayout, data: div.data});
+  if (moving && !moving.length) return {data, moved: true, settled: Promise.resolve()};  // nothing to draw
   if (moving) {
     // as plain arrays: plotly's animate walks a typed array's every index as an object's key
     // (about 13 ms a move for Fp8ScalingLab's lines of 2,000 steps), and a plain array not at all
-    const moved = data.map((t) => {
-      const u = {};
+    const moved = moving.map((i) => {
+      const t = data[i], u = {};
       for (const k of POINT_KEYS) if (k in t) u[k] = ArrayBuffer.isView(t[k]) ? Array.from(t[k]) : t[k];
       return u;
     });
@@ -109,7 +141,7 @@ export async function drawFigure(Plotly, div, data, layout, config, before, same
       onTransition = () => Promise.resolve().then(resolve);
       div.once("plotly_transitioning", onTransition);
     });
-    const settled = Plotly.animate(div, {data: moved, traces: data.map((_, i) => i)},
+    const settled = Plotly.animate(div, {data: moved, traces: moving},
                                    {transition: {duration: 0}, frame: {duration: 0, redraw: false}, mode: "immediate"});
     try {
       await Promise.race([movedNow, settled]);

@@ -505,9 +505,40 @@ export function distinctTexts(values, others = [], digits = 3) {
   return values.map(reprFloat);
 }
 
+/** How many gaps either side of the stored value the zoom reaches (formats.py's ZOOM_REACH). */
+export const ZOOM_REACH = 1.4;
+const TYPED_ROOM = 1 / 3;
+
+/** The zoom panel's points, [label, value, position, colour, symbol] each, and its x range
+ *  (formats.py's _zoom): a point's position is (v - stored) / gap, the gap the larger of the
+ *  spaces from the stored value to its finite neighbours. */
+export function zoomPoints(fmt, stored, typed = null) {
+  const f = format(fmt);
+  const points = [];
+  const [below, above] = neighbours(f, stored);
+  for (const item of [["below", below, "#777777", "line-ns-open"], ["stored", stored, "black", "diamond"],
+    ["above", above, "#777777", "line-ns-open"]]) {
+    if (Number.isFinite(item[1])) points.push(item);
+  }
+  if (typed !== null && Number.isFinite(typed) && typed !== stored) points.push(["typed", typed, "#E69F00", "x"]);
+  const gaps = points.filter((p) => p[0] === "below" || p[0] === "above").map((p) => Math.abs(p[1] - stored));
+  const gap = gaps.length ? pyMax(gaps) : 1.0;
+  const zoom = points.map(([label, v, color, symbol]) => [label, v, (v - stored) / gap, color, symbol]);
+  const xs = zoom.map((z) => z[2]);
+  let range;
+  if (pyMin(xs) >= -1.0 && pyMax(xs) <= 1.0) {
+    range = [-ZOOM_REACH, ZOOM_REACH];
+  } else { // a typed number far out (past a saturating format's max): every point in view
+    const lo = pyMin([-1.0, ...xs]), hi = pyMax([1.0, ...xs]);
+    range = [lo - 0.15 * (hi - lo), hi + 0.15 * (hi - lo)];
+  }
+  return { zoom, range };
+}
+
 /** Where ``value`` sits in ``fmt`` (formats.py's plot_value): {data, layout}, as
  *  plot_value(fmt, value, typed).to_plotly_json() has them, the template aside. ``typed``: the
- *  number before rounding, or null. */
+ *  number before rounding, or null. Within a format the layout is the same for every stored value
+ *  (the zoom is drawn in gaps from the stored value), so a move only moves points and texts. */
 export function plotValue(fmt, value, typed = null) {
   const f = format(fmt);
   const stored = quantize(f, value);
@@ -532,26 +563,38 @@ export function plotValue(fmt, value, typed = null) {
     });
   }
   const annotations = [];
-  const zoom = [];
+  let zoom = [], zoomRange = [-ZOOM_REACH, ZOOM_REACH];
   if (Number.isFinite(stored)) {
-    const [below, above] = neighbours(f, stored);
-    for (const item of [["below", below, "#777777", "line-ns-open"], ["stored", stored, "black", "diamond"],
-      ["above", above, "#777777", "line-ns-open"]]) {
-      if (Number.isFinite(item[1])) zoom.push(item);
-    }
-    if (typed !== null && Number.isFinite(typed) && typed !== stored) zoom.push(["typed", typed, "#E69F00", "x"]);
+    ({ zoom, range: zoomRange } = zoomPoints(f, stored, typed));
   } else {
     const why = Number.isNaN(stored) ? "NaN is not on the number line"
       : `${formatNumber(stored)}: beyond max = ${formatNumber(f.max)}`;
     annotations.push({ name: "zoom", text: why, x: 0.5, y: 0.15, xref: "paper", yref: "paper", showarrow: false,
       font: { size: 12 } });
   }
-  for (const [label, v, color, symbol] of zoom) {
+  for (const [label, v, x, color, symbol] of zoom) {
     traces.push({
-      type: "scatter", name: label, x: [v], y: [0], mode: "markers+text", text: [label],
+      type: "scatter", name: label, x: [x], y: [0], mode: "markers+text", text: [label],
       textposition: label !== "typed" ? "top center" : "bottom center",
       marker: { symbol, size: 14, color, line: { width: 2, color } },
       hovertext: [`${label}: ${reprFloat(v)}`], hoverinfo: "text", showlegend: false, cliponaxis: false,
+      xaxis: "x2", yaxis: "y2",
+    });
+  }
+  if (zoom.length) {
+    // each value written out under its marker; a typed value too close to the others is named by its marker only
+    // [value, position] each, as Python's dict: -0 and 0 one key, the first of them kept (a Map keeps 0)
+    const values = [];
+    for (const [label, v, x] of zoom) {
+      const far = label !== "typed" || pyMin(zoom.filter((z) => z[0] !== "typed").map((z) => Math.abs(x - z[2]))) > TYPED_ROOM;
+      if (far && !values.some(([w]) => w === v)) values.push([v, x]);
+    }
+    values.sort((p, q) => p[0] - q[0]);
+    const shown = values.map(([v]) => v);
+    traces.push({
+      type: "scatter", name: "values", x: values.map(([, x]) => x), y: shown.map(() => -1.0), mode: "text",
+      text: distinctTexts(shown, zoom.map((z) => z[1])), textposition: "bottom center",
+      textfont: { size: 12, color: "#444444" }, hoverinfo: "skip", showlegend: false, cliponaxis: false,
       xaxis: "x2", yaxis: "y2",
     });
   }
@@ -563,30 +606,17 @@ export function plotValue(fmt, value, typed = null) {
     showlegend: false,
     ...(annotations.length ? { annotations } : {}), // an empty list is left out, as plotly's validation does
     uniformtext: { minsize: 9, mode: "hide" },
-    title: { text: `${f.name}: ${formatPow2(stored, 6)}`, x: 0.01, font: { size: 13 } },
+    title: { text: `${f.name}: the stored value on the format's range, and between its neighbours`, x: 0.01,
+      font: { size: 13 } },
     xaxis: { range: [...xRange], tickprefix: "2^", zeroline: false, domain: [0, 1], ...labelsAsTheyAre, ...linear },
     yaxis: { domain: [0.6, 1.0], range: [-0.3, 0.65], tickvals: [0], ticktext: [f.name], showgrid: false,
       zeroline: false, fixedrange: true, ...labelsAsTheyAre, ...linear },
-    xaxis2: { anchor: "y2", domain: [0, 1], zeroline: false, ...labelsAsTheyAre, ...linear },
-    yaxis2: { domain: [0.0, 0.4], visible: false, range: [-1, 1.2], ...linear },
+    xaxis2: { anchor: "y2", domain: [0, 1], range: zoomRange, showgrid: false, showticklabels: false, zeroline: false,
+      ...labelsAsTheyAre, ...linear },
+    yaxis2: { domain: [0.0, 0.4], visible: false, range: [-1, 1.2], fixedrange: true, ...linear },
+    ...(zoom.length ? { shapes: [{ type: "line", xref: "x2 domain", x0: 0, x1: 1, yref: "y2", y0: 0, y1: 0,
+      line: { color: "#cccccc", width: 1 }, layer: "below" }] } : {}),
     meta: { fmt: f.name, stored: Number.isFinite(stored) ? stored : null },
   };
-  if (zoom.length) {
-    const xs = zoom.map((z) => z[1]);
-    const lo = pyMin(xs), hi = pyMax(xs);
-    let span = hi - lo;
-    if (span === 0) span = ulp(f, stored);
-    if (span === 0) span = f.smallestSubnormal;
-    layout.xaxis2.range = [lo - 0.15 * span, hi + 0.15 * span];
-    // ticks at the values themselves; a typed value too close to the stored one is named by its marker only
-    const kept = [];
-    for (const [label, v] of zoom) {
-      const far = label !== "typed" || pyMin(zoom.filter((z) => z[0] !== "typed").map((z) => Math.abs(v - z[1]))) > span / 6;
-      if (far && !kept.some((w) => w === v)) kept.push(v);
-    }
-    const ticks = kept.sort((a, b) => a - b);
-    layout.xaxis2.tickvals = ticks;
-    layout.xaxis2.ticktext = distinctTexts(ticks, xs);
-  }
   return { data: traces, layout };
 }

@@ -62,13 +62,19 @@ export function onGrid(value, min, step, digits = 12) {
   return Number((min + Math.round((value - min) / step) * step).toFixed(digits));
 }
 
+/** A layout's JSON less its meta. */
+function withoutMeta(layout) {
+  return JSON.stringify({ ...layout, meta: undefined });
+}
+
 /** Draws the explorer's figures into ``div``, one draw at a time: ``schedule()`` asks for a draw
  *  of what ``compute()`` returns then ({figure, settings}, or throws to show a message); asks
  *  that come while one draw runs are answered by one more draw of the newest settings. After each
  *  draw ``div`` is marked with the settings drawn and how long computing and drawing took.
  *  ``layoutKey``: the text that tells whether a layout is the one drawn before (only then may a
- *  draw move the traces). */
-export function drawLoop(model, div, message, compute, onResult = () => {}, layoutKey = JSON.stringify) {
+ *  draw move the traces); by default the layout's JSON less its meta (numbers for a reader of the
+ *  figure, which plotly draws nothing from), as FigureView leaves it out. */
+export function drawLoop(model, div, message, compute, onResult = () => {}, layoutKey = withoutMeta) {
   let alive = true, drawing = false, again = false, shown = null, layoutText = null;
   const draw = async () => {
     const start = performance.now();
@@ -135,9 +141,7 @@ export function followModel(model, keys, settings, onChange, shipped = {}) {
 
 /** An explorer whose readout follows every move at once while its figure is drawn when plotly is
  *  free: ``refresh()`` computes (``compute()``, throwing to show a message) and shows the result
- *  (``show(result)``); ``schedule()`` draws the last result computed. The layout's meta (numbers
- *  for a reader of the figure, which plotly draws nothing from) is no part of whether a draw may
- *  move the traces. */
+ *  (``show(result)``); ``schedule()`` draws the last result computed. */
 export function readoutFirst(model, div, message, compute, show) {
   let latest = null;
   const refresh = () => {
@@ -154,6 +158,6 @@ export function readoutFirst(model, div, message, compute, show) {
   const { schedule, stop } = drawLoop(model, div, message, () => {
     if (!latest) throw new Error(message.textContent);
     return { figure: latest.result.figure, settings: latest.settings };
-  }, () => {}, (layout) => JSON.stringify({ ...layout, meta: undefined }));
+  });
   return { refresh, schedule, stop };
 }
