@@ -9,7 +9,6 @@ import re
 import threading
 from collections import OrderedDict
 
-import numpy as np
 
 import ipywidgets as W
 

@@ -1,4 +1,8 @@
-"""BlockExplorer: MX and NVFP4 block scaling of one row of values, and what one outlier costs."""
+"""BlockExplorer: MX and NVFP4 block scaling of one row of values, and what one outlier costs.
+
+What it shows at a set of settings is computed by this module's functions, over plain settings
+(a dict, as ``acting_settings`` makes it): ``make_row``, ``quantize_row``, ``outlier_ends``,
+``blocks_figure`` and ``readout_html``. BlockExplorer and ``BrowserBlockExplorer`` both call them."""
 
 from __future__ import annotations
 
@@ -42,6 +46,105 @@ def _relative_error(x: np.ndarray, q: np.ndarray) -> np.ndarray:
     """|q - x| / |x| per element, over the nonzero x (float64)."""
     nz = x != 0
     return np.abs(q[nz].astype(np.float64) - x[nz]) / np.abs(x[nz].astype(np.float64))
+
+
+# ----- what the explorer shows, over plain settings -----
+def acting_settings(*, scheme: str, block: int, rounding: str, pts: bool, data: str, log2_outlier: int,
+                    seed: int, hadamard: bool) -> dict:
+    """The settings (``block``: the MX block size, ``pts``: NVFP4's per-tensor scale) with what
+    does not act made plain, so that the same drawing has the same settings: NVFP4's blocks are
+    16 and take no scale rounding, MX takes no per-tensor scale (None), and the log-normal data
+    place no outlier (None)."""
+    values = {"scheme": scheme, "block": block, "rounding": rounding, "pts": pts, "data": data,
+              "log2_outlier": log2_outlier, "seed": seed, "hadamard": hadamard}
+    if scheme == "nvfp4":
+        values["block"], values["rounding"] = 16, None
+    else:
+        values["pts"] = None
+    if data != "normal":
+        values["log2_outlier"] = None
+    return values
+
+
+def quantize_row(s: dict, n: int, outlier_at: int) -> tuple:
+    """(row before any transform, row quantized, result) at the settings ``s``
+    (``acting_settings``'), for a row of ``n`` values with the outlier at ``outlier_at``,
+    computed by ``ampviz.formats.blocks``."""
+    data = make_row(s["data"], n, s["seed"], s["log2_outlier"] or 0, outlier_at)
+    x = random_hadamard_transform(data) if s["hadamard"] else data
+    if s["scheme"] == "nvfp4":
+        result = nvfp4_quantize(x, per_tensor_scale=s["pts"])
+    else:
+        result = mx_quantize(x, s["scheme"], block_size=s["block"], rounding=s["rounding"])
+    return data, x, result
+
+
+def outlier_ends(s: dict, n: int, outlier_at: int, log2_lo: int, log2_hi: int) -> tuple:
+    """The (row quantized, result) pairs with the outlier at ``2**log2_lo`` and ``2**log2_hi``
+    (the outlier slider's ends) and the other settings ``s``; none when the data place no
+    outlier. The figure's value axis holds them too, so that the outlier grows against a still
+    axis."""
+    if s["log2_outlier"] is None:
+        return ()
+    return tuple(quantize_row({**s, "log2_outlier": v}, n, outlier_at)[1:] for v in (log2_lo, log2_hi))
+
+
+def blocks_figure(x, result, s: dict, hold=()):
+    """The figure of the row ``x`` quantized (``result``) at the settings ``s``, its title naming
+    them, its value axis holding ``hold`` (``outlier_ends``)."""
+    what = dict((v, k) for k, v in SCHEMES)[s["scheme"]]
+    title = f"{what}: blocks of {s['block']}"
+    title += (f", scale rounding {s['rounding']}" if s["scheme"] != "nvfp4" else
+              f", per-tensor scale {format_number(result.tensor_scale)}" if result.tensor_scale is not None
+              else ", no per-tensor scale")
+    if s["hadamard"]:
+        title += ", after the Hadamard transform"
+    return plot_blocks(x, result, title=title, legend_counts=False, hold=hold)
+
+
+def readout_html(data, x, result, fig, hadamard: bool) -> str:
+    """The readout: the mean and largest relative error, the shares saturated and flushed to zero,
+    each block's scale and worst relative error (read from the figure's ``meta``), and with the
+    transform (``hadamard``) the errors after undoing it, against the row ``data``."""
+    q = np.asarray(result.values)
+    err = _relative_error(x, q)
+    meta = fig.layout.meta
+    n = x.size
+    line = (f"mean relative error {format_share(err.mean()) if err.size else '0%'} · "
+            f"max {format_share(err.max()) if err.size else '0%'} · "
+            f"saturated {format_share(meta['saturated'] / n)} ({meta['saturated']:,}) · "
+            f"flushed to zero {format_share(meta['flushed'] / n)} ({meta['flushed']:,}) of {n:,} values")
+    extra = ""
+    if hadamard:
+        back = random_hadamard_transform(q, inverse=True)
+        e = _relative_error(data, back)
+        extra = html.escape(f"After undoing the transform: mean relative error "
+                            f"{format_share(e.mean()) if e.size else '0%'} · "
+                            f"max {format_share(e.max()) if e.size else '0%'}")
+        extra = f"<div>{extra}</div>"
+    worst = [html.escape(format_share(w) if w is not None else "nan") for w in meta["block_worst"]]
+    if meta["scheme"] == "nvfp4":
+        # the figure writes each block's E4M3 scale above it; its elements take that × the
+        # tensor scale: both columns, named as the figure names them
+        ts = meta["tensor_scale"]
+        note = ("NVFP4: above each block the figure writes its E4M3 scale; "
+                + (f"its values are multiplied by that × the per-tensor scale {format_number(ts)}."
+                   if ts is not None else "with no per-tensor scale, that is the scale its values take."))
+        extra += f"<div>{html.escape(note)}</div>"
+        scale_head = "scale = E4M3 scale × tensor scale" if ts is not None else "scale"
+        times = "" if ts is None else f"{format_number(ts)} = "
+
+        def product(label, s):
+            return f"{label} × {times}{format_number(s)}" if ts is not None and s is not None else \
+                (format_number(s) if s is not None else "nan")
+        rows = ((b, html.escape(label), html.escape(product(label, s)), w)
+                for b, (label, s, w) in enumerate(zip(meta["scale_labels"], meta["scales"], worst)))
+        table = _table(("block", "E4M3 scale (above the block)", scale_head, "worst relative error"), rows)
+    else:
+        table = _table(("block", "scale (E8M0, above the block)", "worst relative error"),
+                       ((b, html.escape(format_pow2(s) if s is not None else "nan"), w)
+                        for b, (s, w) in enumerate(zip(meta["scales"], worst))))
+    return f"<div>{html.escape(line)}</div>{extra}{table}"
 
 
 class BlockExplorer(_Explorer):
@@ -144,26 +247,12 @@ class BlockExplorer(_Explorer):
                   "data": self.data_dropdown.value, "log2_outlier": int(self.outlier_slider.value),
                   "seed": int(self.seed_input.value), "hadamard": bool(self.hadamard_checkbox.value)}
         values.update(changed)
-        nvfp4 = values["scheme"] == "nvfp4"
-        if nvfp4:  # what does not act is left out of the key: the same drawing
-            values["block"], values["rounding"] = 16, None
-        else:
-            values["pts"] = None
-        if values["data"] != "normal":
-            values["log2_outlier"] = None
-        return tuple(values.items())
+        return tuple(acting_settings(**values).items())
 
     def quantize(self, **changed):
         """(row before any transform, row quantized, result) for the controls' settings
         (``changed`` replaces some), computed by ``ampviz.formats.blocks``."""
-        s = dict(self._settings(**changed))
-        data = make_row(s["data"], self.n, s["seed"], s["log2_outlier"] or 0, self.outlier_at)
-        x = random_hadamard_transform(data) if s["hadamard"] else data
-        if s["scheme"] == "nvfp4":
-            result = nvfp4_quantize(x, per_tensor_scale=s["pts"])
-        else:
-            result = mx_quantize(x, s["scheme"], block_size=s["block"], rounding=s["rounding"])
-        return data, x, result
+        return quantize_row(dict(self._settings(**changed)), self.n, self.outlier_at)
 
     # ----- react -----
     def _enable(self) -> None:
@@ -184,34 +273,22 @@ class BlockExplorer(_Explorer):
         key = self._settings(**changed)
         if (state := self._kept_state(key)) is not None:
             return state
-        data, x, result = self.quantize(**changed)
         s = dict(key)
-        what = dict((v, k) for k, v in SCHEMES)[s["scheme"]]
-        title = f"{what}: blocks of {s['block']}"
-        title += (f", scale rounding {s['rounding']}" if s["scheme"] != "nvfp4" else
-                  f", per-tensor scale {format_number(result.tensor_scale)}" if result.tensor_scale is not None
-                  else ", no per-tensor scale")
-        if s["hadamard"]:
-            title += ", after the Hadamard transform"
-        fig = plot_blocks(x, result, title=title, legend_counts=False, hold=self._outlier_ends(**changed))
-        readout = _in_column(self._readout_html(data, x, result, fig, s["hadamard"]))
+        data, x, result = quantize_row(s, self.n, self.outlier_at)
+        fig = blocks_figure(x, result, s, hold=self._outlier_ends(**changed))
+        readout = _in_column(readout_html(data, x, result, fig, s["hadamard"]))
         state = (data, x, result, readout, fig, FigureView.prepare(fig))
         return self._keep_state(key, state, self.KEPT_DRAWN)
 
     def _outlier_ends(self, **changed) -> tuple:
-        """The (row, result) pairs at the outlier slider's two ends with the other settings as
-        given (kept per settings; none when the data place no outlier): the figure's value axis
-        holds them too, so the outlier grows against a still axis and a move of the slider only
-        moves the marks."""
+        """``outlier_ends`` at the settings, at the outlier slider's ends (kept per settings, all
+        but the outlier): a move of the slider only moves the marks."""
         s = dict(self._settings(**changed))
         if s["log2_outlier"] is None:
             return ()
         key = tuple((k, v) for k, v in s.items() if k != "log2_outlier")
-
-        def ends():
-            return tuple(self.quantize(**{**changed, "log2_outlier": v})[1:]
-                         for v in (self.outlier_slider.min, self.outlier_slider.max))
-        return self._recent(self._ends, key, ends, self.KEPT_DRAWN)
+        return self._recent(self._ends, key, lambda: outlier_ends(s, self.n, self.outlier_at, self.outlier_slider.min,
+                                                                  self.outlier_slider.max), self.KEPT_DRAWN)
 
     def update(self) -> None:
         """Quantize with the controls' settings and redraw."""
@@ -219,46 +296,3 @@ class BlockExplorer(_Explorer):
         self._draw(fig, prepared)
         self.readout.value = readout
         self._clear_error()
-
-    # ----- the readout -----
-    @staticmethod
-    def _readout_html(data, x, result, fig, hadamard: bool) -> str:
-        q = np.asarray(result.values)
-        err = _relative_error(x, q)
-        meta = fig.layout.meta
-        n = x.size
-        line = (f"mean relative error {format_share(err.mean()) if err.size else '0%'} · "
-                f"max {format_share(err.max()) if err.size else '0%'} · "
-                f"saturated {format_share(meta['saturated'] / n)} ({meta['saturated']:,}) · "
-                f"flushed to zero {format_share(meta['flushed'] / n)} ({meta['flushed']:,}) of {n:,} values")
-        extra = ""
-        if hadamard:
-            back = random_hadamard_transform(q, inverse=True)
-            e = _relative_error(data, back)
-            extra = html.escape(f"After undoing the transform: mean relative error "
-                                f"{format_share(e.mean()) if e.size else '0%'} · "
-                                f"max {format_share(e.max()) if e.size else '0%'}")
-            extra = f"<div>{extra}</div>"
-        worst = [html.escape(format_share(w) if w is not None else "nan") for w in meta["block_worst"]]
-        if meta["scheme"] == "nvfp4":
-            # the figure writes each block's E4M3 scale above it; its elements take that × the
-            # tensor scale: both columns, named as the figure names them
-            ts = meta["tensor_scale"]
-            note = ("NVFP4: above each block the figure writes its E4M3 scale; "
-                    + (f"its values are multiplied by that × the per-tensor scale {format_number(ts)}."
-                       if ts is not None else "with no per-tensor scale, that is the scale its values take."))
-            extra += f"<div>{html.escape(note)}</div>"
-            scale_head = "scale = E4M3 scale × tensor scale" if ts is not None else "scale"
-            times = "" if ts is None else f"{format_number(ts)} = "
-
-            def product(label, s):
-                return f"{label} × {times}{format_number(s)}" if ts is not None and s is not None else \
-                    (format_number(s) if s is not None else "nan")
-            rows = ((b, html.escape(label), html.escape(product(label, s)), w)
-                    for b, (label, s, w) in enumerate(zip(meta["scale_labels"], meta["scales"], worst)))
-            table = _table(("block", "E4M3 scale (above the block)", scale_head, "worst relative error"), rows)
-        else:
-            table = _table(("block", "scale (E8M0, above the block)", "worst relative error"),
-                           ((b, html.escape(format_pow2(s) if s is not None else "nan"), w)
-                            for b, (s, w) in enumerate(zip(meta["scales"], worst))))
-        return f"<div>{html.escape(line)}</div>{extra}{table}"

@@ -14,37 +14,26 @@ page, or from Python), before the setting itself.
 
 Python holds the settings as synced state (``scheme``, ``block_size``, ``rounding``,
 ``per_tensor_scale``, ``data``, ``log2_outlier``, ``hadamard``, ``seed``); ``data_row``, ``x``,
-``result``, ``readout_html()`` and ``figure()`` compute, with the package and BlockExplorer's own
-methods, what the page shows for them.
+``result``, ``readout_html()`` and ``figure()`` compute, with the package and the functions
+BlockExplorer draws with (``block_explorer``'s ``acting_settings``, ``quantize_row``,
+``outlier_ends``, ``blocks_figure``, ``readout_html``), what the page shows for them.
 """
 
 from __future__ import annotations
 
-import base64
-from collections import OrderedDict
-from types import SimpleNamespace
-
-import anywidget
 import numpy as np
-import plotly.io as pio
 import traitlets
 
 from ampviz.formats.blocks import MX_ROUNDING, TE_RHT_SIGNS, hadamard_matrix
-from ampviz.plots.style import _template, figure_config
-from ampviz.widgets.base import _Explorer, _shown, _whole
-from ampviz.widgets.block_explorer import DATA, SCHEMES, BlockExplorer, make_row
-from ampviz.widgets.browser_range_explorer import _Setting
-from ampviz.widgets.figureview import answer_plotly_request
-from ampviz.widgets.jsbundle import bundle
+from ampviz.widgets.base import _in_column, _shown, _whole
+from ampviz.widgets.block_explorer import (DATA, SCHEMES, BlockExplorer, acting_settings, blocks_figure, make_row,
+                                           outlier_ends, quantize_row, readout_html)
+from ampviz.widgets.browser_base import _Setting, _TemplatedPageExplorer, b64
 
 __all__ = ["BrowserBlockExplorer"]
 
 #: The seeds whose rows every page carries from the start (with the seed given).
 SHIPPED_SEEDS = tuple(range(16))
-
-
-def _b64(a: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(a, dtype=np.dtype("<f4")).tobytes()).decode()
 
 
 def _check(name: str, value):
@@ -84,46 +73,7 @@ def _check(name: str, value):
 SETTINGS = ("scheme", "block_size", "rounding", "per_tensor_scale", "hadamard", "data", "log2_outlier", "seed")
 
 
-class _Shown:
-    """BlockExplorer's own methods for what it shows (the row, its quantization, the figure with its
-    title and still value axis, the readout), over its settings without its widgets: they read the
-    controls' values (and the outlier slider's ends), which this holds as plain attributes.
-    BlockExplorer keeps them as methods of the explorer; this reads them from there, so both
-    explorers show the same."""
-
-    SCHEMES = SCHEMES
-    KEPT_DRAWN = BlockExplorer.KEPT_DRAWN
-    _settings = BlockExplorer._settings
-    quantize = BlockExplorer.quantize
-    _drawn = BlockExplorer._drawn
-    _outlier_ends = BlockExplorer._outlier_ends
-    _readout_html = vars(BlockExplorer)["_readout_html"]  # a staticmethod, kept as one
-    _recent = vars(_Explorer)["_recent"]
-    _kept_state = _Explorer._kept_state
-    _keep_state = _Explorer._keep_state
-
-    def __init__(self, n: int, outlier_at: int):
-        self.n, self.outlier_at = n, outlier_at
-        lo, hi = BlockExplorer.LOG2_OUTLIER_RANGE
-        for name in ("scheme_dropdown", "block_dropdown", "rounding_dropdown", "tensor_scale_checkbox",
-                     "data_dropdown", "seed_input", "hadamard_checkbox"):
-            setattr(self, name, SimpleNamespace(value=None))
-        self.outlier_slider = SimpleNamespace(value=lo, min=lo, max=hi)
-        self._ends = OrderedDict()
-        self._drawn_states = OrderedDict()
-
-    def at(self, s: dict) -> tuple:
-        """(row before any transform, row quantized, result, readout, figure), as BlockExplorer draws
-        them at the settings ``s``."""
-        for widget, name in ((self.scheme_dropdown, "scheme"), (self.block_dropdown, "block_size"),
-                             (self.rounding_dropdown, "rounding"), (self.tensor_scale_checkbox, "per_tensor_scale"),
-                             (self.data_dropdown, "data"), (self.outlier_slider, "log2_outlier"),
-                             (self.seed_input, "seed"), (self.hadamard_checkbox, "hadamard")):
-            widget.value = s[name]
-        return self._drawn()[:5]
-
-
-class BrowserBlockExplorer(anywidget.AnyWidget):
+class BrowserBlockExplorer(_TemplatedPageExplorer):
     """BlockExplorer's controls, readout and figure, computed by the page (see the module's docstring).
 
     ``BrowserBlockExplorer(scheme="fp8_e4m3", block_size=32, rounding="floor", per_tensor_scale=True,
@@ -135,7 +85,7 @@ class BrowserBlockExplorer(anywidget.AnyWidget):
     page's control and redraws there; a bad value is refused in BlockExplorer's words.
     """
 
-    _esm = traitlets.Unicode().tag(sync=True)
+    FRONT_END = "block_explorer_view"
 
     scheme = _Setting("fp8_e4m3").tag(sync=True)
     block_size = _Setting(32).tag(sync=True)
@@ -161,9 +111,6 @@ class BrowserBlockExplorer(anywidget.AnyWidget):
     log2_outlier_min = traitlets.Int(read_only=True).tag(sync=True)
     log2_outlier_max = traitlets.Int(read_only=True).tag(sync=True)
     max_seed = traitlets.Int(read_only=True).tag(sync=True)
-    #: plotly's template the figure takes (plotly.py fills it in; the page puts it in the layout).
-    template = traitlets.Dict(read_only=True).tag(sync=True)
-    config = traitlets.Dict(read_only=True).tag(sync=True)
 
     SCHEMES = SCHEMES
     DATA = DATA
@@ -179,9 +126,7 @@ class BrowserBlockExplorer(anywidget.AnyWidget):
         if n % 32:
             raise ValueError(f"n must be a multiple of 32 (whole blocks of 16 and of 32), got {n:,}")
         outlier_at = _whole("outlier_at", outlier_at, 0, n - 1)
-        super().__init__(_esm=bundle("block_explorer_view"))
-        self.on_msg(answer_plotly_request)  # plotly.js, sent once per page to the first view that asks
-        self._shown_by = _Shown(n, outlier_at)
+        super().__init__()
         lo, hi = BlockExplorer.LOG2_OUTLIER_RANGE
         with self.hold_trait_notifications():
             self.set_trait("n", n)
@@ -196,15 +141,14 @@ class BrowserBlockExplorer(anywidget.AnyWidget):
             self.set_trait("log2_outlier_min", lo)
             self.set_trait("log2_outlier_max", hi)
             self.set_trait("max_seed", BlockExplorer.MAX_SEED)
-            self.set_trait("template", _template(pio.templates.default))  # plot_blocks names none: the default
-            self.set_trait("config", figure_config())
+            self._set_figure_style()  # plot_blocks names no template: plotly's default
             for name, value in settings.items():
                 setattr(self, name, value)
 
     @staticmethod
     def _rows_of(seed: int, n: int, outlier_at: int) -> dict:
         """The rows the page needs for ``seed``: ``make_row``'s, the normal one with 2^0 placed."""
-        return {d: _b64(make_row(d, n, seed, 0, outlier_at)) for _, d in DATA}
+        return {d: b64(make_row(d, n, seed, 0, outlier_at), "<f4") for _, d in DATA}
 
     # ----- every setting checked, in BlockExplorer's words -----
     @traitlets.validate(*SETTINGS)
@@ -220,7 +164,21 @@ class BrowserBlockExplorer(anywidget.AnyWidget):
 
     # ----- what the page shows, computed by the package -----
     def _at(self) -> tuple:
-        return self._shown_by.at({name: getattr(self, name) for name in SETTINGS})
+        """(row before any transform, row quantized, result, readout, figure) at the settings, as
+        BlockExplorer draws them (kept for reuse)."""
+        s = acting_settings(scheme=self.scheme, block=self.block_size, rounding=self.rounding,
+                            pts=self.per_tensor_scale, data=self.data, log2_outlier=self.log2_outlier, seed=self.seed,
+                            hadamard=self.hadamard)
+        key = tuple(s.items())
+        return self._kept(("drawn", key), lambda: self._drawn(s, key))
+
+    def _drawn(self, s: dict, key: tuple) -> tuple:
+        data, x, result = quantize_row(s, self.n, self.outlier_at)
+        lo, hi = BlockExplorer.LOG2_OUTLIER_RANGE
+        ends = self._kept(("ends", tuple((k, v) for k, v in key if k != "log2_outlier")),
+                          lambda: outlier_ends(s, self.n, self.outlier_at, lo, hi))
+        fig = blocks_figure(x, result, s, hold=ends)
+        return data, x, result, _in_column(readout_html(data, x, result, fig, s["hadamard"])), fig
 
     @property
     def data_row(self) -> np.ndarray:

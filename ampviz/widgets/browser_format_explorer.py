@@ -6,8 +6,9 @@ bit for bit with the package), so a click on a bit, a number typed or a drag of 
 the format's bit patterns repaints at once. Python holds the settings as synced state: ``fmt``
 (the format's name), ``bits`` (the stored pattern) and ``typed`` (the number as the learner typed
 it, "2^-24" too, or None when the bits were set directly); ``value``, ``category``,
-``readout_html()``, ``bits_html()`` and ``figure()`` compute, with the package and FormatExplorer's
-own methods, what the page shows for them.
+``readout_html()``, ``bits_html()`` and ``figure()`` compute, with the package and the functions
+FormatExplorer shows them with (``format_explorer``'s ``category_of``, ``readout_html``,
+``bits_html``, ``toggled``), what the page shows for them.
 
 The same front end runs on a static page with no kernel: it needs only the state.
 """
@@ -17,15 +18,13 @@ from __future__ import annotations
 import math
 import operator
 
-import anywidget
 import traitlets
 
 from ampviz.formats import ALL_FORMATS, get_format
 from ampviz.plots import plot_value
 from ampviz.widgets.base import parse_number
-from ampviz.widgets.figureview import answer_plotly_request
-from ampviz.widgets.format_explorer import FormatExplorer, format_options
-from ampviz.widgets.jsbundle import bundle
+from ampviz.widgets.browser_base import _PageExplorer
+from ampviz.widgets.format_explorer import bits_html, category_of, format_options, readout_html, toggled
 
 __all__ = ["BrowserFormatExplorer"]
 
@@ -46,26 +45,7 @@ def _typed_text(x: float) -> str:
     return "-nan" if math.isnan(x) and math.copysign(1.0, x) < 0 else repr(x)
 
 
-class _Shown:
-    """FormatExplorer's own methods for what it shows (the value, the category, the readout, the
-    bits), over a format, a pattern and the number typed, without its widgets. FormatExplorer keeps
-    them as methods of the explorer; this reads them from there, so both explorers show the same."""
-
-    value = FormatExplorer.value
-    category = FormatExplorer.category
-    _readout_html = FormatExplorer._readout_html
-    _bits_html = FormatExplorer._bits_html
-    _error_text = vars(FormatExplorer)["_error_text"]  # a staticmethod, kept as one
-    _category_note = FormatExplorer._category_note
-    _fields_text = FormatExplorer._fields_text
-    toggle_bit = FormatExplorer.toggle_bit
-
-    def __init__(self, fmt, bits: int, typed: float | None, set_bits=None):
-        self.fmt, self.bits, self.typed = fmt, bits, typed
-        self.set_bits = set_bits
-
-
-class BrowserFormatExplorer(anywidget.AnyWidget):
+class BrowserFormatExplorer(_PageExplorer):
     """FormatExplorer's controls, readout and figure, computed by the page (see the module's docstring).
 
     ``BrowserFormatExplorer(fmt="fp16", value=1.0)`` takes FormatExplorer's arguments (and raises
@@ -80,7 +60,7 @@ class BrowserFormatExplorer(anywidget.AnyWidget):
     ``set_decimal``, ``set_bits`` and ``toggle_bit`` do what FormatExplorer's do.
     """
 
-    _esm = traitlets.Unicode().tag(sync=True)
+    FRONT_END = "format_explorer_view"
 
     fmt = traitlets.Unicode("fp16").tag(sync=True)
     bits = traitlets.Int(0).tag(sync=True)
@@ -93,8 +73,7 @@ class BrowserFormatExplorer(anywidget.AnyWidget):
     def __init__(self, fmt="fp16", value=1.0):
         f = _builtin(fmt)
         x = float(value)  # FormatExplorer's set_value: float()'s errors
-        super().__init__(_esm=bundle("format_explorer_view"))
-        self.on_msg(answer_plotly_request)  # plotly.js, sent once per page to the first view that asks
+        super().__init__()
         self.set_trait("formats", [{"name": name, "label": label, "description": ALL_FORMATS[name].description}
                                    for label, name in format_options()])
         self._coupling = True
@@ -184,15 +163,12 @@ class BrowserFormatExplorer(anywidget.AnyWidget):
 
     def toggle_bit(self, position: int) -> None:
         """Flip bit ``position`` (0 is the last mantissa bit, ``bits - 1`` the sign)."""
-        _Shown(self._format, self.bits, None, set_bits=self.set_bits).toggle_bit(position)
+        self.set_bits(toggled(self._format, self.bits, position))
 
     # ----- what the page shows, computed by the package -----
     @property
     def _format(self):
         return ALL_FORMATS[self.fmt]
-
-    def _shown(self) -> _Shown:
-        return _Shown(self._format, self.bits, self.typed_value)
 
     @property
     def typed_value(self) -> float | None:
@@ -202,12 +178,12 @@ class BrowserFormatExplorer(anywidget.AnyWidget):
     @property
     def value(self) -> float:
         """The stored value: ``fmt.decode(bits)``."""
-        return self._shown().value
+        return float(self._format.decode(self.bits))
 
     @property
     def category(self) -> str:
         """Category of the typed number once cast (of the stored value when none was typed)."""
-        return self._shown().category
+        return category_of(self._format, self.bits, self.typed_value)
 
     @property
     def decimal_text(self) -> str:
@@ -221,11 +197,11 @@ class BrowserFormatExplorer(anywidget.AnyWidget):
 
     def readout_html(self) -> str:
         """The readout table, as FormatExplorer writes it."""
-        return self._shown()._readout_html()
+        return readout_html(self._format, self.bits, self.typed_value)
 
     def bits_html(self) -> str:
         """The bits in their field colours and the hex pattern, as FormatExplorer writes them."""
-        return self._shown()._bits_html()
+        return bits_html(self._format, self.bits)
 
     def figure(self):
         """The figure the page draws, as FormatExplorer draws it."""

@@ -6,8 +6,9 @@ the steps made inf or NaN), runs the recipe over it (``js/fp8.mjs``, bit for bit
 ``ampviz.formats.fp8.simulate_fp8_scaling``), and draws the figure and the readout Fp8ScalingLab
 draws (``js/fp8plot.mjs``: ``plot_fp8_scaling`` and the lab's readout). A drag repaints at every
 position. Python holds the settings: each control's value is synced state, and ``stream``,
-``trace``, ``readout_html()`` and ``figure()`` compute, with Fp8ScalingLab's own methods, what the
-page shows for them.
+``trace``, ``readout_html()`` and ``figure()`` compute, with the functions Fp8ScalingLab draws with
+(``fp8_lab``'s ``acting_settings``, ``simulate_lab``, ``spike_ends``, ``lab_figure``,
+``readout_html``), what the page shows for them.
 
 A seed whose stream was not shipped is shipped when the setting reaches Python (a seed typed in
 the page, with a kernel, arrives a moment later); the same front end runs on a static page with no
@@ -16,30 +17,19 @@ kernel, where the seeds shipped are the ones it has.
 
 from __future__ import annotations
 
-import base64
-from collections import OrderedDict
-from types import SimpleNamespace
-
-import anywidget
 import numpy as np
-import plotly.io as pio
 import traitlets
 
 from ampviz.formats.fp8 import ALGOS
-from ampviz.plots.style import _template, figure_config
-from ampviz.widgets.base import _Explorer, _shown, _whole
-from ampviz.widgets.figureview import answer_plotly_request
-from ampviz.widgets.fp8_lab import FORMATS, HISTORY_LENGTHS, NONFINITE, RECIPES, Fp8ScalingLab, lab_stream
-from ampviz.widgets.jsbundle import bundle
+from ampviz.widgets.base import _in_column, _shown, _whole
+from ampviz.widgets.browser_base import _Setting, _TemplatedPageExplorer, b64
+from ampviz.widgets.fp8_lab import (FORMATS, HISTORY_LENGTHS, NONFINITE, RECIPES, Fp8ScalingLab, acting_settings,
+                                    lab_figure, lab_stream, readout_html, simulate_lab, spike_ends)
 
 __all__ = ["BrowserFp8ScalingLab"]
 
 #: The settings, in the order Fp8ScalingLab checks its arguments.
 SETTINGS = ("recipe", "fmt", "nonfinite", "algo", "history_len", "margin", "spike_log2", "seed")
-
-
-def _b64(a: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False).tobytes()).decode()
 
 
 def _checked(name: str, value):
@@ -75,53 +65,13 @@ def shipped_stream(seed: int) -> dict:
     plain = lab_stream(seed, lo, "none", steps, size)
     at = np.flatnonzero(plain.spike)
     table = np.stack([lab_stream(seed, k, "none", steps, size).magnitude[at] for k in range(lo, hi + 1)])
-    return {"sorted_abs": _b64(plain.sorted_abs), "magnitude": _b64(plain.magnitude),
-            "spikes": at.tolist(), "spike_magnitudes": _b64(table.astype(np.float32)),
+    return {"sorted_abs": b64(plain.sorted_abs), "magnitude": b64(plain.magnitude),
+            "spikes": at.tolist(), "spike_magnitudes": b64(table.astype(np.float32)),
             "inf_steps": np.flatnonzero(lab_stream(seed, lo, "inf", steps, size).nonfinite).tolist(),
             "nan_steps": np.flatnonzero(lab_stream(seed, lo, "nan", steps, size).nonfinite).tolist()}
 
 
-class _Shown:
-    """Fp8ScalingLab's own methods for what it shows (the stream, the trace, the readout and the
-    figure, whose axes hold the runs at the spike slider's ends), over its settings without its
-    widgets: they read the controls' values, which this holds as plain attributes."""
-
-    STEPS, SIZE, KEPT_DRAWN = Fp8ScalingLab.STEPS, Fp8ScalingLab.SIZE, Fp8ScalingLab.KEPT_DRAWN
-    _settings = Fp8ScalingLab._settings
-    simulate = Fp8ScalingLab.simulate
-    _drawn = Fp8ScalingLab._drawn
-    _spike_ends = Fp8ScalingLab._spike_ends
-    _readout_html = staticmethod(Fp8ScalingLab._readout_html)
-    _kept_state = _Explorer._kept_state
-    _keep_state = _Explorer._keep_state
-    _recent = staticmethod(_Explorer._recent)
-
-    def __init__(self):
-        self._drawn_states = OrderedDict()
-        self._ends = OrderedDict()
-        lo, hi = Fp8ScalingLab.SPIKE_RANGE
-        self.spike_slider = SimpleNamespace(value=lo, min=lo, max=hi)
-        for name in ("recipe_buttons", "fmt_dropdown", "nonfinite_dropdown", "seed_input", "history_slider",
-                     "algo_dropdown", "margin_slider"):
-            setattr(self, name, SimpleNamespace(value=None))
-
-    def at(self, s: dict) -> tuple:
-        """(stream, trace, readout, figure) at the settings ``s``, as Fp8ScalingLab draws them."""
-        for widget, name in (("recipe_buttons", "recipe"), ("fmt_dropdown", "fmt"), ("nonfinite_dropdown", "nonfinite"),
-                             ("seed_input", "seed"), ("history_slider", "history_len"), ("algo_dropdown", "algo"),
-                             ("margin_slider", "margin"), ("spike_slider", "spike_log2")):
-            getattr(self, widget).value = s[name]
-        return self._drawn()[:4]
-
-
-class _Setting(traitlets.Any):
-    """A setting that takes any value, None included, to Fp8ScalingLab's own check (traitlets' Any
-    lets None through unchecked)."""
-
-    allow_none = False
-
-
-class BrowserFp8ScalingLab(anywidget.AnyWidget):
+class BrowserFp8ScalingLab(_TemplatedPageExplorer):
     """Fp8ScalingLab's controls, figure and readout, computed by the page (see the module's docstring).
 
     ``BrowserFp8ScalingLab(recipe="delayed", *, history_len=1024, algo="max", margin=0,
@@ -130,7 +80,7 @@ class BrowserFp8ScalingLab(anywidget.AnyWidget):
     redraws there; a value Fp8ScalingLab would refuse is refused in its words.
     """
 
-    _esm = traitlets.Unicode().tag(sync=True)
+    FRONT_END = "fp8_lab_view"
 
     recipe = _Setting("delayed").tag(sync=True)
     history_len = _Setting(1024).tag(sync=True)
@@ -145,9 +95,6 @@ class BrowserFp8ScalingLab(anywidget.AnyWidget):
     streams = traitlets.Dict(read_only=True).tag(sync=True)
     #: The controls' choices and ranges, and the stream's shape, as Fp8ScalingLab has them.
     options = traitlets.Dict(read_only=True).tag(sync=True)
-    #: plotly's template the figure names (plotly.py fills it in; the page puts it in the layout).
-    template = traitlets.Dict(read_only=True).tag(sync=True)
-    config = traitlets.Dict(read_only=True).tag(sync=True)
 
     RECIPES, FORMATS, NONFINITE = RECIPES, FORMATS, NONFINITE
     HISTORY_LENGTHS = HISTORY_LENGTHS
@@ -161,9 +108,7 @@ class BrowserFp8ScalingLab(anywidget.AnyWidget):
                  "spike_log2": spike_log2, "nonfinite": nonfinite, "seed": seed}
         # Fp8ScalingLab's own checks, in its order and words: the same arguments give the same errors
         checked = {name: _checked(name, given[name]) for name in SETTINGS}
-        super().__init__(_esm=bundle("fp8_lab_view"))
-        self.on_msg(answer_plotly_request)  # plotly.js, sent once per page to the first view that asks
-        self._shown_by = _Shown()
+        super().__init__()
         with self.hold_trait_notifications():
             self.set_trait("streams", {str(s): shipped_stream(s) for s in dict.fromkeys((*self.SHIPPED_SEEDS, checked["seed"]))})
             self.set_trait("options", {
@@ -172,9 +117,7 @@ class BrowserFp8ScalingLab(anywidget.AnyWidget):
                 "history_lengths": list(HISTORY_LENGTHS), "margin_range": list(self.MARGIN_RANGE),
                 "spike_range": list(self.SPIKE_RANGE), "max_seed": self.MAX_SEED,
                 "steps": Fp8ScalingLab.STEPS, "size": Fp8ScalingLab.SIZE})
-            # plot_fp8_scaling names no template: plotly's default, as _figure fills it in
-            self.set_trait("template", _template(pio.templates.default))
-            self.set_trait("config", figure_config())
+            self._set_figure_style()  # plot_fp8_scaling names no template: plotly's default, as _figure fills it in
             for name in SETTINGS:
                 setattr(self, name, checked[name])
 
@@ -191,19 +134,23 @@ class BrowserFp8ScalingLab(anywidget.AnyWidget):
             self.set_trait("streams", {**self.streams, str(value): shipped_stream(value)})
         return value
 
-    # ----- what the page shows, computed by Fp8ScalingLab's methods -----
+    # ----- what the page shows, computed by fp8_lab's functions -----
     def settings(self) -> dict:
         """The settings as ``simulate_fp8_scaling``'s and ``lab_stream``'s arguments (as
         ``Fp8ScalingLab.settings()``: history, algo and margin left out for current scaling)."""
-        s = self._shown_by
-        for widget, name in (("recipe_buttons", "recipe"), ("fmt_dropdown", "fmt"), ("nonfinite_dropdown", "nonfinite"),
-                             ("seed_input", "seed"), ("history_slider", "history_len"), ("algo_dropdown", "algo"),
-                             ("margin_slider", "margin"), ("spike_slider", "spike_log2")):
-            getattr(s, widget).value = getattr(self, name)
-        return s._settings()
+        return acting_settings(**{name: getattr(self, name) for name in SETTINGS})
 
     def _at(self) -> tuple:
-        return self._shown_by.at({name: getattr(self, name) for name in SETTINGS})
+        """(stream, trace, readout, figure) at the settings, as Fp8ScalingLab draws them (kept for reuse)."""
+        s = self.settings()
+        return self._kept(("drawn", tuple(sorted(s.items()))), lambda: self._drawn(s))
+
+    def _drawn(self, s: dict) -> tuple:
+        steps, size = Fp8ScalingLab.STEPS, Fp8ScalingLab.SIZE
+        stream, trace = simulate_lab(s, steps, size)
+        ends = self._kept(("ends", tuple(sorted((k, v) for k, v in s.items() if k != "spike_log2"))),
+                          lambda: spike_ends(s, *self.SPIKE_RANGE, steps, size))
+        return stream, trace, _in_column(readout_html(trace)), lab_figure(trace, hold=ends)
 
     @property
     def stream(self):
@@ -217,9 +164,8 @@ class BrowserFp8ScalingLab(anywidget.AnyWidget):
         return self.simulate()[1]
 
     def simulate(self) -> tuple:
-        """(stream, trace) at the settings, in one run (Fp8ScalingLab.simulate)."""
-        self.settings()
-        return self._shown_by.simulate()
+        """(stream, trace) at the settings, in one run (as Fp8ScalingLab.simulate)."""
+        return simulate_lab(self.settings(), Fp8ScalingLab.STEPS, Fp8ScalingLab.SIZE)
 
     def readout_html(self) -> str:
         """The readout, as Fp8ScalingLab writes it."""

@@ -7,74 +7,27 @@ the readout and draws the figure RangeExplorer shows (``js/censusplot.mjs``: ``p
 RangeExplorer's readout and scale label, bit for bit with the package). A drag repaints at every
 position. Python holds the settings as synced state (``fmt``, ``log2_scale``); ``result``,
 ``scale_label()``, ``readout_html()``, ``figure()`` and ``x_range()`` compute, with the package and
-RangeExplorer's own methods, what the page shows for them.
+the functions RangeExplorer draws with (``range_explorer``'s ``census_figure``, ``scale_label``,
+``readout_html``, ``figure_x_range``), what the page shows for them.
 
 The same front end runs on a static page with no kernel: it needs only the state.
 """
 
 from __future__ import annotations
 
-import base64
-from collections import OrderedDict
-from types import SimpleNamespace
-
-import anywidget
-import numpy as np
 import traitlets
 
 from ampviz.formats import get_format
 from ampviz.formats.census import Profile, census, profile
-from ampviz.plots.style import _template, figure_config
-from ampviz.widgets.base import _Explorer, _shown, _whole
-from ampviz.widgets.figureview import answer_plotly_request
-from ampviz.widgets.jsbundle import bundle
-from ampviz.widgets.range_explorer import RangeExplorer
+from ampviz.widgets.base import _shown, _whole
+from ampviz.widgets.browser_base import _Setting, _TemplatedPageExplorer, b64
+from ampviz.widgets.range_explorer import (RangeExplorer, binade_extent, census_figure, figure_x_range, readout_html,
+                                           scale_label)
 
 __all__ = ["BrowserRangeExplorer"]
 
 
-class _Shown:
-    """RangeExplorer's own methods for what it shows (the census, the scale label, the readout, the
-    figure and its x range), over its settings without its widgets: ``_drawn`` reads the slider's
-    value and ends and the dropdown's format, which this holds as plain attributes. RangeExplorer
-    keeps them as methods of the explorer; this reads them from there, so both explorers show the
-    same."""
-
-    FORMAT_CHOICES = RangeExplorer.FORMAT_CHOICES
-    KEPT_DRAWN = RangeExplorer.KEPT_DRAWN
-    fmt = RangeExplorer.fmt
-    x_range = RangeExplorer.x_range
-    _drawn = RangeExplorer._drawn
-    _readout_html = RangeExplorer._readout_html
-    _kept_state = _Explorer._kept_state
-    _keep_state = _Explorer._keep_state
-
-    def __init__(self, prof: Profile, lo: int, hi: int):
-        self.profile = prof
-        self.result = None
-        # lowest and highest binade of the unscaled values (RangeExplorer's, taken as it takes it)
-        bins = census(prof, self.FORMAT_CHOICES[0], 1.0).log2_bins
-        self._bin_extent = (int(bins.min()), int(bins.max())) if len(bins) else None
-        self.scale_slider = SimpleNamespace(value=0, min=lo, max=hi)
-        self.format_dropdown = SimpleNamespace(value=self.FORMAT_CHOICES[0])
-        self._drawn_states = OrderedDict()
-
-    def at(self, fmt: str, log2_scale: int) -> tuple:
-        """(census, scale label, readout, figure) at these settings, as RangeExplorer draws them."""
-        self.format_dropdown.value = fmt
-        self.scale_slider.value = log2_scale
-        return self._drawn()[:4]
-
-
-class _Setting(traitlets.Any):
-    """A setting that takes any value, None included, to the explorer's own check (RangeExplorer's,
-    in its words: a FloatFormat is held by its name, 4.0 as 4); traitlets' Any lets None through
-    unchecked."""
-
-    allow_none = False
-
-
-class BrowserRangeExplorer(anywidget.AnyWidget):
+class BrowserRangeExplorer(_TemplatedPageExplorer):
     """RangeExplorer's controls, readout and figure, computed by the page (see the module's docstring).
 
     ``BrowserRangeExplorer(values, fmt="fp16", log2_scale=0, log2_scale_range=(-16, 32))`` takes
@@ -85,7 +38,8 @@ class BrowserRangeExplorer(anywidget.AnyWidget):
     there; a log2 scale outside the slider's ends is refused.
     """
 
-    _esm = traitlets.Unicode().tag(sync=True)
+    FRONT_END = "range_explorer_view"
+    TEMPLATE = "plotly_white"
 
     fmt = _Setting("fp16").tag(sync=True)
     log2_scale = _Setting(0).tag(sync=True)
@@ -95,9 +49,6 @@ class BrowserRangeExplorer(anywidget.AnyWidget):
     log2_scale_min = traitlets.Int(read_only=True).tag(sync=True)
     log2_scale_max = traitlets.Int(read_only=True).tag(sync=True)
     formats = traitlets.List(read_only=True).tag(sync=True)
-    #: plotly's template the figure names (plotly.py fills it in; the page puts it in the layout).
-    template = traitlets.Dict(read_only=True).tag(sync=True)
-    config = traitlets.Dict(read_only=True).tag(sync=True)
 
     FORMAT_CHOICES = RangeExplorer.FORMAT_CHOICES
     LOG2_LIMITS = RangeExplorer.LOG2_LIMITS
@@ -122,18 +73,16 @@ class BrowserRangeExplorer(anywidget.AnyWidget):
         if lo_given > hi_given:
             raise ValueError(f"log2_scale_range must be (lowest, highest), got {_shown(log2_scale_range)}")
         lo, hi = min(lo_given, log2_scale), max(hi_given, log2_scale)
-        super().__init__(_esm=bundle("range_explorer_view"))
-        self.on_msg(answer_plotly_request)  # plotly.js, sent once per page to the first view that asks
+        super().__init__()
         self.profile = prof
-        self._shown_by = _Shown(prof, lo, hi)
-        v = np.ascontiguousarray(prof.values, dtype=np.dtype("<f4"))
+        # lowest and highest binade of the unscaled values (RangeExplorer's, taken as it takes it)
+        self._bin_extent = binade_extent(prof, self.FORMAT_CHOICES[0])
         with self.hold_trait_notifications():
-            self.set_trait("values", base64.b64encode(v.tobytes()).decode())
+            self.set_trait("values", b64(prof.values, "<f4"))
             self.set_trait("log2_scale_min", lo)
             self.set_trait("log2_scale_max", hi)
             self.set_trait("formats", list(self.FORMAT_CHOICES))
-            self.set_trait("template", _template("plotly_white"))
-            self.set_trait("config", figure_config())
+            self._set_figure_style()
             self.fmt = name
             self.log2_scale = log2_scale
 
@@ -160,9 +109,6 @@ class BrowserRangeExplorer(anywidget.AnyWidget):
             raise traitlets.TraitError(str(e)) from None
 
     # ----- what the page shows, computed by the package -----
-    def _at(self) -> tuple:
-        return self._shown_by.at(self.fmt, self.log2_scale)
-
     @property
     def scale(self) -> float:
         return 2.0 ** self.log2_scale
@@ -174,17 +120,17 @@ class BrowserRangeExplorer(anywidget.AnyWidget):
 
     def scale_label(self) -> str:
         """The label beside the slider, as RangeExplorer writes it: "scale = 2^0 = 1"."""
-        return self._at()[1]
+        return scale_label(self.log2_scale)
 
     def readout_html(self) -> str:
         """The readout, as RangeExplorer writes it (of ``result``: no figure made)."""
-        return self._shown_by._readout_html(self.result)
+        return readout_html(self.result)
 
     def figure(self):
         """The figure the page draws, as RangeExplorer draws it."""
-        return self._at()[3]
+        return self._kept((self.fmt, self.log2_scale),
+                          lambda: census_figure(self.result, self.fmt, self.x_range()))
 
     def x_range(self) -> tuple[int, int]:
         """The figure's x range: the format's window and every bin the slider can reach."""
-        self._shown_by.format_dropdown.value = self.fmt
-        return self._shown_by.x_range()
+        return figure_x_range(get_format(self.fmt), self._bin_extent, self.log2_scale_min, self.log2_scale_max)

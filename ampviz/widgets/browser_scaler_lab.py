@@ -13,13 +13,11 @@ The same front end runs on a static page with no kernel (``make site``): it need
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import math
 import struct
 from functools import lru_cache
 
-import anywidget
 import numpy as np
 import traitlets
 
@@ -27,19 +25,14 @@ from ampviz import scaling
 from ampviz._args import _shown
 from ampviz.scaling import recipes, synth
 from ampviz.plots import plot_scale_trace
-from ampviz.widgets.jsbundle import bundle
 from ampviz.widgets.base import _real, _whole
-from ampviz.widgets.figureview import answer_plotly_request
+from ampviz.widgets.browser_base import _PageExplorer, b64
 from ampviz.widgets.scaler_lab import ScalerLab, lost_share, readout_html
 
 __all__ = ["BrowserScalerLab"]
 
 #: The strength slider's positions (0 to 1 in steps of 0.05), as the page and Python both name them.
 STRENGTHS = tuple(round(k * 0.05, 12) for k in range(21))
-
-
-def _b64(a: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False).tobytes()).decode()
 
 
 def _policy_fields(policy) -> dict:
@@ -65,10 +58,10 @@ def _shipped(steps: int, seed: int) -> tuple:
     lab of these steps and seed, so made once."""
     z = recipes.normals(steps, seed)
     table = {_key(name, s): _recipe_entry(name, s, z) for name in synth.SCENARIOS for s in STRENGTHS}
-    return _b64(z), table
+    return b64(z), table
 
 
-class BrowserScalerLab(anywidget.AnyWidget):
+class BrowserScalerLab(_PageExplorer):
     """ScalerLab's controls, figure and readout, computed by the page (see the module's docstring).
 
     ``BrowserScalerLab(steps=100_000, scenario="spikes", strength=0.5, seed=0, init_scale=2**16,
@@ -77,7 +70,7 @@ class BrowserScalerLab(anywidget.AnyWidget):
     page's control and redraws there.
     """
 
-    _esm = traitlets.Unicode().tag(sync=True)
+    FRONT_END = "scaler_lab_view"
 
     init_log2 = traitlets.Int(16).tag(sync=True)
     growth_factor = traitlets.Float(2.0).tag(sync=True)
@@ -113,8 +106,7 @@ class BrowserScalerLab(anywidget.AnyWidget):
                              f"ScalerLab, computed by the kernel, runs longer streams; got {steps:,}")
         seed = _whole("seed", seed, 0)
         log2_init = ScalerLab._log2_init(init_scale)
-        super().__init__(_esm=bundle("scaler_lab_view"))
-        self.on_msg(answer_plotly_request)  # plotly.js, sent once per page to the first view that asks
+        super().__init__()
         z64, table = _shipped(steps, seed)
         if gradients is None:  # ScalerLab's sample of gradients, whose underflow the lower panel counts
             rng = np.random.default_rng(seed)
@@ -126,7 +118,7 @@ class BrowserScalerLab(anywidget.AnyWidget):
         self.set_trait("steps", steps)
         self.set_trait("seed", seed)
         self.set_trait("normals", z64)
-        self.set_trait("grad_shape", _b64(shape.astype(np.float32)))
+        self.set_trait("grad_shape", b64(shape.astype(np.float32)))
         self.set_trait("recipes", dict(table))
         self.set_trait("presets", others)
         self.set_trait("torch_policy", _policy_fields(scaling.TorchGradScaler()))

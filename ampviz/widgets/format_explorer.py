@@ -1,4 +1,9 @@
-"""FormatExplorer: one number in a format, bit by bit."""
+"""FormatExplorer: one number in a format, bit by bit.
+
+What it shows for a format, a bit pattern and the number typed is computed by this module's
+functions, over plain settings: ``category_of``, ``toggled``, ``bits_html``, ``readout_html`` (and
+its parts ``category_note`` and ``fields_text``). FormatExplorer and ``BrowserFormatExplorer``
+both call them."""
 
 from __future__ import annotations
 
@@ -36,6 +41,140 @@ def format_options() -> list:
 def _has_sign(fmt) -> bool:
     """Whether the format has a sign bit (E8M0, the MX scale format, has none)."""
     return fmt.specials != "fnu"
+
+
+# ----- what the explorer shows, over plain settings -----
+def category_of(fmt, bits: int, typed: float | None = None) -> str:
+    """Category of the number ``typed`` once cast into ``fmt`` (of the stored value, pattern
+    ``bits``, when none was typed)."""
+    x = float(fmt.decode(bits)) if typed is None else typed
+    return CATEGORIES[int(fmt.classify_codes(x))]
+
+
+def toggled(fmt, bits: int, position: int) -> int:
+    """The pattern ``bits`` with bit ``position`` flipped (0 is the last mantissa bit,
+    ``fmt.bits - 1`` the sign); ValueError for a position the format does not have."""
+    if not 0 <= position < fmt.bits:
+        raise ValueError(f"{fmt.name} has bits 0 to {fmt.bits - 1}, not {position}")
+    return bits ^ (1 << position)
+
+
+def bits_html(fmt, bits: int) -> str:
+    """The pattern's bits in their field colours, then its hex."""
+    text = format(bits, f"0{fmt.bits}b")
+    s = 1 if _has_sign(fmt) else 0
+    parts = (text[:s], text[s : s + fmt.exponent_bits], text[s + fmt.exponent_bits :])
+    spans = [
+        f'<span style="color:{FIELD_COLORS[name]}">{part}</span>'
+        for name, part in zip(("sign", "exponent", "mantissa"), parts) if part
+    ]
+    return f'<code style="font-size:1.1em">{" ".join(spans)}</code> &nbsp; = 0x{bits:0{(fmt.bits + 3) // 4}X}'
+
+
+def readout_html(fmt, bits: int, typed: float | None) -> str:
+    """The readout table: the number typed (``typed``, or None when the bits were set directly),
+    the stored value, the rounding error, the category, the neighbours, the ulp and the fields."""
+    f, stored = fmt, float(fmt.decode(bits))
+    sign, exp, man = f.fields(bits)
+    cat = category_of(f, bits, typed)
+    rows = []
+    if typed is not None:
+        rows.append(("typed", repr(typed)))
+    rows.append(("stored", f"{stored!r} &nbsp; ({html.escape(format_pow2(stored, digits=6))})"))
+    if typed is not None:
+        rows.append(("rounding error", _error_text(typed, stored)))
+    rows.append(
+        ("category",
+         f'<b style="color:{CATEGORY_COLORS[cat]}">{cat}</b>' + category_note(f, cat, typed, stored))
+    )
+    below, above = f.neighbours(stored)
+    rows.append(("neighbours", f"below {below!r} &nbsp; above {above!r}"))
+    rows.append(("ulp here", f"{f.ulp(stored)!r}" + (
+        f" &nbsp; ({html.escape(format_pow2(f.ulp(stored)))})" if math.isfinite(f.ulp(stored)) else "")))
+    rows.append(("fields", fields_text(f, sign, exp, man, stored)))
+    body = "".join(
+        f'<tr><td style="padding-right:1em;color:#555">{k}</td><td>{v}</td></tr>' for k, v in rows
+    )
+    return f"<table>{body}</table>"
+
+
+def _error_text(typed: float, stored: float) -> str:
+    if math.isnan(typed) or math.isnan(stored):
+        return "— (NaN)"
+    if math.isinf(typed) and typed == stored:
+        return "0"
+    err = typed - stored
+    if math.isinf(err):
+        return f"{err!r} (the value overflowed)"
+    rel = f" &nbsp; relative {abs(err) / abs(typed):.3g}" if typed != 0 and math.isfinite(typed) else ""
+    return f"typed − stored = {err!r}{rel}"
+
+
+def category_note(fmt, cat: str, typed, stored: float) -> str:
+    """What the readout says after the category ``cat`` (of ``typed``, or of ``stored`` when
+    None) in ``fmt``: where an overflow or underflow goes, what a format without a sign or a zero
+    does, what a subnormal loses."""
+    f = fmt
+    if cat == "overflow":
+        if f.specials in ("fn", "finite"):
+            return f" — beyond max, saturated to {format_number(f.max)} (no inf in {f.name})"
+        if f.specials in ("fnuz", "fnu"):
+            return (f" — at or beyond {format_number(f.overflow_boundary)}, becomes NaN "
+                    f"(no inf in {f.name}; a saturating cast gives max {format_number(f.max)})")
+        return f" — at or beyond {format_number(f.overflow_boundary)}, becomes inf"
+    if cat == "underflow":
+        if not _has_sign(f):
+            return (f" — at most {format_pow2(f.underflow_boundary)}: {f.name} has no zero, "
+                    f"becomes its smallest value {format_pow2(f.smallest_normal)}")
+        return f" — at most {format_pow2(f.underflow_boundary)}, becomes 0"
+    if cat == "zero" and not _has_sign(f):
+        return f" — {f.name} has no zero: torch's cast gives its smallest value {format_pow2(f.smallest_normal)}"
+    if cat == "normal" and not _has_sign(f) and typed is not None and typed < 0:
+        return f" — {f.name} has no sign: torch's cast keeps |x|"
+    if cat == "subnormal":
+        return f" — below the smallest normal {format_pow2(f.smallest_normal)}: fewer significant bits"
+    return ""
+
+
+def fields_text(fmt, sign: int, exp: int, man: int, stored: float) -> str:
+    """The readout's fields row: the sign, exponent and mantissa fields of a pattern of ``fmt``
+    (``fmt.fields(bits)``) and how they make its value ``stored``."""
+    f = fmt
+    m, e = f.mantissa_bits, f.exponent_bits
+    top = (1 << e) - 1
+    exp_bits, man_bits = format(exp, f"0{e}b"), format(man, f"0{m}b") if m else ""
+    if not _has_sign(f):  # E8M0: the exponent alone, every code a power of two but the NaN
+        if math.isnan(stored):
+            return f"exponent {exp_bits} = {exp} (all ones): NaN<br>no sign bit, no mantissa"
+        return (f"exponent {exp_bits} = {exp}, {exp} − bias {f.bias} = {exp - f.bias}<br>"
+                f"no sign bit, no mantissa: value 2^{exp - f.bias} = {stored!r}")
+    parts = [f"sign {sign} ({'−' if sign else '+'})"]
+    if math.isnan(stored) and f.specials == "fnuz":
+        parts.append(f"exponent {exp_bits} and mantissa {man_bits} with sign 1: the pattern −0 would have "
+                     f"is NaN in {f.name} (no −0, no inf)")
+        return "<br>".join(parts)
+    if math.isnan(stored):
+        parts.append(f"exponent {exp_bits} (all ones) and mantissa {man_bits}: NaN")
+        return "<br>".join(parts)
+    if math.isinf(stored):
+        parts.append(f"exponent {exp_bits} (all ones) and mantissa 0: inf")
+        return "<br>".join(parts)
+    if exp == 0:
+        parts.append(f"exponent {exp_bits} = 0: subnormal, exponent 1 − {f.bias} = {f.emin}")
+        parts.append(f"mantissa {man_bits} = {man} → significand 0 + {man}/2^{m}")
+        significand = man / (1 << m)
+        power = f.emin
+    else:
+        power = exp - f.bias
+        parts.append(f"exponent {exp_bits} = {exp}, {exp} − bias {f.bias} = {power}")
+        parts.append(f"mantissa {man_bits} = {man} → significand 1 + {man}/2^{m}")
+        significand = 1 + man / (1 << m)
+    parts.append(f"value (−1)^{sign} × {significand!r} × 2^{power} = {stored!r}")
+    if exp == top:  # only reachable in a format without inf, where the top exponent holds numbers
+        parts.append(f"({f.name} has no inf: the top exponent holds numbers)")
+    if f.specials == "finite" and exp == top and man == (1 << m) - 1:
+        parts.append(f"({f.name} has no NaN either: every pattern is a number)")
+    return "<br>".join(parts)
 
 
 # ----- formats, bit by bit -----
@@ -122,8 +261,7 @@ class FormatExplorer(_Explorer):
     @property
     def category(self) -> str:
         """Category of the typed number once cast (of the stored value when none was typed)."""
-        x = self.value if self.typed is None else self.typed
-        return CATEGORIES[int(self.fmt.classify_codes(x))]
+        return category_of(self.fmt, self.bits, self.typed)
 
     # ----- actions (the controls call these) -----
     def set_format(self, fmt) -> None:
@@ -159,9 +297,7 @@ class FormatExplorer(_Explorer):
 
     def toggle_bit(self, position: int) -> None:
         """Flip bit ``position`` (0 is the last mantissa bit, ``fmt.bits - 1`` the sign)."""
-        if not 0 <= position < self.fmt.bits:
-            raise ValueError(f"{self.fmt.name} has bits 0 to {self.fmt.bits - 1}, not {position}")
-        self.set_bits(self.bits ^ (1 << position))
+        self.set_bits(toggled(self.fmt, self.bits, position))
 
     # ----- callbacks: read control -> core -> redraw -----
     @_shows_errors
@@ -254,116 +390,6 @@ class FormatExplorer(_Explorer):
             self.decimal_input.value = decimal_text
         finally:
             self._syncing = False
-        self.bits_readout.value = self._bits_html()
-        self.readout.value = self._readout_html()
+        self.bits_readout.value = bits_html(f, bits)
+        self.readout.value = readout_html(f, bits, self.typed)
         self._clear_error()
-
-    def _bits_html(self) -> str:
-        f, bits = self.fmt, self.bits
-        text = format(bits, f"0{f.bits}b")
-        s = 1 if _has_sign(f) else 0
-        parts = (text[:s], text[s : s + f.exponent_bits], text[s + f.exponent_bits :])
-        spans = [
-            f'<span style="color:{FIELD_COLORS[name]}">{part}</span>'
-            for name, part in zip(("sign", "exponent", "mantissa"), parts) if part
-        ]
-        return f'<code style="font-size:1.1em">{" ".join(spans)}</code> &nbsp; = 0x{bits:0{(f.bits + 3) // 4}X}'
-
-    def _readout_html(self) -> str:
-        f, stored, typed = self.fmt, self.value, self.typed
-        sign, exp, man = f.fields(self.bits)
-        cat = self.category
-        rows = []
-        if typed is not None:
-            rows.append(("typed", repr(typed)))
-        rows.append(("stored", f"{stored!r} &nbsp; ({html.escape(format_pow2(stored, digits=6))})"))
-        if typed is not None:
-            rows.append(("rounding error", self._error_text(typed, stored)))
-        rows.append(
-            ("category",
-             f'<b style="color:{CATEGORY_COLORS[cat]}">{cat}</b>' + self._category_note(cat, typed, stored))
-        )
-        below, above = f.neighbours(stored)
-        rows.append(("neighbours", f"below {below!r} &nbsp; above {above!r}"))
-        rows.append(("ulp here", f"{f.ulp(stored)!r}" + (
-            f" &nbsp; ({html.escape(format_pow2(f.ulp(stored)))})" if math.isfinite(f.ulp(stored)) else "")))
-        rows.append(("fields", self._fields_text(sign, exp, man)))
-        body = "".join(
-            f'<tr><td style="padding-right:1em;color:#555">{k}</td><td>{v}</td></tr>' for k, v in rows
-        )
-        return f"<table>{body}</table>"
-
-    @staticmethod
-    def _error_text(typed: float, stored: float) -> str:
-        if math.isnan(typed) or math.isnan(stored):
-            return "— (NaN)"
-        if math.isinf(typed) and typed == stored:
-            return "0"
-        err = typed - stored
-        if math.isinf(err):
-            return f"{err!r} (the value overflowed)"
-        rel = f" &nbsp; relative {abs(err) / abs(typed):.3g}" if typed != 0 and math.isfinite(typed) else ""
-        return f"typed − stored = {err!r}{rel}"
-
-    def _category_note(self, cat: str, typed, stored: float) -> str:
-        f = self.fmt
-        if cat == "overflow":
-            if f.specials in ("fn", "finite"):
-                return f" — beyond max, saturated to {format_number(f.max)} (no inf in {f.name})"
-            if f.specials in ("fnuz", "fnu"):
-                return (f" — at or beyond {format_number(f.overflow_boundary)}, becomes NaN "
-                        f"(no inf in {f.name}; a saturating cast gives max {format_number(f.max)})")
-            return f" — at or beyond {format_number(f.overflow_boundary)}, becomes inf"
-        if cat == "underflow":
-            if not _has_sign(f):
-                return (f" — at most {format_pow2(f.underflow_boundary)}: {f.name} has no zero, "
-                        f"becomes its smallest value {format_pow2(f.smallest_normal)}")
-            return f" — at most {format_pow2(f.underflow_boundary)}, becomes 0"
-        if cat == "zero" and not _has_sign(f):
-            return f" — {f.name} has no zero: torch's cast gives its smallest value {format_pow2(f.smallest_normal)}"
-        if cat == "normal" and not _has_sign(f) and typed is not None and typed < 0:
-            return f" — {f.name} has no sign: torch's cast keeps |x|"
-        if cat == "subnormal":
-            return f" — below the smallest normal {format_pow2(f.smallest_normal)}: fewer significant bits"
-        return ""
-
-    def _fields_text(self, sign: int, exp: int, man: int) -> str:
-        f = self.fmt
-        m, e = f.mantissa_bits, f.exponent_bits
-        top = (1 << e) - 1
-        exp_bits, man_bits = format(exp, f"0{e}b"), format(man, f"0{m}b") if m else ""
-        stored = self.value
-        if not _has_sign(f):  # E8M0: the exponent alone, every code a power of two but the NaN
-            if math.isnan(stored):
-                return f"exponent {exp_bits} = {exp} (all ones): NaN<br>no sign bit, no mantissa"
-            return (f"exponent {exp_bits} = {exp}, {exp} − bias {f.bias} = {exp - f.bias}<br>"
-                    f"no sign bit, no mantissa: value 2^{exp - f.bias} = {stored!r}")
-        parts = [f"sign {sign} ({'−' if sign else '+'})"]
-        if math.isnan(stored) and f.specials == "fnuz":
-            parts.append(f"exponent {exp_bits} and mantissa {man_bits} with sign 1: the pattern −0 would have "
-                         f"is NaN in {f.name} (no −0, no inf)")
-            return "<br>".join(parts)
-        if math.isnan(stored):
-            parts.append(f"exponent {exp_bits} (all ones) and mantissa {man_bits}: NaN")
-            return "<br>".join(parts)
-        if math.isinf(stored):
-            parts.append(f"exponent {exp_bits} (all ones) and mantissa 0: inf")
-            return "<br>".join(parts)
-        if exp == 0:
-            parts.append(f"exponent {exp_bits} = 0: subnormal, exponent 1 − {f.bias} = {f.emin}")
-            parts.append(f"mantissa {man_bits} = {man} → significand 0 + {man}/2^{m}")
-            significand = man / (1 << m)
-            power = f.emin
-        else:
-            power = exp - f.bias
-            parts.append(f"exponent {exp_bits} = {exp}, {exp} − bias {f.bias} = {power}")
-            parts.append(f"mantissa {man_bits} = {man} → significand 1 + {man}/2^{m}")
-            significand = 1 + man / (1 << m)
-        parts.append(f"value (−1)^{sign} × {significand!r} × 2^{power} = {stored!r}")
-        if exp == top:  # only reachable in a format without inf, where the top exponent holds numbers
-            parts.append(f"({f.name} has no inf: the top exponent holds numbers)")
-        if f.specials == "finite" and exp == top and man == (1 << m) - 1:
-            parts.append(f"({f.name} has no NaN either: every pattern is a number)")
-        return "<br>".join(parts)
-
-

@@ -1,4 +1,8 @@
-"""Fp8ScalingLab: FP8 per-tensor scaling, delayed or current, over a stream of tensors with spikes."""
+"""Fp8ScalingLab: FP8 per-tensor scaling, delayed or current, over a stream of tensors with spikes.
+
+What it shows at a set of settings is computed by this module's functions, over plain settings
+(a dict, as ``acting_settings`` makes it): ``lab_stream``, ``simulate_lab``, ``spike_ends``,
+``lab_figure`` and ``readout_html``. Fp8ScalingLab and ``BrowserFp8ScalingLab`` both call them."""
 
 from __future__ import annotations
 
@@ -31,6 +35,58 @@ def lab_stream(seed: int, spike_log2: int, nonfinite: str, steps: int = 2000, si
     p = Fp8ScalingLab.NONFINITE_PROB
     return tensor_stream(steps, size, seed=seed, spike_log2=spike_log2,
                          inf_prob=p if nonfinite == "inf" else 0.0, nan_prob=p if nonfinite == "nan" else 0.0)
+
+
+# ----- what the lab shows, over plain settings -----
+def acting_settings(*, recipe: str, fmt: str, spike_log2: int, nonfinite: str, seed: int, history_len: int,
+                    algo: str, margin: int) -> dict:
+    """The settings as ``simulate_fp8_scaling``'s and ``lab_stream``'s arguments: the history,
+    algo and margin, which apply to delayed scaling only, left out for current scaling (the same
+    drawing, the same settings)."""
+    s = {"recipe": recipe, "fmt": fmt, "spike_log2": spike_log2, "nonfinite": nonfinite, "seed": seed,
+         "history_len": history_len, "algo": algo, "margin": margin}
+    if recipe != "delayed":
+        for k in ("history_len", "algo", "margin"):
+            del s[k]
+    return s
+
+
+def simulate_lab(s: dict, steps: int, size: int) -> tuple:
+    """(stream, trace) at the settings ``s`` (``acting_settings``'): ``lab_stream`` of ``steps``
+    tensors of ``size`` values, quantized by ``simulate_fp8_scaling``."""
+    stream = lab_stream(s["seed"], s["spike_log2"], s["nonfinite"], steps, size)
+    kw = {k: s[k] for k in ("history_len", "algo", "margin") if k in s}
+    return stream, simulate_fp8_scaling(stream, s["recipe"], fmt=s["fmt"], **kw)
+
+
+def spike_ends(s: dict, spike_lo: int, spike_hi: int, steps: int, size: int) -> tuple:
+    """The traces with spikes of ``2**spike_lo`` and ``2**spike_hi`` (the spike slider's ends) and
+    the other settings ``s``: the figure's axes hold them too, so that the spike grows against
+    still axes."""
+    return tuple(simulate_lab({**s, "spike_log2": v}, steps, size)[1] for v in (spike_lo, spike_hi))
+
+
+def lab_figure(trace, hold=()):
+    """The lab's figure of ``trace``: no counts in the legend (the readout has them), its axes
+    holding the traces ``hold`` (``spike_ends``)."""
+    return plot_fp8_scaling(trace, legend_counts=False, hold=hold)
+
+
+def readout_html(trace) -> str:
+    """The readout: the steps that saturate, the steps that lose at least 1% of their values to
+    underflow, the steps with subnormals, the mean share underflowed, and the worst step."""
+    n = trace.steps
+    lossy = int((trace.underflowed_share >= 0.01).sum())
+    w = trace.worst_step
+    some = {k: int((np.asarray(getattr(trace, k)) > 0).sum()) for k in ("underflowed", "subnormal")}
+    line = (f"steps that saturate: {trace.saturated_steps:,} of {n:,} · "
+            f"steps that lose ≥ 1% to underflow: {lossy:,} (any: {some['underflowed']:,}) · "
+            f"steps with subnormals: {some['subnormal']:,} · "
+            f"mean underflowed {format_share(float(np.mean(trace.underflowed_share)))}")
+    worst = (f"worst step {w:,}: {int(trace.saturated[w]):,} saturated, {int(trace.underflowed[w]):,} "
+             f"underflowed ({format_share(trace.underflowed_share[w])}) of {trace.size:,} values, "
+             f"amax {float(trace.amax[w]):.3g}, scale {float(trace.scale[w]):.3g}")
+    return f"<div>{html.escape(line)}</div><div>{html.escape(worst)}</div>"
 
 
 class Fp8ScalingLab(_Explorer):
@@ -146,18 +202,12 @@ class Fp8ScalingLab(_Explorer):
              "seed": int(self.seed_input.value), "history_len": int(self.history_slider.value),
              "algo": self.algo_dropdown.value, "margin": int(self.margin_slider.value)}
         s.update(changed)
-        if s["recipe"] != "delayed":  # what does not act is left out: the same drawing
-            for k in ("history_len", "algo", "margin"):
-                del s[k]
-        return s
+        return acting_settings(**s)
 
     def simulate(self, **changed):
         """(stream, trace) for the controls' settings (``changed`` replaces some, as in
         ``settings()``)."""
-        s = self._settings(**changed)
-        stream = lab_stream(s["seed"], s["spike_log2"], s["nonfinite"], self.STEPS, self.SIZE)
-        kw = {k: s[k] for k in ("history_len", "algo", "margin") if k in s}
-        return stream, simulate_fp8_scaling(stream, s["recipe"], fmt=s["fmt"], **kw)
+        return simulate_lab(self._settings(**changed), self.STEPS, self.SIZE)
 
     # ----- react -----
     def _enable(self) -> None:
@@ -210,18 +260,17 @@ class Fp8ScalingLab(_Explorer):
         if (state := self._kept_state(key)) is not None:
             return state
         stream, trace = self.simulate(**changed)
-        fig = plot_fp8_scaling(trace, legend_counts=False, hold=self._spike_ends(**changed))
-        state = (stream, trace, _in_column(self._readout_html(trace)), fig, FigureView.prepare(fig))
+        fig = lab_figure(trace, hold=self._spike_ends(**changed))
+        state = (stream, trace, _in_column(readout_html(trace)), fig, FigureView.prepare(fig))
         return self._keep_state(key, state, self.KEPT_DRAWN)
 
     def _spike_ends(self, **changed) -> tuple:
-        """The runs at the spike slider's two ends with the other settings as given (kept per
-        settings): the figure's axes hold them too, so the spike grows against still axes and a
-        move of the slider only moves the lines."""
-        key = tuple(sorted((k, v) for k, v in self._settings(**changed).items() if k != "spike_log2"))
-        return self._recent(self._ends, key, lambda: tuple(self.simulate(**{**changed, "spike_log2": v})[1]
-                                                          for v in (self.spike_slider.min, self.spike_slider.max)),
-                            self.KEPT_DRAWN)
+        """``spike_ends`` at the settings, at the spike slider's two ends (kept per settings, all
+        but the spike): a move of the slider only moves the lines."""
+        s = self._settings(**changed)
+        key = tuple(sorted((k, v) for k, v in s.items() if k != "spike_log2"))
+        return self._recent(self._ends, key, lambda: spike_ends(s, self.spike_slider.min, self.spike_slider.max,
+                                                                self.STEPS, self.SIZE), self.KEPT_DRAWN)
 
     def update(self) -> None:
         """Simulate with the controls' settings and redraw."""
@@ -229,19 +278,3 @@ class Fp8ScalingLab(_Explorer):
         self._draw(fig, prepared)
         self.readout.value = readout
         self._clear_error()
-
-    # ----- the readout -----
-    @staticmethod
-    def _readout_html(trace) -> str:
-        n = trace.steps
-        lossy = int((trace.underflowed_share >= 0.01).sum())
-        w = trace.worst_step
-        some = {k: int((np.asarray(getattr(trace, k)) > 0).sum()) for k in ("underflowed", "subnormal")}
-        line = (f"steps that saturate: {trace.saturated_steps:,} of {n:,} · "
-                f"steps that lose ≥ 1% to underflow: {lossy:,} (any: {some['underflowed']:,}) · "
-                f"steps with subnormals: {some['subnormal']:,} · "
-                f"mean underflowed {format_share(float(np.mean(trace.underflowed_share)))}")
-        worst = (f"worst step {w:,}: {int(trace.saturated[w]):,} saturated, {int(trace.underflowed[w]):,} "
-                 f"underflowed ({format_share(trace.underflowed_share[w])}) of {trace.size:,} values, "
-                 f"amax {float(trace.amax[w]):.3g}, scale {float(trace.scale[w]):.3g}")
-        return f"<div>{html.escape(line)}</div><div>{html.escape(worst)}</div>"

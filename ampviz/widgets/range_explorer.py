@@ -1,4 +1,8 @@
-"""RangeExplorer: a census of values under a loss scale."""
+"""RangeExplorer: a census of values under a loss scale.
+
+What it shows at a format and a scale is computed by this module's functions, over plain
+settings: ``binade_extent``, ``figure_x_range``, ``census_figure``, ``scale_label`` and
+``readout_html``. RangeExplorer and ``BrowserRangeExplorer`` both call them."""
 
 from __future__ import annotations
 
@@ -32,6 +36,52 @@ def _swatch(category: str) -> str:
             f'opacity:{BAND_OPACITY}"></span>')
 
 
+# ----- what the explorer shows, over plain settings -----
+def binade_extent(prof: Profile, fmt) -> tuple[int, int] | None:
+    """(lowest, highest) log2 bin of the values unscaled, as a census in ``fmt`` at scale 1 bins
+    them; None when there are none."""
+    bins = census(prof, fmt, 1.0).log2_bins
+    return (int(bins.min()), int(bins.max())) if len(bins) else None
+
+
+def figure_x_range(fmt, extent: tuple[int, int] | None, log2_lo: int, log2_hi: int) -> tuple[int, int]:
+    """The figure's x range: the format's window and every bin the scales ``2**log2_lo`` to
+    ``2**log2_hi`` move the values' binades (``extent``, from ``binade_extent``) to."""
+    if extent is None:
+        return census_x_range(fmt)
+    lo, hi = extent
+    return census_x_range(fmt, lo + log2_lo, hi + log2_hi)
+
+
+def census_figure(result, fmt_name: str, x_range: tuple[int, int]):
+    """The figure of a census: no legend and no shares line (the readout is its key), and a title
+    that does not name the scale (the label beside the slider does)."""
+    return plot_census(result, x_range=x_range, legend=False, shares=False,
+                       title=f"{_count_label(result.total)} × the scale above, in {fmt_name}")
+
+
+def scale_label(log2_scale: int) -> str:
+    """The label beside the slider: "scale = 2^3 = 8"."""
+    return f"scale = {html.escape(format_pow2(2.0 ** int(log2_scale)))}"
+
+
+def readout_html(result) -> str:
+    """The readout of a census: each band's name after a swatch of its colour (the figure has no
+    legend: this is its key), its share and count, and what the triangles on the axis mark."""
+    r = result
+    shown = [k for k in CATEGORIES if k in BAND_CATEGORIES or r.counts[k]]
+    cells = "".join(
+        f'<span style="margin-right:1.2em">{_swatch(k) if k in BAND_CATEGORIES else ""}'
+        f'<b style="color:{CATEGORY_COLORS[k]}">{k}</b> '
+        f"{format_share(r.fractions[k])} <small>({r.counts[k]:,})</small></span>"
+        for k in shown
+    )
+    # the figure has no legend: the readout keys the marks on its axis too (always: a line that
+    # came and went with them would move the figure under it while the scale moves)
+    key = f'<div class="ampviz-census-marks"><small>▲ on the axis: {html.escape(SMALL_BAR_KEY)}</small></div>'
+    return f"<div>{cells}<small>of {r.total:,} values</small></div>{key}"
+
+
 # ----- a census under a loss scale -----
 class RangeExplorer(_Explorer):
     """Where a set of gradients lands in a low-precision format as the loss scale changes.
@@ -60,8 +110,7 @@ class RangeExplorer(_Explorer):
         self.profile = values if isinstance(values, Profile) else profile(values)
         self.result = None
         # lowest and highest binade of the unscaled values; the slider shifts them by k
-        bins = census(self.profile, name, 1.0).log2_bins
-        self._bin_extent = (int(bins.min()), int(bins.max())) if len(bins) else None
+        self._bin_extent = binade_extent(self.profile, name)
 
         log2_scale = _whole("log2_scale", log2_scale, *self.LOG2_LIMITS)
         try:
@@ -112,10 +161,7 @@ class RangeExplorer(_Explorer):
 
     def x_range(self) -> tuple[int, int]:
         """The figure's x range: the format's window and every bin the slider can reach."""
-        if self._bin_extent is None:
-            return census_x_range(self.fmt)
-        lo, hi = self._bin_extent
-        return census_x_range(self.fmt, lo + self.scale_slider.min, hi + self.scale_slider.max)
+        return figure_x_range(self.fmt, self._bin_extent, self.scale_slider.min, self.scale_slider.max)
 
     #: How many drawn positions are kept (the recent ones and the slider's next ones).
     KEPT_DRAWN = 8
@@ -132,15 +178,12 @@ class RangeExplorer(_Explorer):
         key = (int(log2_scale), name, self.x_range())
         if (state := self._kept_state(key)) is not None:
             return state
-        scale = 2.0 ** int(log2_scale)
-        result = census(self.profile, name, scale)
+        result = census(self.profile, name, 2.0 ** int(log2_scale))
         # the readout names the bands and prints the shares, the label beside the slider the
         # scale: the layout stays while the scale moves, and FigureView moves the bars instead of
         # redrawing the figure
-        fig = plot_census(result, x_range=key[2], legend=False, shares=False,
-                          title=f"{_count_label(result.total)} × the scale above, in {name}")
-        state = (result, f"scale = {html.escape(format_pow2(scale))}", self._readout_html(result), fig,
-                 FigureView.prepare(fig))
+        fig = census_figure(result, name, key[2])
+        state = (result, scale_label(log2_scale), readout_html(result), fig, FigureView.prepare(fig))
         return self._keep_state(key, state, self.KEPT_DRAWN)
 
     def update(self) -> None:
@@ -150,20 +193,3 @@ class RangeExplorer(_Explorer):
         self.scale_label.value = label
         self.readout.value = readout
         self._clear_error()
-
-    def _readout_html(self, result=None) -> str:
-        r = self.result if result is None else result
-        shown = [k for k in CATEGORIES if k in BAND_CATEGORIES or r.counts[k]]
-        # each band's swatch as the figure fills the band (the figure has no legend: this is its key)
-        cells = "".join(
-            f'<span style="margin-right:1.2em">{_swatch(k) if k in BAND_CATEGORIES else ""}'
-            f'<b style="color:{CATEGORY_COLORS[k]}">{k}</b> '
-            f"{format_share(r.fractions[k])} <small>({r.counts[k]:,})</small></span>"
-            for k in shown
-        )
-        # the figure has no legend: the readout keys the marks on its axis too (always: a line that
-        # came and went with them would move the figure under it while the scale moves)
-        key = f'<div class="ampviz-census-marks"><small>▲ on the axis: {html.escape(SMALL_BAR_KEY)}</small></div>'
-        return f"<div>{cells}<small>of {r.total:,} values</small></div>{key}"
-
-

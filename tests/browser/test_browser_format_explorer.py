@@ -1,5 +1,5 @@
 """BrowserFormatExplorer's front end in Chromium, with no kernel (the page's own model, as on a static
-page), against the package and FormatExplorer's own methods:
+page), against the package and the functions FormatExplorer shows them with:
 
 - numbers as Python writes them (repr, "{:.2f}", format_pow2, _pow2_short) for 32,000 values: one
   in 7 of every format of at most 16 bits, random doubles, every power of two, ties;
@@ -40,7 +40,8 @@ from ampviz.plots import format_pow2, plot_value
 from ampviz.plots.text import _pow2_short
 from ampviz.widgets import FormatExplorer
 from ampviz.widgets.base import _parse_bits, parse_number
-from ampviz.widgets.browser_format_explorer import BrowserFormatExplorer, _Shown
+from ampviz.widgets.browser_format_explorer import BrowserFormatExplorer
+from ampviz.widgets.format_explorer import bits_html, category_note, category_of, fields_text, readout_html
 from ampviz.widgets.jsbundle import bundle
 from conftest import explorer_test_page, render, state_of
 from test_js_scaleplot import correctly_rounded_log2
@@ -315,18 +316,6 @@ def test_typed_bit_patterns_are_read_as_python_reads_them(page, name):
 
 
 # ----------------------------------------------------------------- every bit pattern
-class Known(_Shown):
-    """FormatExplorer's methods with the value and category given (numpy's, computed for every
-    pattern at once, as the scalar calls give them)."""
-
-    value = property(lambda self: self._value)
-    category = property(lambda self: self._category)
-
-    def __init__(self, fmt, bits, typed, value, category):
-        super().__init__(fmt, bits, typed)
-        self._value, self._category = value, category
-
-
 def python_pattern_rows(name: str, start: int, stop: int):
     fmt = ALL_FORMATS[name]
     b = np.arange(start, stop)
@@ -335,11 +324,10 @@ def python_pattern_rows(name: str, start: int, stop: int):
     signs, exps, mans = (np.asarray(a).tolist() for a in fmt.fields(b))
     rows = []
     for k, bits in enumerate(b.tolist()):
-        v, cat = float(values[k]), CATEGORIES[cats[k]]
-        shown = Known(fmt, bits, None, v, cat)
-        rows.append("\u0001".join((f"0x{bits:0{(fmt.bits + 3) // 4}X}", shown._bits_html(), repr(v),
-                                   format_pow2(v, digits=6), shown._category_note(cat, None, v),
-                                   shown._fields_text(signs[k], exps[k], mans[k]))))
+        v, cat = float(values[k]), CATEGORIES[cats[k]]  # numpy's, for every pattern at once
+        rows.append("\u0001".join((f"0x{bits:0{(fmt.bits + 3) // 4}X}", bits_html(fmt, bits), repr(v),
+                                   format_pow2(v, digits=6), category_note(fmt, cat, None, v),
+                                   fields_text(fmt, signs[k], exps[k], mans[k], v))))
     return values, cats, rows
 
 
@@ -392,7 +380,7 @@ def readout_mismatches(page, module: str, name: str, patterns, typed=None) -> li
         window[m].readoutHtml(name, b, typed ? window[m].readNumber(typed[i]).value : null))""",
                         [module, name, patterns, typed])
     fmt = ALL_FORMATS[name]
-    want = [_Shown(fmt, b, None if typed is None else parse_number(typed[i]))._readout_html() for i, b in enumerate(patterns)]
+    want = [readout_html(fmt, b, None if typed is None else parse_number(typed[i])) for i, b in enumerate(patterns)]
     return [(b, w, g) for b, w, g in zip(patterns, want, got) if w != g][:3]
 
 
@@ -413,10 +401,9 @@ def test_wide_formats_show_what_python_shows(page, name):
     got = page.evaluate("""([name, patterns]) => patterns.map((b) => { const r = V.compute({fmt: name, bits: b, typed: null});
         return [r.value, r.category, r.hex, r.bitsHtml, r.decimal]; })""", [name, patterns])
     for b, g in zip(patterns, got):
-        shown = _Shown(fmt, b, None)
-        v = shown.value
+        v = float(fmt.decode(b))
         assert (math.isnan(v) and math.isnan(g[0])) or struct.pack("<d", v) == struct.pack("<d", float(g[0])), b
-        assert g[1:] == [shown.category, f"0x{b:0{(fmt.bits + 3) // 4}X}", shown._bits_html(), repr(v)], b
+        assert g[1:] == [category_of(fmt, b), f"0x{b:0{(fmt.bits + 3) // 4}X}", bits_html(fmt, b), repr(v)], b
     assert readout_mismatches(page, "VP", name, patterns[::10]) == []
 
 

@@ -1,7 +1,7 @@
 """BrowserFp8ScalingLab's front end in Chromium, with no kernel (the page's own model, as on a static
 page): for many seeded random settings of every control (recipe, history length, algo, margin,
 format, spike size, non-finite steps, stream seed), the stream, the run, the readout and the figure
-the page computes equal the package's bit for bit (Fp8ScalingLab's own methods, and the kernel's
+the page computes equal the package's bit for bit (the functions Fp8ScalingLab draws with, and the kernel's
 lab moved to the same settings); a key press, a drag, a typed history length, a recipe change and
 a model change redraw in the page and set the model; a seed the page lacks is drawn once its
 stream arrives; in JupyterLab the kernel reads what the page moved. Each mutation test shows that
@@ -15,7 +15,7 @@ import pytest
 
 from ampviz.widgets.base import _in_column
 from ampviz.widgets.browser_fp8_lab import BrowserFp8ScalingLab
-from ampviz.widgets.fp8_lab import Fp8ScalingLab
+from ampviz.widgets.fp8_lab import Fp8ScalingLab, readout_html
 from conftest import (drawn, explorer_test_page, lab_notebook_page, load_data, press_keys, python_figure,
                       python_side, python_side_cell, render, wait_drawn, wait_python_side)
 
@@ -105,7 +105,7 @@ def test_many_random_settings_give_the_packages_stream_run_and_readout(page, lab
             assert np.array_equal(sat, trace.saturated) and np.array_equal(under, trace.underflowed), s
             assert np.array_equal(sub, trace.subnormal), s
             assert g["settings"] == trace.settings, s
-            assert g["readout"] == _in_column(Fp8ScalingLab._readout_html(trace)), s
+            assert g["readout"] == _in_column(readout_html(trace)), s
             checked += 1
     assert checked == 1000
     assert page.errors == []
@@ -115,7 +115,7 @@ FIGURES = """(all) => all.map((s) => asJson(noTemplate(V.compute(D, s, CACHE).fi
 
 
 def test_the_figure_is_fp8_scaling_labs_at_random_settings(page, lab):
-    """The page's figure equals BrowserFp8ScalingLab.figure() (Fp8ScalingLab's _drawn) at random
+    """The page's figure equals BrowserFp8ScalingLab.figure() (fp8_lab's functions, as Fp8ScalingLab draws) at random
     settings of every control, and the kernel's lab, moved by its own controls, draws the same."""
     load_data(page, lab)
     rng = np.random.default_rng(1)

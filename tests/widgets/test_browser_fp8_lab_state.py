@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from ampviz.plots.style import figure_config
 from ampviz.widgets.base import _in_column
 from ampviz.widgets.browser_fp8_lab import SETTINGS, BrowserFp8ScalingLab
-from ampviz.widgets.fp8_lab import Fp8ScalingLab, lab_stream
+from ampviz.widgets.fp8_lab import Fp8ScalingLab, lab_stream, readout_html
 from browser_state_helpers import same_figure_json, same_refusal  # tests/widgets/, on the path as pytest runs
 
 
@@ -147,4 +147,4 @@ def test_any_value_for_any_setting_is_taken_or_refused_in_one_line(name, value):
     # whatever was taken runs as Fp8ScalingLab runs it at those settings
     ref = Fp8ScalingLab(**{k: getattr(lab, k) for k in SETTINGS})
     same_run(lab.trace, ref.trace)
-    assert _in_column(Fp8ScalingLab._readout_html(lab.trace)) == ref.readout.value
+    assert _in_column(readout_html(lab.trace)) == ref.readout.value
