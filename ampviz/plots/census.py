@@ -204,7 +204,7 @@ def plot_census(data, fmt="fp16", scale=1.0, title=None, x_range=None, *, legend
 
     n = max(result.total, 1)
     hover = [
-        f"2^{e} ≤ |v·scale| < 2^{e + 1}<br>{c:,} values ({format_share(c / n)})"
+        f"2^{e} ≤ |v·scale| < 2^{e + 1}<br>{_count_label(c)} ({format_share(c / n)})"
         for e, c in zip(bins.tolist(), counts.tolist())
     ]
     # each bar in the colour of the band its binade lies in (a binade that straddles an edge: the

@@ -133,7 +133,8 @@ def _in_column(text: str) -> str:
 
 
 def _parse_bits(text) -> int:
-    """A bit pattern typed as hex ("0x3C00"), binary ("0b0011110000000000") or decimal."""
+    """A bit pattern typed as hex ("0x3C00", or "3C00": digits alone are hex, as the box says),
+    binary ("0b0011110000000000") or octal ("0o36000")."""
     s = str(text).strip().replace("_", "").replace(" ", "")
     if not s:
         raise ValueError("type a bit pattern, e.g. 0x3C00 or 0b0011110000000000")

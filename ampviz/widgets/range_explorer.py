@@ -79,7 +79,7 @@ def readout_html(result) -> str:
     # the figure has no legend: the readout keys the marks on its axis too (always: a line that
     # came and went with them would move the figure under it while the scale moves)
     key = f'<div class="ampviz-census-marks"><small>▲ on the axis: {html.escape(SMALL_BAR_KEY)}</small></div>'
-    return f"<div>{cells}<small>of {r.total:,} values</small></div>{key}"
+    return f"<div>{cells}<small>of {_count_label(r.total)}</small></div>{key}"
 
 
 # ----- a census under a loss scale -----

@@ -451,14 +451,18 @@ def test_to_precision_and_to_fixed_would_be_caught(page):
     assert any(g != f"{x:.2f}" for g, x in zip(fixed, xs))
 
 
-def test_a_hover_that_says_1_value_would_be_caught(page):
-    """plot_census's hover says "1 values" for a binade of one value (the page writes it so too):
-    a port that wrote the singular would differ from the package."""
+def test_one_value_is_one_value_in_the_hover_and_the_readout(page):
+    """A binade of one value says "1 value" in plot_census's hover (not "1 values"), and a census
+    of one value "of 1 value" in the readout; the page writes the same."""
     ex = BrowserRangeExplorer(np.float32([1e-8, 1e-3, 1.0]))
     load_data(page, ex)
     hover = page.evaluate("() => V.compute(D, {fmt: 'fp16', log2_scale: 0}).figure.data[0].hovertext")
     assert hover == python_figure(ex.figure())["data"][0]["hovertext"]
-    assert all("<br>1 values (" in h for h in hover)
+    assert all("<br>1 value (" in h for h in hover)
+    one = BrowserRangeExplorer(np.float32([0.5]))
+    load_data(page, one)
+    readout = page.evaluate("() => V.compute(D, {fmt: 'fp16', log2_scale: 0}).readout")
+    assert readout == one.readout_html() and "of 1 value<" in readout
 
 
 # ----------------------------------------------------------------- in JupyterLab, with a kernel

@@ -159,7 +159,7 @@ export function plotCensus(result, { title = null, xRange = null, legend = true,
   }
 
   const n = Math.max(result.total, 1);
-  const hover = bins.map((e, i) => `2^${e} ≤ |v·scale| < 2^${e + 1}<br>${withCommas(counts[i])} values (${formatShare(counts[i] / n)})`);
+  const hover = bins.map((e, i) => `2^${e} ≤ |v·scale| < 2^${e + 1}<br>${countLabel(counts[i])} (${formatShare(counts[i] / n)})`);
   const mids = Float64Array.from(bins, (e) => e + 0.5);
   const cats = Array.from(mids, (m) => barCategory(m, f));
   const tallest = counts.length ? Math.max(...counts) : 0;
@@ -231,7 +231,7 @@ export function readoutHtml(result) {
     + (BAND_CATEGORIES.includes(k) ? swatch(k) : "") + `<b style="color:${CATEGORY_COLORS[k]}">${k}</b> `
     + `${formatShare(share[k])} <small>(${withCommas(result.counts[k])})</small></span>`).join("");
   const key = `<div class="ampviz-census-marks"><small>▲ on the axis: ${escapeHtml(SMALL_BAR_KEY)}</small></div>`;
-  return `<div>${cells}<small>of ${withCommas(result.total)} values</small></div>${key}`;
+  return `<div>${cells}<small>of ${countLabel(result.total)}</small></div>${key}`;
 }
 
 /** The label beside RangeExplorer's slider: "scale = 2^16 = 65536". */
