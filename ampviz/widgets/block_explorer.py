@@ -19,6 +19,10 @@ from ampviz.plots import format_number, format_pow2, format_share, plot_blocks
 
 from ampviz.widgets.base import _Explorer, _beside, _in_column, _shown, _table, _whole
 
+#: The explorer; the module's functions compute what it shows for it and its page twin
+#: (``BrowserBlockExplorer``), not an API of their own.
+__all__ = ["BlockExplorer"]
+
 #: The schemes: (what the learner reads, the value): MX with an element format, or NVFP4.
 SCHEMES = (("MXFP8 (fp8_e4m3)", "fp8_e4m3"), ("MXFP8 (fp8_e5m2)", "fp8_e5m2"), ("MXFP6 (fp6_e3m2)", "fp6_e3m2"),
            ("MXFP6 (fp6_e2m3)", "fp6_e2m3"), ("MXFP4 (fp4_e2m1)", "fp4_e2m1"),

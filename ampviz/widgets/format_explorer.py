@@ -19,6 +19,10 @@ from ampviz.plots import CATEGORY_COLORS, FIELD_COLORS, format_number, format_po
 
 from ampviz.widgets.base import _Explorer, _FIELD_TINTS, _parse_bits, _shows_errors, _wait_until_sent, parse_number
 
+#: The explorer; the module's functions compute what it shows for it and its page twin
+#: (``BrowserFormatExplorer``), not an API of their own.
+__all__ = ["FormatExplorer"]
+
 
 #: What the dropdown says beside each format beyond the course's six (those show their name alone).
 NEW_FORMAT_LABELS = {

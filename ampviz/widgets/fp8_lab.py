@@ -19,6 +19,10 @@ from ampviz.plots import format_share, plot_fp8_scaling
 
 from ampviz.widgets.base import _Explorer, _beside, _in_column, _shown, _whole, parse_number
 
+#: The explorer; the module's functions compute what it shows for it and its page twin
+#: (``BrowserFp8ScalingLab``), not an API of their own.
+__all__ = ["Fp8ScalingLab"]
+
 #: The recipes: (what the learner reads, the value).
 RECIPES = (("delayed (earlier amaxes)", "delayed"), ("current (this amax)", "current"))
 #: The formats: (what the learner reads, the value).

@@ -28,6 +28,10 @@ from ampviz.plots.census import SMALL_BAR_KEY
 
 from ampviz.widgets.base import _Explorer, _shown, _whole
 
+#: The explorer; the module's functions compute what it shows for it and its page twin
+#: (``BrowserRangeExplorer``), not an API of their own.
+__all__ = ["RangeExplorer"]
+
 
 def _swatch(category: str) -> str:
     """A band's colour as the census figure fills it (its colour at the bands' opacity)."""

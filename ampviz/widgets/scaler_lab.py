@@ -19,6 +19,10 @@ from ampviz.plots import _skipped_marks, format_number, plot_scale_trace
 
 from ampviz.widgets.base import _Explorer, _beside, _in_column, _real, _shown, _table, _whole
 
+#: The explorer; the module's functions compute what it shows for it and its page twin
+#: (``BrowserScalerLab``), not an API of their own.
+__all__ = ["ScalerLab"]
+
 
 # ----- dynamic loss scaling, live -----
 class ScalerLab(_Explorer):
