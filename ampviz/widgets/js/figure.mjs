@@ -79,13 +79,9 @@ function samePoints(a, b) {
   return true;
 }
 
-// The traces a move draws by moving them (their indices), or false where the move needs a full
-// redraw. A move redraws every trace of the figure (plotly's animate takes away those it is not
-// given), so every trace must be movable, or stay as it was where it may be drawn again as it was
-// (a bar drawn opaque with no outline, FormatExplorer's bands). No index: nothing changed.
-// A bar trace that a move draws again as a full redraw drew it, where its points stay: an opaque
-// colour, no outline and no hatching (plotly rounds the edges of other bars to whole pixels in a
-// full redraw only, and lays a hatching's pattern anew)
+// Whether a move draws the trace, its points unchanged, as a full redraw drew it: a trace that
+// can move, or a bar of an opaque colour with no outline and no hatching (plotly rounds the edges
+// of other bars to whole pixels in a full redraw only, and lays a hatching's pattern anew).
 function redrawnAlike(trace) {
   const marker = trace.marker || {}, line = marker.line || {}, pattern = marker.pattern || {};
   const shapes = pattern.shape === undefined ? [] : [].concat(pattern.shape);
@@ -93,8 +89,12 @@ function redrawnAlike(trace) {
     && line.width === 0 && shapes.every((s) => s === ""));
 }
 
-// ``drawn``: the figure as plotly holds it now (``layout``: its axes' ranges as shown; ``data``: its
-// traces, with a trace the learner hid from the legend marked so)
+// The traces a move draws by moving them (their indices), or false where the move needs a full
+// redraw. A move draws every trace of the figure again (plotly's animate takes away those it is
+// not given), so every trace must be movable, or keep its points where a move draws it as it was
+// (FormatExplorer's band bars). No index: nothing changed. ``drawn``: the figure as plotly holds
+// it now (``layout``: its axes' ranges as shown; ``data``: its traces, with a trace the learner
+// hid from the legend marked so)
 function pointsOnly(before, data, layout, drawn) {
   if (!before || before.data.length !== data.length || drawn.data.length !== data.length) return false;
   let changed = false;
