@@ -46,7 +46,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "browser"))
 import conftest  # noqa: E402  (the browser tests' JupyterLab, Voila and Chromium set-up)
@@ -276,14 +275,9 @@ def main():
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    kernelspec = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
     folder = Path(tempfile.mkdtemp(prefix="ampviz-bench-"))
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": kernelspec})
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in (FLOOR_CELL, *EXPLORER_CELLS)]
-    nbformat.write(nb, folder / "latency.ipynb")
-    app = nbformat.v4.new_notebook(metadata={"kernelspec": kernelspec})
-    app.cells = [nbformat.v4.new_code_cell(c) for c in (FLOOR_CELL, APP_CELL)]
-    nbformat.write(app, folder / "app_latency.ipynb")
+    conftest.write_notebook(folder / "latency.ipynb", (FLOOR_CELL, *EXPLORER_CELLS))
+    conftest.write_notebook(folder / "app_latency.ipynb", (FLOOR_CELL, APP_CELL))
     all_ratios = []
     with sync_playwright() as p:
         browser = conftest.launch(p)

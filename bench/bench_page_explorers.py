@@ -28,7 +28,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "browser"))
@@ -168,11 +167,8 @@ def main():
 
     import build_site
 
-    kernelspec = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
     folder = Path(tempfile.mkdtemp(prefix="ampviz-bench-page-"))
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": kernelspec})
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in (FLOOR_CELL, *LAB_CELLS)]
-    nbformat.write(nb, folder / "page_latency.ipynb")
+    conftest.write_notebook(folder / "page_latency.ipynb", (FLOOR_CELL, *LAB_CELLS))
     site = folder / "site"
     build_site.build(site)
     strength = ("BrowserScalerLab's strength slider (a new stream each)",

@@ -19,10 +19,10 @@ import traitlets
 
 from ampviz.formats import get_format
 from ampviz.formats.census import Profile, census, profile
-from ampviz.widgets.base import _shown, _whole
+from ampviz.widgets.base import _whole
 from ampviz.widgets.browser_base import _Setting, _TemplatedPageExplorer, b64
 from ampviz.widgets.range_explorer import (RangeExplorer, binade_extent, census_figure, figure_x_range, readout_html,
-                                           scale_label)
+                                           scale_label, slider_span)
 
 __all__ = ["BrowserRangeExplorer"]
 
@@ -62,17 +62,7 @@ class BrowserRangeExplorer(_TemplatedPageExplorer):
         if prof.total > self.MAX_VALUES:
             raise ValueError(f"values must be at most {self.MAX_VALUES:,} here (the page receives 4 bytes per value); "
                              f"RangeExplorer, computed by the kernel, takes more; got {prof.total:,}")
-        log2_scale = _whole("log2_scale", log2_scale, *self.LOG2_LIMITS)
-        try:
-            lo_given, hi_given = log2_scale_range
-        except (TypeError, ValueError):
-            raise TypeError(f"log2_scale_range must be two whole numbers (lowest, highest), got "
-                            f"{_shown(log2_scale_range)}") from None
-        lo_given = _whole("log2_scale_range[0]", lo_given, *self.LOG2_LIMITS)
-        hi_given = _whole("log2_scale_range[1]", hi_given, *self.LOG2_LIMITS)
-        if lo_given > hi_given:
-            raise ValueError(f"log2_scale_range must be (lowest, highest), got {_shown(log2_scale_range)}")
-        lo, hi = min(lo_given, log2_scale), max(hi_given, log2_scale)
+        log2_scale, lo, hi = slider_span(log2_scale, log2_scale_range)
         super().__init__()
         self.profile = prof
         # lowest and highest binade of the unscaled values (RangeExplorer's, taken as it takes it)

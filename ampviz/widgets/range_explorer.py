@@ -64,6 +64,26 @@ def census_figure(result, fmt_name: str, x_range: tuple[int, int]):
                        title=f"{_count_label(result.total)} × the scale above, in {fmt_name}")
 
 
+#: log2 of the scales a census can take: every power of two that float32 holds
+LOG2_LIMITS = (-149, 127)
+
+
+def slider_span(log2_scale, log2_scale_range) -> tuple[int, int, int]:
+    """The scale and the slider's ends, checked: (log2_scale, lo, hi), whole numbers within
+    ``LOG2_LIMITS``, the range ``log2_scale_range`` widened to hold ``log2_scale``."""
+    log2_scale = _whole("log2_scale", log2_scale, *LOG2_LIMITS)
+    try:
+        lo_given, hi_given = log2_scale_range
+    except (TypeError, ValueError):
+        raise TypeError(f"log2_scale_range must be two whole numbers (lowest, highest), got "
+                        f"{_shown(log2_scale_range)}") from None
+    lo_given = _whole("log2_scale_range[0]", lo_given, *LOG2_LIMITS)
+    hi_given = _whole("log2_scale_range[1]", hi_given, *LOG2_LIMITS)
+    if lo_given > hi_given:
+        raise ValueError(f"log2_scale_range must be (lowest, highest), got {_shown(log2_scale_range)}")
+    return log2_scale, min(lo_given, log2_scale), max(hi_given, log2_scale)
+
+
 def scale_label(log2_scale: int) -> str:
     """The label beside the slider: "scale = 2^3 = 8"."""
     return f"scale = {html.escape(format_pow2(2.0 ** int(log2_scale)))}"
@@ -103,8 +123,8 @@ class RangeExplorer(_Explorer):
     """
 
     FORMAT_CHOICES = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
-    #: log2 of the scales a census can take: every power of two that float32 holds
-    LOG2_LIMITS = (-149, 127)
+    #: log2 of the scales a census can take (the module's LOG2_LIMITS)
+    LOG2_LIMITS = LOG2_LIMITS
 
     def __init__(self, values, fmt="fp16", log2_scale=0, log2_scale_range=(-16, 32)):
         self._init_common()
@@ -116,17 +136,7 @@ class RangeExplorer(_Explorer):
         # lowest and highest binade of the unscaled values; the slider shifts them by k
         self._bin_extent = binade_extent(self.profile, name)
 
-        log2_scale = _whole("log2_scale", log2_scale, *self.LOG2_LIMITS)
-        try:
-            lo_given, hi_given = log2_scale_range
-        except (TypeError, ValueError):
-            raise TypeError(f"log2_scale_range must be two whole numbers (lowest, highest), got "
-                            f"{_shown(log2_scale_range)}") from None
-        lo_given = _whole("log2_scale_range[0]", lo_given, *self.LOG2_LIMITS)
-        hi_given = _whole("log2_scale_range[1]", hi_given, *self.LOG2_LIMITS)
-        if lo_given > hi_given:
-            raise ValueError(f"log2_scale_range must be (lowest, highest), got {_shown(log2_scale_range)}")
-        lo, hi = min(lo_given, log2_scale), max(hi_given, log2_scale)
+        log2_scale, lo, hi = slider_span(log2_scale, log2_scale_range)
         self.scale_slider = W.IntSlider(
             value=int(log2_scale), min=lo, max=hi, step=1, description="log2 scale",
             layout=W.Layout(width="420px"),

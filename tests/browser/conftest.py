@@ -392,15 +392,21 @@ def python_side_cell(widget: str, names: list, show: str) -> str:
             f"def show(_=None):\n{body}{widget}.observe(show, names={list(names)!r})\nshow()\npython_side\n")
 
 
+def write_notebook(path: Path, cells) -> Path:
+    """A notebook of the code ``cells`` written at ``path``, its kernel Python 3 (ipykernel)."""
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3 (ipykernel)",
+                                                           "language": "python", "name": "python3"}})
+    nb.cells = [nbformat.v4.new_code_cell(cell) for cell in cells]
+    nbformat.write(nb, path)
+    return path
+
+
 @contextlib.contextmanager
 def lab_notebook_page(browser, tmp_path: Path, cells: list, figure: str, python_side_starts: str):
     """JupyterLab, with a kernel, on a notebook of the code ``cells`` (in ``tmp_path``), every cell
     run; yields the page once the figure (CSS selector ``figure``) is drawn and the ``python-side``
     widget's text starts with ``python_side_starts``; closes the page after."""
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3 (ipykernel)",
-                                                           "language": "python", "name": "python3"}})
-    nb.cells = [nbformat.v4.new_code_cell(cell) for cell in cells]
-    nbformat.write(nb, tmp_path / "explorer.ipynb")
+    write_notebook(tmp_path / "explorer.ipynb", cells)
     with jupyter_lab(tmp_path) as url:
         page = open_and_run(browser, url, "explorer.ipynb")
         try:

@@ -11,11 +11,10 @@ import re
 import tempfile
 from pathlib import Path
 
-import nbformat
 import numpy as np
 import pytest
 
-from conftest import OUTPUT, jupyter_lab, open_and_run, outputs_without_tracebacks
+from conftest import OUTPUT, jupyter_lab, open_and_run, outputs_without_tracebacks, write_notebook
 
 STEPS = 200_000
 PRESSES = 10
@@ -70,10 +69,7 @@ def _same(page_traces, expected) -> bool:
 @pytest.fixture(scope="module")
 def page(browser):
     folder = Path(tempfile.mkdtemp(prefix="ampviz-stale-"))
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"display_name": "Python 3 (ipykernel)",
-                                                           "language": "python", "name": "python3"}})
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
-    nbformat.write(nb, folder / "stale.ipynb")
+    write_notebook(folder / "stale.ipynb", CELLS)
     with jupyter_lab(folder) as url:
         p = open_and_run(browser, url, "stale.ipynb")
         yield p

@@ -4,11 +4,10 @@ setting draws (the same numbers, read from the page's plotly figure)."""
 
 import json
 
-import nbformat
 import numpy as np
 import pytest
 
-from conftest import OUTPUT, VOILA_LOAD_MS, outputs_without_tracebacks, press_slider, voila
+from conftest import OUTPUT, VOILA_LOAD_MS, outputs_without_tracebacks, press_slider, voila, write_notebook
 
 CELLS = [
     "from ampviz.widgets import BlockExplorer, Fp8ScalingLab",
@@ -36,10 +35,7 @@ TRACE_Y = """([root, kind]) => { const gd = document.querySelector(root + ' .js-
 @pytest.fixture(scope="module")
 def page(browser, tmp_path_factory):
     folder = tmp_path_factory.mktemp("beyond")
-    kernelspec = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
-    nb = nbformat.v4.new_notebook(metadata={"kernelspec": kernelspec})
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
-    nbformat.write(nb, folder / "beyond.ipynb")
+    write_notebook(folder / "beyond.ipynb", CELLS)
     with voila(folder / "beyond.ipynb") as url:
         p = browser.new_page(viewport={"width": 1300, "height": 1400})
         p.goto(url, timeout=VOILA_LOAD_MS)

@@ -14,7 +14,7 @@ import { mxQuantize, nvfp4Quantize } from "./blocks.mjs";
 import { explorerTitle, hadamardTransform, inColumn, plotBlocks, readoutHtml } from "./blockplot.mjs";
 import { withCommas } from "./censusplot.mjs";
 import { bytesOf } from "./figure.mjs";
-import { explorerPage, followModel, readoutFirst, row, slider } from "./view_parts.mjs";
+import { explorerPage, followModel, mover, readoutFirst, row, slider } from "./view_parts.mjs";
 
 export const SETTINGS = ["scheme", "block_size", "rounding", "per_tensor_scale", "data", "log2_outlier", "hadamard",
   "seed"];
@@ -177,14 +177,8 @@ export default {
     const { refresh, schedule, stop } = readoutFirst(model, figure, message,
       () => ({ settings: { ...settings }, result: compute(data, settings) }),
       (result) => { readout.innerHTML = result.readout; });
-    const moved = (k, value) => {
-      settings[k] = value;
-      showSettings();
-      refresh();
-      schedule();
-      model.set(k, value);
-      model.save_changes();
-    };
+    const redraw = () => { showSettings(); refresh(); schedule(); };
+    const moved = mover(model, settings, redraw);
     scheme.addEventListener("change", () => moved("scheme", scheme.value));
     block.addEventListener("change", () => moved("block_size", Number(block.value)));
     rounding.addEventListener("change", () => moved("rounding", rounding.value));
@@ -200,7 +194,7 @@ export default {
     seed.addEventListener("change", () => { seed.value = String(settings.seed); }); // on leaving: the seed in use
     // a setting changed from Python
     // a new seed's rows, shipped by Python
-    const unfollow = followModel(model, SETTINGS, settings, () => { showSettings(); refresh(); schedule(); },
+    const unfollow = followModel(model, SETTINGS, settings, redraw,
       { rows: (r) => { data.rows = r; refresh(); schedule(); } });
     showSettings();
     refresh();

@@ -11,7 +11,7 @@ import { fp8Figure, fp8Readout } from "./fp8plot.mjs";
 import { withCommas } from "./censusplot.mjs";
 import { parseNumber, pyStrip, shownText } from "./valueplot.mjs";
 import { bytesOf } from "./figure.mjs";
-import { drawLoop, explorerPage, followModel, row, slider } from "./view_parts.mjs";
+import { drawLoop, explorerPage, followModel, mover, row, slider } from "./view_parts.mjs";
 
 export const SETTINGS = ["recipe", "history_len", "algo", "margin", "fmt", "spike_log2", "nonfinite", "seed"];
 const DELAYED_ONLY = ["history_len", "algo", "margin"];
@@ -160,13 +160,8 @@ export default {
       const drawn = { ...settings };
       return { ...compute(data, drawn, cache), settings: drawn };
     }, (result) => { readout.innerHTML = result.readout; }, (layout) => JSON.stringify({ ...layout, meta: undefined }));
-    const moved = (k, value) => {
-      settings[k] = value;
-      showSettings();
-      schedule();
-      model.set(k, value);
-      model.save_changes();
-    };
+    const redraw = () => { showSettings(); schedule(); };
+    const moved = mover(model, settings, redraw);
     recipe.addEventListener("change", () => moved("recipe", recipe.value));
     history.addEventListener("input", () => moved("history_len", lengths[Math.round(Number(history.value))]));
     historyBox.addEventListener("change", () => {
@@ -194,7 +189,7 @@ export default {
     });
     // a setting changed from Python; a seed's stream shipped by the kernel (after the page asked
     // for that seed): drawn when it comes
-    const unfollow = followModel(model, SETTINGS, settings, () => { showSettings(); schedule(); },
+    const unfollow = followModel(model, SETTINGS, settings, redraw,
       { streams: (s) => { data.streams = s; schedule(); } });
     showSettings();
     schedule();

@@ -17,7 +17,7 @@
 import { FORMATS, cast, float32FromBits, pow2 } from "./formats.mjs";
 import { CATEGORIES, censusXRange, rangeExplorerFigure, readoutHtml, scaleLabel, withCommas } from "./censusplot.mjs";
 import { bytesOf } from "./figure.mjs";
-import { followModel, keepKeys, readoutFirst } from "./view_parts.mjs";
+import { followModel, keepKeys, mover, readoutFirst } from "./view_parts.mjs";
 
 export const SETTINGS = ["fmt", "log2_scale"];
 
@@ -191,18 +191,12 @@ export default {
     const { refresh, schedule, stop } = readoutFirst(model, figure, message,
       () => ({ settings: { ...settings }, result: compute(data, settings) }),
       (result) => { readout.innerHTML = result.readout; label.innerHTML = result.label; });
-    const moved = (k, value) => {
-      settings[k] = value;
-      showSettings();
-      refresh();
-      schedule();
-      model.set(k, value);
-      model.save_changes();
-    };
+    const redraw = () => { showSettings(); refresh(); schedule(); };
+    const moved = mover(model, settings, redraw);
     slider.addEventListener("input", () => moved("log2_scale", Math.round(Number(slider.value))));
     dropdown.addEventListener("change", () => moved("fmt", dropdown.value));
     // a setting changed from Python
-    const unfollow = followModel(model, SETTINGS, settings, () => { showSettings(); refresh(); schedule(); });
+    const unfollow = followModel(model, SETTINGS, settings, redraw);
     showSettings();
     refresh();
     schedule();

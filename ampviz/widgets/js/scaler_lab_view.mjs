@@ -9,7 +9,7 @@ import { simulate } from "./scaling.mjs";
 import { rebuild } from "./streams.mjs";
 import { formatG, lostShare, readoutHtml, scaleTraceFigure, scalerLabTitle } from "./scaleplot.mjs";
 import { bytesOf } from "./figure.mjs";
-import { drawLoop, explorerPage, followModel, onGrid, row, slider } from "./view_parts.mjs";
+import { drawLoop, explorerPage, followModel, mover, onGrid, row, slider } from "./view_parts.mjs";
 
 export const SETTINGS = ["init_log2", "growth_factor", "backoff_factor", "growth_interval", "scenario", "strength",
   "loss_dtype", "overlay"];
@@ -163,8 +163,8 @@ export default {
       const drawn = { ...settings };
       return { ...compute(data, drawn, cache), settings: drawn };
     }, (result) => { readout.innerHTML = result.readout; });
-    const send = (k) => { model.set(k, settings[k]); model.save_changes(); };
-    const moved = (k, value) => { settings[k] = value; showSettings(); schedule(); send(k); };
+    const redraw = () => { showSettings(); schedule(); };
+    const moved = mover(model, settings, redraw);
     inputs.init_log2.addEventListener("input", () => moved("init_log2", Math.round(Number(inputs.init_log2.value))));
     inputs.growth_factor.addEventListener("input", () => moved("growth_factor", onGrid(Number(inputs.growth_factor.value), 1.001, 0.001)));
     inputs.backoff_factor.addEventListener("input", () => moved("backoff_factor", onGrid(Number(inputs.backoff_factor.value), 0.005, 0.005)));
@@ -178,7 +178,7 @@ export default {
     loss.addEventListener("change", () => moved("loss_dtype", loss.value));
     overlay.addEventListener("change", () => moved("overlay", [...overlay.selectedOptions].map((o) => o.value)));
     // a setting changed from Python
-    const unfollow = followModel(model, SETTINGS, settings, () => { showSettings(); schedule(); },
+    const unfollow = followModel(model, SETTINGS, settings, redraw,
       { recipes: (r) => { data.recipes = r; schedule(); } });
     showSettings();
     schedule();

@@ -121,6 +121,18 @@ export function drawLoop(model, div, message, compute, onResult = () => {}, layo
   return { schedule, stop };
 }
 
+/** What a control's move does: ``settings[k]`` takes ``value``, ``redraw()`` shows it (the
+ *  controls, the readout, the figure's next draw), and Python is told (the model's ``k``).
+ *  Returns moved(k, value). */
+export function mover(model, settings, redraw) {
+  return (k, value) => {
+    settings[k] = value;
+    redraw();
+    model.set(k, value);
+    model.save_changes();
+  };
+}
+
 /** Follows the model (Python's side of the settings): when any of ``keys`` changes there,
  *  ``settings`` takes the new values and ``onChange()`` runs once; ``shipped`` ({trait: f}) hands
  *  each data trait Python ships later to its f. Returns the function that stops following. */
