@@ -46,6 +46,15 @@ def _tab(page, name):
     page.get_by_role("tab", name=name).click()
 
 
+def _wait_for_text(page, selector: str, pattern: str, timeout: int = 30_000) -> None:
+    """Wait until the first element at ``selector`` shows text the JS regex ``pattern`` matches.
+    A readout's rows change in one message and its bits in another: wait for the row the test
+    reads, as a whole row (the value sought may already be in the old readout as a neighbour)."""
+    page.wait_for_function("([selector, pattern]) => { const el = document.querySelector(selector);"
+                           " return !!el && new RegExp(pattern).test(el.innerText); }",
+                           arg=[selector, pattern], timeout=timeout)
+
+
 def test_the_page_shows_the_app_and_no_code(page):
     assert page.get_by_role("tab").all_inner_texts() == ["Formats", "Ranges", "Loss scaling", "FP8 scaling",
                                                          "Block scaling", "Live training"]
@@ -62,8 +71,8 @@ def test_format_tab_bit_toggle(page):
     explorer.locator(".ampviz-bit-0").first.click()  # the last mantissa bit: 0x2E66 -> 0x2E67
     page.wait_for_function("() => document.querySelector('.ampviz-format-explorer .ampviz-bits-readout')"
                            ".innerText.includes('0x2E67')", timeout=30_000)
-    page.wait_for_function("() => document.querySelector('.ampviz-format-explorer .ampviz-format-readout')"
-                           ".innerText.includes('0.10003662109375')", timeout=30_000)
+    # 0.10003662109375 is in the old readout too, as 0.1's neighbour above: wait for the "stored" row
+    _wait_for_text(page, ".ampviz-format-explorer .ampviz-format-readout", r"stored\s+0\.10003662109375")
     assert re.search(r"stored\s+0\.10003662109375", explorer.locator(".ampviz-format-readout").inner_text())
     explorer.screenshot(path=str(OUTPUT / "voila_format_bit0.png"))
 
@@ -83,6 +92,7 @@ def test_format_tab_keeps_the_typed_number_in_a_new_format(page):
                            ".innerText.includes('0x3DCD')", timeout=30_000)
     page.wait_for_function("() => document.querySelector('.ampviz-format-explorer .gtitle')"
                            ".textContent.includes('bf16')", timeout=30_000)
+    _wait_for_text(page, ".ampviz-format-explorer .ampviz-format-readout", r"stored\s+0\.10009765625")
     assert box.input_value() == "0.1"
     readout = explorer.locator(".ampviz-format-readout").inner_text()
     assert re.search(r"typed\s+0\.1\s", readout) and re.search(r"stored\s+0\.10009765625", readout), readout
