@@ -63,7 +63,12 @@ def variant_env(name: str, folder: Path) -> dict:
     env = dict(VARIANTS[name])
     if "AVX2" in name and not has_avx2():
         env = {"AMPVIZ_TEST_TORCH_THREADS": env["AMPVIZ_TEST_TORCH_THREADS"]}
-    return {**env, "PYTHONPATH": str(folder), "AMPVIZ_STRICT_DIGITS": "1"}  # measured refuses a boundary
+    # OpenMP's idle threads sleep instead of spinning: the variant's threads also run the loops the
+    # package keeps on one thread (train_fp8), and on a busy machine (2 cores, 3 other busy
+    # processes) the spinning threads made lesson 14's 200 beam steps take 77 s in the kernel, not
+    # 1.5 s, past the cell timeout. The wait policy changes no result, only how threads wait.
+    return {**env, "PYTHONPATH": str(folder), "AMPVIZ_STRICT_DIGITS": "1",  # measured refuses a boundary
+            "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def _patterns() -> list:
